@@ -1,0 +1,176 @@
+"""The backend seam: the primitives every op of hpcdp's autograd is built from.
+
+autograd/ never touches numpy or numba.cuda directly for math: it calls these
+methods on ``tensor.backend``. ``cpu`` implements them with NumPy/BLAS and
+``numba.njit``; ``cuda`` with numba.cuda kernels on device arrays. A model written
+against autograd runs on either without change.
+
+Conventions (both backends):
+- Arrays are the backend's native arrays (``numpy.ndarray`` on cpu, numba
+  ``DeviceNDArray`` on cuda). Every primitive returns a new C-contiguous array
+  unless it says "in place".
+- Shapes follow NumPy broadcasting. ``axis`` may be an int, a tuple or None.
+- Index arrays (targets, token ids) are int64 on the backend's device.
+- Backward primitives take the saved forward values they need and return the
+  gradient(s) of the inputs, already reduced to the inputs' shapes where noted.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class Backend(ABC):
+    name: str = "abstract"
+
+    # -- data movement ----------------------------------------------------
+    @abstractmethod
+    def asarray(self, x, dtype=None):
+        """Host array / array-like -> backend array (copy if it must)."""
+
+    @abstractmethod
+    def to_numpy(self, x):
+        """Backend array -> numpy.ndarray (a host copy on cuda)."""
+
+    @abstractmethod
+    def zeros(self, shape, dtype): ...
+
+    @abstractmethod
+    def empty(self, shape, dtype): ...
+
+    @abstractmethod
+    def copy_(self, dst, src):
+        """In place: dst[...] = src (same shape)."""
+
+    # -- shape ------------------------------------------------------------
+    @abstractmethod
+    def reshape(self, x, shape): ...
+
+    @abstractmethod
+    def transpose(self, x, axes):
+        """Permute axes; returns a contiguous array."""
+
+    @abstractmethod
+    def getitem(self, x, index):
+        """Basic slicing (ints, slices); returns a contiguous array."""
+
+    @abstractmethod
+    def setitem_add(self, dst, index, src):
+        """In place: dst[index] += src (gradient of getitem)."""
+
+    @abstractmethod
+    def concatenate(self, xs, axis): ...
+
+    @abstractmethod
+    def sum_to_shape(self, x, shape):
+        """Sum ``x`` over broadcast axes so the result has ``shape`` (unbroadcast)."""
+
+    # -- elementwise ------------------------------------------------------
+    @abstractmethod
+    def add(self, a, b): ...
+
+    @abstractmethod
+    def sub(self, a, b): ...
+
+    @abstractmethod
+    def mul(self, a, b): ...
+
+    @abstractmethod
+    def div(self, a, b): ...
+
+    @abstractmethod
+    def neg(self, a): ...
+
+    @abstractmethod
+    def exp(self, a): ...
+
+    @abstractmethod
+    def log(self, a): ...
+
+    @abstractmethod
+    def sqrt(self, a): ...
+
+    @abstractmethod
+    def tanh(self, a): ...
+
+    @abstractmethod
+    def relu(self, a): ...
+
+    @abstractmethod
+    def relu_backward(self, x, gy): ...
+
+    @abstractmethod
+    def gelu(self, x):
+        """tanh-approximation GELU (as in GPT-2)."""
+
+    @abstractmethod
+    def gelu_backward(self, x, gy): ...
+
+    @abstractmethod
+    def dropout_mask(self, shape, p, seed):
+        """Mask of {0, 1/(1-p)} values, deterministic for (shape, p, seed)."""
+
+    # -- reductions -------------------------------------------------------
+    @abstractmethod
+    def sum(self, x, axis=None, keepdims=False): ...
+
+    @abstractmethod
+    def max(self, x, axis=None, keepdims=False): ...
+
+    # -- linear algebra ---------------------------------------------------
+    @abstractmethod
+    def matmul(self, a, b, trans_a=False, trans_b=False):
+        """(..., m, k) @ (..., k, n) with broadcasting batch dims; trans_* swap the
+        last two axes of that operand first."""
+
+    # -- fused kernels ----------------------------------------------------
+    @abstractmethod
+    def softmax(self, x):
+        """Softmax over the last axis."""
+
+    @abstractmethod
+    def softmax_backward(self, y, gy): ...
+
+    @abstractmethod
+    def log_softmax(self, x): ...
+
+    @abstractmethod
+    def log_softmax_backward(self, y, gy):
+        """y is log_softmax(x)."""
+
+    @abstractmethod
+    def causal_mask_fill(self, x, value):
+        """x[..., i, j] = value where j > i (last two axes); returns a new array."""
+
+    @abstractmethod
+    def cross_entropy(self, logits, targets):
+        """Mean negative log-likelihood of int targets over rows of (N, C) logits.
+        Returns (loss as a 0-d array, probs) where probs are kept for backward."""
+
+    @abstractmethod
+    def cross_entropy_backward(self, probs, targets, gscale):
+        """d(mean loss)/d(logits) * gscale."""
+
+    @abstractmethod
+    def layernorm(self, x, weight, bias, eps):
+        """Over the last axis. Returns (y, mean, rstd)."""
+
+    @abstractmethod
+    def layernorm_backward(self, gy, x, weight, mean, rstd):
+        """Returns (gx, gweight, gbias)."""
+
+    @abstractmethod
+    def embedding(self, table, ids):
+        """table[ids] for int ids of any shape."""
+
+    @abstractmethod
+    def embedding_backward(self, gy, ids, num_embeddings):
+        """Dense (num_embeddings, dim) gradient; repeated ids accumulate;
+        deterministic (no floating-point atomics)."""
+
+    # -- optimizer updates on flat buffers (all in place) ------------------
+    @abstractmethod
+    def sgd_update(self, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov): ...
+
+    @abstractmethod
+    def adamw_update(self, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step): ...

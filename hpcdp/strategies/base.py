@@ -1,0 +1,74 @@
+"""The strategy seam: how gradients (and parameters) move between ranks.
+
+A strategy sees the model only as a :class:`hpcdp.nn.params.FlatParams` (one flat
+data buffer, one flat grad buffer, and a layout name -> (offset, shape)) plus the
+per-parameter grad-ready hooks. Only ``train.py`` wires model, strategy and
+optimizer together. One training step drives a strategy like this::
+
+    strategy.setup(flat, optimizer, world)          # once, before step 1
+    for each step:
+        flat.zero_grad()
+        for micro in range(accum):
+            strategy.begin_backward(last_micro=(micro == accum - 1))
+            loss = model.loss(x, y) * (local_samples / global_samples)
+            loss.backward()                          # hooks fire per parameter
+        strategy.finish_gradients()                  # wait for communication
+        strategy.step()                              # optimizer update(s)
+        metrics.update(strategy.step_stats())
+
+The loss given to backward is already scaled by ``local_samples / global_samples``,
+so summing gradients over ranks (op = sum) gives the gradient of the global mean
+loss, also when the last global batch is short.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class Strategy(ABC):
+    name: str = "abstract"
+
+    @abstractmethod
+    def setup(self, flat, optimizer, world) -> None:
+        """Make replicas identical (broadcast or verify) and register hooks."""
+
+    def begin_backward(self, last_micro: bool = True) -> None:
+        """Called before each micro-batch's backward; communication may start only
+        during the last micro-batch's backward."""
+
+    @abstractmethod
+    def finish_gradients(self) -> None:
+        """Block until the gradients every rank needs are reduced."""
+
+    @abstractmethod
+    def step(self) -> None:
+        """Apply the optimizer (locally, sharded, or on a server)."""
+
+    def step_stats(self) -> dict:
+        """Per-step figures for metrics.jsonl (bytes, comm time, hidden time...)."""
+        return {}
+
+    def close(self) -> None:
+        """Complete or cancel outstanding requests (clean shutdown)."""
+
+
+class SingleRank(Strategy):
+    """No communication: plain one-rank training (world size must be 1)."""
+
+    name = "none"
+
+    def setup(self, flat, optimizer, world) -> None:
+        if world.size != 1:
+            raise ValueError(
+                f"multi-rank training ({world.size} ranks) needs a strategy: set "
+                "parallel.strategy (e.g. --set parallel.strategy=ddp); without one "
+                "each rank would silently train its own copy"
+            )
+        self.flat, self.optimizer = flat, optimizer
+
+    def finish_gradients(self) -> None:
+        pass
+
+    def step(self) -> None:
+        self.optimizer.step(self.flat.data, self.flat.grad)
