@@ -6,6 +6,8 @@ per-parameter grad-ready hooks. Only ``train.py`` wires model, strategy and
 optimizer together. One training step drives a strategy like this::
 
     strategy.setup(flat, optimizer, world)          # once, before step 1
+    if not strategy.is_worker:                       # dedicated server rank
+        strategy.serve(); return
     for each step:
         flat.zero_grad()
         for micro in range(accum):
@@ -15,6 +17,7 @@ optimizer together. One training step drives a strategy like this::
         strategy.finish_gradients()                  # wait for communication
         strategy.step()                              # optimizer update(s)
         metrics.update(strategy.step_stats())
+    strategy.close()
 
 The loss given to backward is already scaled by ``local_samples / global_samples``,
 so summing gradients over ranks (op = sum) gives the gradient of the global mean
@@ -28,6 +31,18 @@ from abc import ABC, abstractmethod
 
 class Strategy(ABC):
     name: str = "abstract"
+
+    # Data-parallel role of this rank, set by setup(). A rank that is not a worker
+    # (a dedicated parameter server) gets no data: train.py calls serve() on it
+    # instead of running the step loop. dp_rank/dp_size decide this rank's slice of
+    # the global batch (shard_range(global_batch, dp_size, dp_rank)).
+    is_worker: bool = True
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    def serve(self) -> None:
+        """Run the server loop on a rank that is not a worker (until workers finish)."""
+        raise NotImplementedError(f"strategy {self.name!r} has no server role")
 
     @abstractmethod
     def setup(self, flat, optimizer, world) -> None:
@@ -66,6 +81,7 @@ class SingleRank(Strategy):
                 "each rank would silently train its own copy"
             )
         self.flat, self.optimizer = flat, optimizer
+        self.dp_rank, self.dp_size = 0, 1
 
     def finish_gradients(self) -> None:
         pass
