@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every test hpcdp has, each group under a timeout so a stuck rank cannot hang CI:
+#   1. tests/unit  - one process, no MPI launcher
+#   2. tests/cuda  - the numba.cuda kernels, on the CUDA simulator unless HPCDP_REAL_GPU=1
+#   3. tests/mpi   - pytest-mpi under mpiexec with 2, 3 and 4 ranks (tests/run_mpi.sh)
+# Exit status is non-zero if any group failed; every group runs regardless.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+# One thread per process: several ranks share the cores.
+export NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+
+failed=()
+echo "== unit tests"
+timeout 1500 "$PY" -m pytest tests/unit -q -p no:cacheprovider || failed+=(unit)
+
+echo "== CUDA kernel tests"
+if [ "${HPCDP_REAL_GPU:-0}" = 1 ]; then
+  timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider || failed+=(cuda)
+else
+  NUMBA_ENABLE_CUDASIM=1 timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider || failed+=(cuda-sim)
+fi
+
+echo "== MPI tests (2, 3, 4 ranks)"
+PYTHON="$PY" bash tests/run_mpi.sh || failed+=(mpi)
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED groups: ${failed[*]}"
+  exit 1
+fi
+echo "all test groups passed"
