@@ -1,0 +1,525 @@
+"""Typed run configuration: dataclasses loaded from TOML, validated with clear errors.
+
+A config has one table per section (``run``, ``model``, ``data``, ``train``,
+``optim``, ``parallel``, ``comm``). Every dataclass validates itself in
+``__post_init__`` and every error names the dotted key and what is allowed::
+
+    optim.kind: 'adam' is not allowed; choose one of 'sgd', 'adamw'
+
+Loading: ``load_config(path, overrides)`` reads TOML with :mod:`tomllib`, applies
+``--set section.key=value`` overrides (the value is parsed as TOML, falling back to a
+plain string) and builds :class:`Config`. Unknown keys are errors. ``dump_toml``
+writes the resolved config back out (a small writer: no extra dependency).
+
+Strategies bring their own options: a strategy module registers a dataclass with
+:func:`register_parallel_config` and users write it as a sub-table of ``parallel``,
+e.g. ``[parallel.ddp]``. The config loader imports ``hpcdp.strategies.<name>`` on
+demand to find the registration, so ``config.py`` never lists the strategies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class ConfigError(ValueError):
+    """A bad config value or key; the message names the dotted key."""
+
+
+# ---------------------------------------------------------------------------
+# validation helpers (used by every section's __post_init__)
+
+def _choice(section: str, key: str, value, allowed) -> None:
+    if value not in allowed:
+        options = ", ".join(repr(a) for a in allowed)
+        raise ConfigError(f"{section}.{key}: {value!r} is not allowed; choose one of {options}")
+
+
+def _range(section: str, key: str, value, lo=None, hi=None, lo_open=False, hi_open=False) -> None:
+    bad = (
+        (isinstance(value, float) and math.isnan(value))
+        or (lo is not None and (value <= lo if lo_open else value < lo))
+        or (hi is not None and (value >= hi if hi_open else value > hi))
+    )
+    if bad:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        lo_s = "-inf" if lo is None else lo
+        hi_s = "inf" if hi is None else hi
+        raise ConfigError(f"{section}.{key}: {value!r} is out of range; allowed {left}{lo_s}, {hi_s}{right}")
+
+
+# ---------------------------------------------------------------------------
+# sections
+
+@dataclass
+class RunConfig:
+    SECTION: ClassVar[str] = "run"
+    name: str = "digits-mlp"
+    out_dir: str = ""  # empty: runs/<name>-<timestamp>
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    log_every: int = 10  # print one log line every this many steps (and the last)
+    eval_every: int = 0  # evaluate every this many steps; 0: only after the last step
+
+    def __post_init__(self):
+        s = self.SECTION
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
+            raise ConfigError(f"{s}.name: {self.name!r} must be non-empty and use only letters, digits, '.', '_', '-'")
+        _range(s, "seed", self.seed, 0, 2**63 - 1)
+        _choice(s, "dtype", self.dtype, ("float32", "float64"))
+        _choice(s, "device", self.device, ("cpu", "cuda"))
+        _range(s, "log_every", self.log_every, 1)
+        _range(s, "eval_every", self.eval_every, 0)
+
+
+@dataclass
+class ModelConfig:
+    SECTION: ClassVar[str] = "model"
+    kind: str = "mlp"
+    seed: int = -1  # -1: use run.seed (resolved by Config)
+    # mlp
+    sizes: list[int] = field(default_factory=lambda: [64, 128, 10])
+    activation: str = "relu"
+    # gpt
+    vocab_size: int = 16
+    block_size: int = 32
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 32
+    tied_head: bool = True
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        s = self.SECTION
+        _choice(s, "kind", self.kind, ("mlp", "gpt"))
+        _range(s, "seed", self.seed, -1)
+        if len(self.sizes) < 2:
+            raise ConfigError(f"{s}.sizes: needs at least 2 entries (input, ..., classes), got {self.sizes!r}")
+        for i, n in enumerate(self.sizes):
+            _range(s, f"sizes[{i}]", n, 1)
+        _choice(s, "activation", self.activation, ("relu", "tanh", "gelu"))
+        _range(s, "vocab_size", self.vocab_size, 2)
+        _range(s, "block_size", self.block_size, 1)
+        _range(s, "n_layer", self.n_layer, 1)
+        _range(s, "n_head", self.n_head, 1)
+        _range(s, "n_embd", self.n_embd, 1)
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"{s}.n_embd: {self.n_embd} must be divisible by {s}.n_head = {self.n_head}")
+        _range(s, "dropout", self.dropout, 0.0, 1.0, hi_open=True)
+
+
+DATA_KINDS = ("digits", "synthetic_classification", "synthetic_sequence", "npz", "hdf5")
+
+
+@dataclass
+class DataConfig:
+    SECTION: ClassVar[str] = "data"
+    kind: str = "digits"
+    seed: int = -1  # -1: use run.seed (resolved by Config); decides generation and split
+    test_fraction: float = 0.2  # share held out for evaluation (unless test_path is set)
+    # npz / hdf5 files
+    path: str = ""
+    test_path: str = ""  # optional separate test file (same keys)
+    x_key: str = "x"
+    y_key: str = "y"
+    # synthetic datasets
+    n_samples: int = 4096
+    # synthetic_classification
+    n_features: int = 32
+    n_classes: int = 8
+    n_latent: int = 8  # cluster centres live here before the nonlinear map
+    noise: float = 0.5
+    # synthetic_sequence (a fixed random Markov chain; its entropy is the loss floor)
+    vocab_size: int = 16
+    seq_len: int = 32
+    markov_order: int = 2
+    concentration: float = 0.2  # Dirichlet parameter of the transition rows: low = predictable
+
+    def __post_init__(self):
+        s = self.SECTION
+        _choice(s, "kind", self.kind, DATA_KINDS)
+        _range(s, "seed", self.seed, -1)
+        _range(s, "test_fraction", self.test_fraction, 0.0, 1.0, hi_open=True)
+        if self.kind in ("npz", "hdf5") and not self.path:
+            raise ConfigError(f"{s}.path: required for data.kind = {self.kind!r} (a .npz or .h5 file)")
+        for key in ("x_key", "y_key"):
+            if not getattr(self, key):
+                raise ConfigError(f"{s}.{key}: must be a non-empty dataset name")
+        _range(s, "n_samples", self.n_samples, 2)
+        _range(s, "n_features", self.n_features, 1)
+        _range(s, "n_classes", self.n_classes, 2)
+        _range(s, "n_latent", self.n_latent, 1)
+        _range(s, "noise", self.noise, 0.0)
+        _range(s, "vocab_size", self.vocab_size, 2, 4096)
+        _range(s, "seq_len", self.seq_len, 1)
+        _choice(s, "markov_order", self.markov_order, (1, 2))
+        if self.markov_order == 2 and self.vocab_size > 256:
+            raise ConfigError(f"{s}.vocab_size: {self.vocab_size} too large for markov_order = 2; allowed [2, 256]")
+        _range(s, "concentration", self.concentration, 0.0, lo_open=True)
+
+
+@dataclass
+class TrainConfig:
+    SECTION: ClassVar[str] = "train"
+    steps: int = 0  # optimizer steps; exactly one of steps / epochs is > 0
+    epochs: int = 20
+    global_batch: int = 64  # samples per optimizer step, summed over all ranks
+    grad_accum: int = 1  # micro-batches per step on each rank
+    last_batch: str = "drop"  # short last batch of an epoch: drop it or keep it
+    eval_batch: int = 512  # samples per forward pass during evaluation (per rank)
+
+    def __post_init__(self):
+        s = self.SECTION
+        _range(s, "steps", self.steps, 0)
+        _range(s, "epochs", self.epochs, 0)
+        if (self.steps > 0) == (self.epochs > 0):
+            raise ConfigError(
+                f"{s}.steps / {s}.epochs: set exactly one of them > 0 (got steps = {self.steps}, "
+                f"epochs = {self.epochs}); e.g. --set train.epochs=0 --set train.steps=100")
+        _range(s, "global_batch", self.global_batch, 1)
+        _range(s, "grad_accum", self.grad_accum, 1)
+        if self.grad_accum > self.global_batch:
+            raise ConfigError(f"{s}.grad_accum: {self.grad_accum} is larger than {s}.global_batch = {self.global_batch}")
+        _choice(s, "last_batch", self.last_batch, ("drop", "keep"))
+        _range(s, "eval_batch", self.eval_batch, 1)
+
+
+@dataclass
+class OptimConfig:
+    SECTION: ClassVar[str] = "optim"
+    kind: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9  # sgd
+    nesterov: bool = False  # sgd
+    weight_decay: float = 0.0  # sgd: L2 added to the gradient; adamw: decoupled
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adamw
+    eps: float = 1e-8  # adamw
+    schedule: str = "constant"  # lr after warmup: constant or cosine decay to min_lr
+    warmup_steps: int = 0  # linear warmup from lr/warmup_steps to lr
+    min_lr: float = 0.0  # cosine's final lr
+
+    def __post_init__(self):
+        s = self.SECTION
+        _choice(s, "kind", self.kind, ("sgd", "adamw"))
+        _range(s, "lr", self.lr, 0.0, lo_open=True)
+        _range(s, "momentum", self.momentum, 0.0, 1.0, hi_open=True)
+        if self.nesterov and self.momentum == 0.0:
+            raise ConfigError(f"{s}.nesterov: needs {s}.momentum > 0")
+        _range(s, "weight_decay", self.weight_decay, 0.0)
+        if len(self.betas) != 2:
+            raise ConfigError(f"{s}.betas: needs exactly 2 numbers [beta1, beta2], got {self.betas!r}")
+        for i, b in enumerate(self.betas):
+            _range(s, f"betas[{i}]", b, 0.0, 1.0, hi_open=True)
+        _range(s, "eps", self.eps, 0.0, lo_open=True)
+        _choice(s, "schedule", self.schedule, ("constant", "cosine"))
+        _range(s, "warmup_steps", self.warmup_steps, 0)
+        _range(s, "min_lr", self.min_lr, 0.0, self.lr)
+
+
+# Strategy options: name -> dataclass, filled by register_parallel_config.
+_PARALLEL_CONFIGS: dict[str, type] = {}
+
+
+def register_parallel_config(name: str):
+    """Class decorator: make ``[parallel.<name>]`` parse into this dataclass.
+
+    Used by a strategy module (``hpcdp/strategies/<name>.py``) for its own options::
+
+        @register_parallel_config("ddp")
+        @dataclass
+        class DDPConfig:
+            bucket_mb: float = 25.0
+            def __post_init__(self): ...  # raise ConfigError("parallel.ddp.bucket_mb: ...")
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ValueError(f"strategy config name must be a lowercase identifier, got {name!r}")
+
+    def deco(cls):
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"register_parallel_config({name!r}): {cls.__name__} is not a dataclass")
+        _PARALLEL_CONFIGS[name] = cls
+        return cls
+    return deco
+
+
+def parallel_config_class(name: str) -> type | None:
+    """The registered options dataclass of strategy ``name`` (importing its module), or None."""
+    if name not in _PARALLEL_CONFIGS and re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        try:
+            importlib.import_module(f"hpcdp.strategies.{name}")
+        except ModuleNotFoundError as e:
+            if e.name not in (f"hpcdp.strategies.{name}",):
+                raise
+    return _PARALLEL_CONFIGS.get(name)
+
+
+@dataclass
+class ParallelConfig:
+    SECTION: ClassVar[str] = "parallel"
+    strategy: str = "none"
+    # Strategy option tables, e.g. {"ddp": DDPConfig(...)}; see register_parallel_config.
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.strategy):
+            raise ConfigError(f"parallel.strategy: {self.strategy!r} is not a strategy name")
+        # The chosen strategy's options appear in the resolved config even if unset.
+        if self.strategy not in self.options:
+            cls = parallel_config_class(self.strategy)
+            if cls is not None:
+                self.options[self.strategy] = cls()
+
+    def sub(self, name: str | None = None):
+        """Options of strategy ``name`` (default: the chosen one), or None if it has none."""
+        return self.options.get(name or self.strategy)
+
+
+@dataclass
+class CommConfig:
+    SECTION: ClassVar[str] = "comm"
+    algorithm: str = "auto"  # collective algorithm; strategies check the names they know
+    debug: bool = False  # check that ranks agree on every collective (costs a message each)
+    timeout: float = 300.0  # seconds a rank waits for its peers before raising
+
+    def __post_init__(self):
+        s = self.SECTION
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.algorithm):
+            raise ConfigError(f"{s}.algorithm: {self.algorithm!r} is not an algorithm name")
+        _range(s, "timeout", self.timeout, 0.0, lo_open=True)
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig, "model": ModelConfig, "data": DataConfig, "train": TrainConfig,
+    "optim": OptimConfig, "parallel": ParallelConfig, "comm": CommConfig,
+}
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+
+    def __post_init__(self):
+        # Seeds left at -1 follow run.seed, so one number reproduces a run.
+        if self.model.seed < 0:
+            self.model.seed = self.run.seed
+        if self.data.seed < 0:
+            self.data.seed = self.run.seed
+        if self.model.kind == "gpt" and self.data.kind in ("digits", "synthetic_classification"):
+            raise ConfigError(f"data.kind: {self.data.kind!r} is a classification set; model.kind = 'gpt' "
+                              "needs 'synthetic_sequence', 'npz' or 'hdf5' (token sequences)")
+        if self.model.kind == "mlp" and self.data.kind == "synthetic_sequence":
+            raise ConfigError("data.kind: 'synthetic_sequence' needs model.kind = 'gpt'")
+
+    def to_dict(self) -> dict:
+        return {name: _section_to_dict(getattr(self, name)) for name in SECTIONS}
+
+
+def _section_to_dict(obj) -> dict:
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if f.name == "options" and isinstance(obj, ParallelConfig):
+            for name, sub in sorted(v.items()):
+                out[name] = _section_to_dict(sub)
+        elif dataclasses.is_dataclass(v):
+            out[f.name] = _section_to_dict(v)
+        else:
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+# ---------------------------------------------------------------------------
+# dict -> dataclasses, with type checks that name the key
+
+def _check_type(path: str, value, tp):
+    """Return ``value`` converted to annotation ``tp`` or raise ConfigError naming ``path``."""
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, found {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, found {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, found {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, found {value!r}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, found {value!r}")
+        return [_check_type(f"{path}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    raise TypeError(f"{path}: unsupported config annotation {tp!r}")  # a bug in hpcdp, not user input
+
+
+def _build(cls, table, path: str):
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: expected a table ([{path}]), found {table!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(table) - set(names))
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}: unknown key; {path} accepts {', '.join(names)}")
+    kwargs = {k: _check_type(f"{path}.{k}", v, hints[k]) for k, v in table.items()}
+    return cls(**kwargs)
+
+
+def _build_parallel(table) -> ParallelConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"parallel: expected a table, found {table!r}")
+    strategy = table.get("strategy", "none")
+    strategy = _check_type("parallel.strategy", strategy, str)
+    options = {}
+    for key, value in table.items():
+        if key == "strategy":
+            continue
+        cls = parallel_config_class(key) if isinstance(value, dict) else None
+        if cls is None:
+            known = ", ".join(["strategy"] + [f"[parallel.{n}]" for n in sorted(_PARALLEL_CONFIGS)])
+            raise ConfigError(f"parallel.{key}: unknown key; parallel accepts {known}")
+        options[key] = _build(cls, value, f"parallel.{key}")
+    return ParallelConfig(strategy=strategy, options=options)
+
+
+def config_from_dict(raw: dict) -> Config:
+    """Build a validated :class:`Config` from a nested dict (as TOML gives it)."""
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; sections are {', '.join(SECTIONS)}")
+    train = raw.get("train")
+    if isinstance(train, dict):
+        # Setting one of steps / epochs switches the other off, so
+        # `--set train.steps=100` works on a config that counts epochs.
+        if "steps" in train and "epochs" not in train:
+            train = {**train, "epochs": 0}
+        elif "epochs" in train and "steps" not in train:
+            train = {**train, "steps": 0}
+        raw = {**raw, "train": train}
+    kwargs = {}
+    for name, cls in SECTIONS.items():
+        table = raw.get(name, {})
+        kwargs[name] = _build_parallel(table) if cls is ParallelConfig else _build(cls, table, name)
+    return Config(**kwargs)
+
+
+# ---------------------------------------------------------------------------
+# overrides and files
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"optim.lr=0.05"`` -> (["optim", "lr"], 0.05). The value is TOML, else a string."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", key):
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. --set optim.lr=0.05")
+    value = value.strip()
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key.split("."), parsed
+
+
+def apply_overrides(raw: dict, overrides) -> dict:
+    for text in overrides or ():
+        keys, value = parse_override(text)
+        node = raw
+        for i, k in enumerate(keys[:-1]):
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {'.'.join(keys[:i + 1])} is a value, not a table")
+        node[keys[-1]] = value
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides=()) -> Config:
+    """Read ``path`` (TOML; None: the built-in default, the digits MLP), apply overrides."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--config {str(p)!r}: no such file")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    return config_from_dict(apply_overrides(raw, overrides))
+
+
+# ---------------------------------------------------------------------------
+# a small TOML writer for the resolved config (tables of scalars and lists)
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)  # shortest repr that reads back to the same float
+    if isinstance(v, str):
+        out = ['"']
+        for ch in v:
+            if ch == '"':
+                out.append('\\"')
+            elif ch == "\\":
+                out.append("\\\\")
+            elif ch in "\b\t\n\f\r":
+                out.append({"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}[ch])
+            elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+                out.append(f"\\u{ord(ch):04x}")
+            else:
+                out.append(ch)
+        out.append('"')
+        return "".join(out)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} {v!r} as TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+
+
+def dump_toml(data: dict) -> str:
+    """Nested dict of scalars / lists -> TOML text (tables after the plain keys)."""
+    lines: list[str] = []
+
+    def table(d: dict, prefix: list[str]):
+        plain = [(k, v) for k, v in d.items() if not isinstance(v, dict)]
+        subs = [(k, v) for k, v in d.items() if isinstance(v, dict)]
+        if prefix and (plain or not subs):
+            if lines:
+                lines.append("")
+            lines.append("[" + ".".join(_toml_key(p) for p in prefix) + "]")
+        for k, v in plain:
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+        for k, v in subs:
+            table(v, prefix + [k])
+
+    table(data, [])
+    return "\n".join(lines) + "\n"
