@@ -1,0 +1,97 @@
+"""Datasets and the global sampler.
+
+Every dataset comes back as a :class:`Dataset` of host NumPy arrays, already split
+into train and test deterministically (from ``data.seed``):
+
+- classification (``task = "classification"``): ``x`` float (n, features), ``y`` int64 (n,)
+- sequences (``task = "sequence"``): ``x`` int64 (n, T) tokens, ``y`` int64 (n, T) next tokens
+
+Sources: built-in synthetic sets (:mod:`.synthetic`), the 8x8 digits shipped inside
+scikit-learn (:mod:`.digits`), and user files (:mod:`.files`: ``.npz`` and HDF5).
+Which rank reads which samples is decided by :mod:`.sampler`, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used as configured; the message says what to fix."""
+
+
+@dataclass
+class Dataset:
+    name: str
+    task: str  # "classification" | "sequence"
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    n_classes: int  # classes, or vocabulary size for sequences
+    # Extra facts, e.g. {"loss_floor": ...} for the synthetic Markov-chain sequences.
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n_train(self) -> int:
+        return len(self.x_train)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.x_test)
+
+    def describe(self) -> str:
+        shape = "x".join(str(d) for d in self.x_train.shape[1:])
+        return (f"{self.name}: {self.n_train} train / {self.n_test} test samples, "
+                f"x {shape} {self.x_train.dtype}, {self.n_classes} "
+                f"{'classes' if self.task == 'classification' else 'tokens'}")
+
+
+def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic shuffled split of ``range(n)`` into (train, test) index arrays.
+
+    The number of test samples is ``round(n * test_fraction)``; the split depends
+    only on (n, test_fraction, seed).
+    """
+    perm = np.random.default_rng([seed, 0x5EED5]).permutation(n)
+    n_test = int(round(n * test_fraction))
+    if n - n_test < 1:
+        raise DataError(f"data.test_fraction = {test_fraction} leaves no training samples out of {n}")
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def load_dataset(data_cfg, task: str, dtype: str = "float32") -> Dataset:
+    """Build the dataset that ``data_cfg`` (a :class:`hpcdp.config.DataConfig`) describes.
+
+    ``task`` comes from the model ("classification" for mlp, "sequence" for gpt) and
+    decides which shapes a file must hold. Float features are cast to ``dtype``.
+    """
+    if data_cfg.seed < 0:  # -1 means "follow run.seed"; Config resolves it, a bare DataConfig gets 0
+        data_cfg = dataclasses.replace(data_cfg, seed=0)
+    kind = data_cfg.kind
+    if kind == "digits":
+        from .digits import load_digits_dataset
+        ds = load_digits_dataset(data_cfg.test_fraction, data_cfg.seed)
+    elif kind == "synthetic_classification":
+        from .synthetic import make_classification
+        ds = make_classification(data_cfg)
+    elif kind == "synthetic_sequence":
+        from .synthetic import make_markov_sequences
+        ds = make_markov_sequences(data_cfg)
+    elif kind in ("npz", "hdf5"):
+        from .files import load_file_dataset
+        ds = load_file_dataset(data_cfg, task)
+    else:  # config validation lists the kinds; this guards new ones
+        raise DataError(f"data.kind: unknown dataset kind {kind!r}")
+    if ds.task != task:
+        raise DataError(f"data.kind = {kind!r} gives a {ds.task} dataset but the model needs {task} data")
+    if ds.task == "classification":
+        ds.x_train = np.ascontiguousarray(ds.x_train, dtype=dtype)
+        ds.x_test = np.ascontiguousarray(ds.x_test, dtype=dtype)
+    return ds
+
+
+__all__ = ["DataError", "Dataset", "load_dataset", "split_indices"]

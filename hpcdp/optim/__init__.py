@@ -1,0 +1,41 @@
+"""Optimizers on flat (possibly sharded) buffers, and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+from .adamw import AdamW
+from .sgd import SGD
+
+
+def build_optimizer(optim_cfg, *, size=None, dtype="float32", device="cpu"):
+    """SGD or AdamW from an :class:`hpcdp.config.OptimConfig`; state sized on first step
+    unless ``size`` is given."""
+    c = optim_cfg
+    if c.kind == "sgd":
+        return SGD(size, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay,
+                   nesterov=c.nesterov, dtype=dtype, device=device)
+    if c.kind == "adamw":
+        return AdamW(size, lr=c.lr, betas=tuple(c.betas), eps=c.eps,
+                     weight_decay=c.weight_decay, dtype=dtype, device=device)
+    raise ValueError(f"optim.kind: {c.kind!r} is not allowed; choose one of 'sgd', 'adamw'")
+
+
+def lr_at(optim_cfg, step: int, total_steps: int) -> float:
+    """Learning rate of 1-based optimizer step ``step`` out of ``total_steps``.
+
+    Linear warmup over ``warmup_steps`` (step k gets lr * k / warmup_steps), then
+    ``constant`` lr, or ``cosine`` decay from lr (first step after warmup) to
+    ``min_lr`` (last step).
+    """
+    c = optim_cfg
+    if step <= c.warmup_steps:
+        return c.lr * step / c.warmup_steps
+    if c.schedule == "constant":
+        return c.lr
+    span = max(total_steps - c.warmup_steps - 1, 1)
+    frac = min((step - c.warmup_steps - 1) / span, 1.0)
+    return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + math.cos(math.pi * frac))
+
+
+__all__ = ["AdamW", "SGD", "build_optimizer", "lr_at"]
