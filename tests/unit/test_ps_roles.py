@@ -1,0 +1,72 @@
+"""Role layout, shard ownership and the user aggregation probe (pure, no MPI)."""
+
+import numpy as np
+import pytest
+
+from hpcdp.shard import shard_range
+from hpcdp.strategies.ps.aggregate import agg_mean, agg_sum, probe, resolve_aggregate
+from hpcdp.strategies.ps.roles import assign_roles
+
+
+def test_colocated_servers_are_the_first_ranks_and_everyone_works():
+    r = assign_roles(4, 2, colocated=True)
+    assert r.servers == (0, 1) and r.workers == (0, 1, 2, 3)
+    assert r.server_index(1) == 1 and r.server_index(2) is None
+    assert r.worker_index(3) == 3
+
+
+def test_dedicated_servers_are_the_last_ranks():
+    r = assign_roles(5, 2, colocated=False)
+    assert r.servers == (3, 4) and r.workers == (0, 1, 2)
+    assert r.worker_index(3) is None and r.server_index(4) == 1
+    assert r.num_workers == 3 and r.num_servers == 2
+
+
+def test_shards_follow_the_one_rule():
+    r = assign_roles(4, 3, colocated=True)
+    assert [r.shard(10, s) for s in range(3)] == [shard_range(10, 3, s) for s in range(3)]
+
+
+@pytest.mark.parametrize("size, servers, colocated, msg", [
+    (2, 3, True, "more servers than ranks"),
+    (2, 3, False, "more servers than ranks"),
+    (2, 2, False, "zero workers"),
+    (2, 0, True, "integer >= 1"),
+    (2, -1, False, "integer >= 1"),
+])
+def test_bad_roles_are_clear_errors(size, servers, colocated, msg):
+    with pytest.raises(ValueError, match=msg):
+        assign_roles(size, servers, colocated)
+
+
+def test_builtin_aggregations():
+    g = [np.arange(3.0), np.ones(3), np.full(3, 2.0)]
+    np.testing.assert_array_equal(agg_sum(g), [3.0, 4.0, 5.0])
+    np.testing.assert_array_equal(agg_mean(g), [1.0, 4 / 3, 5 / 3])
+    assert g[0][0] == 0.0  # inputs untouched
+    assert resolve_aggregate("sum") is agg_sum
+
+
+def _wrong_shape(grads):
+    return np.stack(grads)
+
+
+def test_module_function_spec_and_wrong_shape_probe():
+    fn = resolve_aggregate(f"{__name__}:_wrong_shape")
+    with pytest.raises(ValueError, match=r"returned shape \(2, 5\).*must return one gradient"):
+        probe(fn, 2, 5, np.float64)
+    probe(resolve_aggregate("mean"), 3, 5, np.float32)  # fine
+
+
+def test_probe_reports_a_raising_aggregation():
+    def boom(grads):
+        raise KeyError("nope")
+    with pytest.raises(ValueError, match="raised KeyError"):
+        probe(boom, 2, 4, np.float64)
+
+
+@pytest.mark.parametrize("spec, msg", [("median", "module:function"), ("no_such_mod_xyz:f", "cannot import"),
+                                       ("numpy:no_such_fn", "no callable"), (3, "not an aggregation")])
+def test_bad_aggregation_specs(spec, msg):
+    with pytest.raises(ValueError, match=msg):
+        resolve_aggregate(spec)
