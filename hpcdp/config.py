@@ -24,6 +24,7 @@ import importlib
 import math
 import re
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,6 +367,15 @@ def _check_type(path: str, value, tp):
         if not isinstance(value, str):
             raise ConfigError(f"{path}: expected a string, found {value!r}")
         return value
+    if origin is typing.Union or isinstance(tp, types.UnionType):
+        # e.g. ``int | str`` (a number or a keyword such as "none"): the first that fits
+        for member in typing.get_args(tp):
+            try:
+                return _check_type(path, value, member)
+            except ConfigError:
+                continue
+        names = " or ".join(getattr(m, "__name__", str(m)) for m in typing.get_args(tp))
+        raise ConfigError(f"{path}: expected {names}, found {value!r}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
