@@ -1,0 +1,196 @@
+"""Parameter-server data parallelism (``parallel.strategy = "ps"``).
+
+Workers compute gradients on their slice of the global batch and push them to the
+servers; each server owns one shard of the flat buffer (``shard_range``), aggregates
+(sum by default, user-defined allowed) and either applies the optimizer itself
+(``update = "server"``: optimizer state only on servers) or returns the aggregated
+gradient (``update = "worker"``). Workers pull the results.
+
+- ``mode = "sync"``: a step completes when every worker's gradient is aggregated
+  (sync.py: the blocking reference).
+- ``mode = "async"``: non-blocking pushes and pulls with staleness bound
+  ``staleness = k`` (worker.py, server.py; definitions in staleness.py and
+  docs/parameter-server.md): k = 0 reproduces sync exactly, ``"none"`` never waits.
+
+Options (``[parallel.ps]``): ``servers`` (S), ``colocated`` (servers are also
+workers, or the last S ranks serve only), ``mode``, ``staleness``, ``update``,
+``aggregate`` ("sum", "mean" or "module:function").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcdp.config import ConfigError, register_parallel_config
+from hpcdp.strategies.base import Strategy
+
+from .aggregate import probe, resolve_aggregate
+from .roles import assign_roles
+from .server import ShardServer
+from .staleness import StalenessBound, parse_staleness
+from .sync import SyncServerPart, SyncWorkerPart
+from .worker import Worker
+
+
+@register_parallel_config("ps")
+@dataclass
+class PSConfig:
+    servers: int = 1
+    colocated: bool = True
+    mode: str = "sync"
+    staleness: int | str = 0  # async bound k: an integer >= 0, or "none" (unbounded)
+    update: str = "server"
+    aggregate: str = "sum"
+
+    def __post_init__(self):
+        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
+            raise ConfigError(f"parallel.ps.servers: {self.servers!r} is out of range; allowed [1, inf)")
+        if self.mode not in ("sync", "async"):
+            raise ConfigError(f"parallel.ps.mode: {self.mode!r} is not allowed; choose one of 'sync', 'async'")
+        if self.update not in ("server", "worker"):
+            raise ConfigError(f"parallel.ps.update: {self.update!r} is not allowed; choose one of "
+                              f"'server', 'worker'")
+        try:
+            k = parse_staleness(self.staleness)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.staleness = "none" if k is None else k  # one spelling in the resolved config
+        if not isinstance(self.aggregate, str) or not self.aggregate:
+            raise ConfigError("parallel.ps.aggregate: needs \"sum\", \"mean\" or \"module:function\"")
+
+    @property
+    def k(self) -> int | None:
+        return parse_staleness(self.staleness)
+
+
+class ParameterServer(Strategy):
+    """See the module docstring. Build with :func:`build` or directly::
+
+        ParameterServer(servers=2, colocated=False, mode="async", staleness=1)
+    """
+
+    name = "ps"
+
+    def __init__(self, servers: int = 1, colocated: bool = True, mode: str = "sync", staleness=0,
+                 update: str = "server", aggregate="sum", timeout: float = 300.0):
+        cfg = PSConfig(servers, colocated, mode, "none" if staleness is None else staleness,
+                       update, aggregate if isinstance(aggregate, str) else "custom")
+        self.cfg, self.timeout = cfg, float(timeout)
+        self.bound = StalenessBound(cfg.k if mode == "async" else 0)
+        self.aggregate = resolve_aggregate(aggregate)
+        self.server = self.worker = None
+        self.closed = False
+        self._stats_prev = None
+
+    # -- setup ------------------------------------------------------------
+    def setup(self, flat, optimizer, world) -> None:
+        cfg = self.cfg
+        self.roles = roles = assign_roles(world.size, cfg.servers, cfg.colocated)
+        self.flat, self.optimizer, self.ledger = flat, optimizer, getattr(world, "ledger", None)
+        rank = world.rank
+        s_idx, w_idx = roles.server_index(rank), roles.worker_index(rank)
+        self.is_worker = w_idx is not None
+        self.dp_rank, self.dp_size = (w_idx or 0), roles.num_workers
+        numel = flat.data.shape[0]
+        dtype = np.dtype(flat.data.dtype)
+        if not isinstance(flat.data, np.ndarray):
+            raise ValueError("parallel.strategy = 'ps' runs on host (numpy) buffers; set run.device = 'cpu'")
+        # Probe the aggregation on every rank, with every server's shard size, before
+        # any step (a wrong shape is an error here, not mid-run).
+        for s in range(roles.num_servers):
+            probe(self.aggregate, roles.num_workers, roles.shard(numel, s)[1], dtype)
+        self.comm = world.comm.Dup()  # PS traffic never matches anyone else's messages
+        # Identical start: rank 0's parameters everywhere (setup traffic, not a step's).
+        if world.size > 1:
+            self.comm.Bcast(flat.data, root=0)
+        server_update = cfg.update == "server"
+        local_w = w_idx if (s_idx is not None and self.is_worker) else None
+        if s_idx is not None:
+            off, size = roles.shard(numel, s_idx)
+            params = np.array(flat.data[off:off + size], copy=True)
+            opt = optimizer if server_update else None
+            if cfg.mode == "sync":
+                self.server = SyncServerPart(self.comm, s_idx, params, workers=roles.workers, local_worker=local_w,
+                                             aggregate=self.aggregate, optimizer=opt, ledger=self.ledger)
+            else:
+                self.server = ShardServer(self.comm, s_idx, off, params, workers=roles.workers,
+                                          local_worker=local_w, bound=self.bound, aggregate=self.aggregate,
+                                          optimizer=opt, ledger=self.ledger, timeout=self.timeout)
+        if self.is_worker:
+            if cfg.mode == "sync":
+                self.worker = SyncWorkerPart(self.comm, w_idx, flat, roles=roles, server_update=server_update,
+                                             optimizer=optimizer, local_server=self.server, ledger=self.ledger)
+            else:
+                self.worker = Worker(self.comm, w_idx, flat, roles=roles, bound=self.bound,
+                                     server_update=server_update, optimizer=optimizer,
+                                     local_server=self.server, ledger=self.ledger, timeout=self.timeout)
+        self._wait_s = 0.0
+
+    # -- the step ---------------------------------------------------------
+    def finish_gradients(self) -> None:
+        """Nothing to wait for: pushes go out in step(), after the lr is known."""
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        lr = float(getattr(self.optimizer, "lr", 0.0))
+        if self.cfg.mode == "sync":
+            self.worker.step(lr)
+        else:
+            self.worker.push(lr)
+            nxt = self.worker.step_t
+            self.worker.wait_for(self.bound.min_version(nxt),
+                                 f"shard versions >= {self.bound.min_version(nxt)} before step {nxt}")
+        self._wait_s = time.perf_counter() - t0
+
+    def step_stats(self) -> dict:
+        out = {"ps_time_s": self._wait_s}
+        if self.cfg.mode == "async":
+            out["ps_staleness"] = self.worker.pushed_staleness[-1]
+        if self.ledger is not None:
+            tot = self.ledger.totals()
+            now = {f"{n}_{d}_bytes": tot.get(n, {}).get(f"{d}_bytes", 0)
+                   for n in ("ps_push", "ps_pull") for d in ("sent", "recv")}
+            prev = self._stats_prev or {k: 0 for k in now}
+            out.update({k: now[k] - prev[k] for k in now})
+            self._stats_prev = now
+        return out
+
+    # -- roles and shutdown ----------------------------------------------
+    def serve(self) -> None:
+        """Dedicated server: serve until every worker said done."""
+        if self.is_worker:
+            raise RuntimeError("serve() is for dedicated server ranks; this rank is a worker")
+        self.server.serve_until_done()
+
+    def close(self) -> None:
+        """Idempotent. Workers say done and collect every reply (async: the final
+        weights); colocated servers serve until all workers are done."""
+        if self.closed or (self.worker is None and self.server is None):
+            return
+        self.closed = True
+        if self.worker is not None:
+            self.worker.close()
+        if self.cfg.mode == "async" and self.server is not None and not self.server.finished:
+            self.server.close()  # raises: a dedicated server closed before its workers
+        self.comm.Free()
+
+    @property
+    def applied(self):
+        """Async: this rank's server's record of every applied gradient (Applied)."""
+        return self.server.clock.applied if isinstance(self.server, ShardServer) else []
+
+
+def build(parallel_cfg, world=None, comm_cfg=None) -> ParameterServer:
+    cfg = parallel_cfg.sub("ps") or PSConfig()
+    timeout = getattr(comm_cfg, "timeout", 300.0) if comm_cfg is not None else 300.0
+    try:
+        return ParameterServer(cfg.servers, cfg.colocated, cfg.mode, cfg.k, cfg.update, cfg.aggregate,
+                               timeout=timeout)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+__all__ = ["PSConfig", "ParameterServer", "build"]

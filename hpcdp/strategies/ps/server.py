@@ -1,0 +1,148 @@
+"""One server: owns a shard of the flat buffer, applies updates as they complete.
+
+The server keeps a receive posted for every remote worker's next header and gradient,
+files each arriving gradient in its :class:`ServerClock`, and as soon as update t is
+complete (all W gradients of step t in) it aggregates them in worker order, then
+
+- server-side update: runs the optimizer on its parameter shard (optimizer state
+  lives only here, sized to the shard) and sends the new shard to every worker;
+- worker-side update: sends the aggregated gradient shard to every worker.
+
+A colocated server shares its rank with a worker: that worker's gradient is handed
+over in memory (``push_local``) and the result is delivered in memory (the saved
+copy), so the server's link carries W - 1 gradients in and W - 1 results out.
+The same code serves synchronous (k = 0) and asynchronous runs: the bound is
+enforced by the workers; the server checks it on every gradient.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import transport as tp
+from .aggregate import check_result
+from .staleness import ServerClock, StalenessError
+
+
+class ShardServer:
+    def __init__(self, comm, index: int, offset: int, params: np.ndarray, *, workers, local_worker,
+                 bound, aggregate, optimizer, ledger, timeout: float):
+        tp.check_count(params.size)
+        self.comm, self.index, self.offset = comm, index, offset
+        self.params = params                      # this server's shard (a private copy)
+        self.size, self.dtype = params.size, params.dtype
+        self.workers = tuple(workers)             # world rank of worker w
+        self.local_worker = local_worker          # dp index of the colocated worker, or None
+        self.remote = [w for w in range(len(self.workers)) if w != local_worker]
+        self.clock = ServerClock(len(self.workers), bound)
+        self.aggregate, self.optimizer = aggregate, optimizer
+        self.ledger, self.timeout = ledger, timeout
+        self.outbox = tp.Outbox()
+        self.local_results: list = []            # (update, result) for the colocated worker
+        self.apply_times: list = []               # wall time at which each update was applied
+        self._hdr: dict = {}
+        self._grad: dict = {}
+        for w in self.remote:
+            self._post(w)
+
+    # -- receiving --------------------------------------------------------
+    def _post(self, w: int) -> None:
+        rank = self.workers[w]
+        hbuf = np.empty(4, dtype=np.float64)
+        gbuf = np.empty(self.size, dtype=self.dtype)
+        self._hdr[w] = (self.comm.Irecv(hbuf, source=rank, tag=tp.TAG_HEADER), hbuf)
+        self._grad[w] = (self.comm.Irecv(gbuf, source=rank, tag=tp.TAG_GRAD), gbuf)
+
+    def poll(self) -> bool:
+        """Take every header that has arrived (and its gradient), apply complete
+        updates. Returns True if anything happened."""
+        progressed = False
+        for w in list(self._hdr):
+            req, hbuf = self._hdr[w]
+            if not req.Test():
+                continue
+            kind, step, version, lr = hbuf
+            if kind == tp.DONE:
+                progressed = True
+                del self._hdr[w]                  # nothing more comes from w
+                self.clock.finish(w, int(step))
+                continue
+            greq, gbuf = self._grad[w]
+            if not greq.Test():                   # the gradient follows its header; if the
+                continue                          # sender has not progressed it yet, look later
+            del self._grad[w]
+            progressed = True
+            self._record("ps_push", recv=gbuf.nbytes)
+            self.clock.push(w, int(step), int(version), (gbuf, lr))
+            self._post(w)
+        self.outbox.poll()
+        return self._apply_ready() or progressed
+
+    def push_local(self, step: int, version: int, grad: np.ndarray, lr: float) -> None:
+        """The colocated worker's gradient (a private copy), no message."""
+        self.clock.push(self.local_worker, step, version, (grad, lr))
+        self._apply_ready()
+
+    def finish_local(self, steps: int) -> None:
+        self.clock.finish(self.local_worker, steps)
+
+    # -- applying ---------------------------------------------------------
+    def _apply_ready(self) -> bool:
+        applied = False
+        while self.clock.ready():
+            update, payloads = self.clock.pop_ready()
+            grads = [g for g, _ in payloads]
+            agg = check_result(self.aggregate(grads), self.size, self.dtype,
+                               where=f"server {self.index} update {update}")
+            if self.optimizer is not None:
+                self.optimizer.lr = payloads[0][1]  # the lr the workers used for this step
+                self.optimizer.step(self.params, agg)
+                result = self.params.copy()       # the send owns a snapshot
+            else:
+                result = agg
+            self.apply_times.append(time.perf_counter())
+            for w in self.remote:
+                self.outbox.send(self.comm, result, self.workers[w], tp.TAG_REPLY)
+                self._record("ps_pull", sent=result.nbytes)
+            if self.local_worker is not None:
+                self.local_results.append((update, result))
+            applied = True
+        return applied
+
+    def _record(self, name, sent=0, recv=0):
+        if self.ledger is not None:
+            self.ledger.record(name, sent_bytes=sent, recv_bytes=recv,
+                               sent_msgs=int(sent > 0), recv_msgs=int(recv > 0))
+
+    # -- shutdown ---------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """Every worker said done (after its last gradient)."""
+        return self.clock.all_done
+
+    def serve_until_done(self) -> None:
+        """Dedicated server loop: poll until every worker is done, then close."""
+        waiter = tp.Waiter(self.timeout, f"workers of server {self.index}")
+        while not self.finished:
+            if not self.poll():
+                waiter.idle(self.describe_waiting)
+            else:
+                waiter = tp.Waiter(self.timeout, f"workers of server {self.index}")
+        self.close()
+
+    def describe_waiting(self) -> str:
+        c = self.clock
+        return (f"server {self.index} at version {c.version}; worker clocks {c.clock}; "
+                f"done {[d is not None for d in c.done_at]}")
+
+    def close(self) -> None:
+        """All workers done: check nothing was left behind, cancel the gradient
+        receives that will never match, and complete every reply send."""
+        if not self.finished:
+            raise StalenessError(f"server {self.index} closed before all workers were done")
+        self.clock.check_finished()
+        tp.cancel_all([r for r, _ in self._grad.values()])
+        self._grad.clear()
+        self.outbox.drain(self.timeout, f"replies of server {self.index} to be received")

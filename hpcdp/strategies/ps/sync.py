@@ -1,0 +1,148 @@
+"""Synchronous parameter server: a step completes when every worker's gradient is in.
+
+The plain blocking protocol, kept apart from the asynchronous engine (worker.py,
+server.py) on purpose: it is the reference the asynchronous engine with k = 0 must
+reproduce bit for bit. Per step, on every rank:
+
+1. a worker sends (header, gradient shard) to each remote server (non-blocking);
+2. a server receives the W gradients of its shard (its own colocated one in memory),
+   aggregates them in worker order, runs the optimizer on its shard (server-side
+   update) and sends the result (new parameters, or the aggregated gradient for
+   worker-side update) to every remote worker;
+3. a worker receives one result per server and installs it (or applies the
+   aggregated gradient with its own optimizer).
+
+A dedicated server runs step 2 in a loop until every worker sends DONE.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from . import transport as tp
+from .aggregate import check_result
+
+
+class SyncServerPart:
+    """Step 2 for one shard."""
+
+    def __init__(self, comm, index, params, *, workers, local_worker, aggregate, optimizer, ledger):
+        self.comm, self.index, self.params = comm, index, params
+        self.size, self.dtype = params.size, params.dtype
+        self.workers, self.local_worker = tuple(workers), local_worker
+        self.remote = [w for w in range(len(self.workers)) if w != local_worker]
+        self.aggregate, self.optimizer, self.ledger = aggregate, optimizer, ledger
+        self.updates = 0
+
+    def receive_headers(self) -> tuple[bool, float]:
+        """Blocking: one header per remote worker. Returns (all done?, lr)."""
+        kinds, lr = set(), 0.0
+        for w in self.remote:
+            h = np.empty(4, dtype=np.float64)
+            self.comm.Recv(h, source=self.workers[w], tag=tp.TAG_HEADER)
+            kinds.add(h[0])
+            if h[0] == tp.DONE and int(h[1]) != self.updates:
+                raise RuntimeError(f"sync PS server {self.index}: worker {w} finished after "
+                                   f"{int(h[1])} steps, the server applied {self.updates}")
+            lr = h[3]
+        if len(kinds) > 1:
+            raise RuntimeError(f"sync PS server {self.index}: some workers pushed a gradient "
+                               f"while others said done (they ran different numbers of steps)")
+        return kinds == {tp.DONE}, lr
+
+    def serve_step(self, local_grad=None, lr=None) -> np.ndarray:
+        """Receive, aggregate, update, send; returns the result for the local worker."""
+        grads: list = [None] * len(self.workers)
+        reqs = []
+        for w in self.remote:
+            grads[w] = np.empty(self.size, dtype=self.dtype)
+            reqs.append(self.comm.Irecv(grads[w], source=self.workers[w], tag=tp.TAG_GRAD))
+        MPI.Request.Waitall(reqs)
+        if self.ledger is not None and self.remote:
+            self.ledger.record("ps_push", recv_bytes=self.size * self.dtype.itemsize * len(self.remote),
+                               recv_msgs=len(self.remote))
+        if self.local_worker is not None:
+            grads[self.local_worker] = local_grad
+        agg = check_result(self.aggregate(grads), self.size, self.dtype,
+                           where=f"server {self.index} update {self.updates}")
+        if self.optimizer is not None:
+            self.optimizer.lr = lr
+            self.optimizer.step(self.params, agg)
+            result = self.params
+        else:
+            result = agg
+        # Blocking sends: a worker posts its receives before waiting on anything.
+        sends = [self.comm.Isend(result, dest=self.workers[w], tag=tp.TAG_REPLY) for w in self.remote]
+        MPI.Request.Waitall(sends)
+        if self.ledger is not None and self.remote:
+            self.ledger.record("ps_pull", sent_bytes=result.nbytes * len(self.remote),
+                               sent_msgs=len(self.remote))
+        self.updates += 1
+        return result
+
+    def serve_until_done(self) -> None:
+        while True:
+            done, lr = self.receive_headers()
+            if done:
+                return
+            self.serve_step(lr=lr)
+
+
+class SyncWorkerPart:
+    """Steps 1 and 3 on a worker (with step 2 for its colocated shard in between)."""
+
+    def __init__(self, comm, index, flat, *, roles, server_update, optimizer, local_server, ledger):
+        self.comm, self.index, self.flat = comm, index, flat
+        self.roles, self.server_update = roles, server_update
+        self.optimizer, self.local_server, self.ledger = optimizer, local_server, ledger
+        numel = flat.data.shape[0]
+        self.shards = [roles.shard(numel, s) for s in range(roles.num_servers)]
+        self.local_s = local_server.index if local_server is not None else None
+        self.steps = 0
+        self._agg = np.empty_like(flat.data) if not server_update else None
+
+    def step(self, lr: float) -> None:
+        grad, data = self.flat.grad, self.flat.data
+        dtype = data.dtype
+        # post the result receives first, then push (no ordering deadlock)
+        recvs, bufs = [], {}
+        for s, (off, size) in enumerate(self.shards):
+            if s == self.local_s:
+                continue
+            bufs[s] = np.empty(size, dtype=dtype)
+            recvs.append(self.comm.Irecv(bufs[s], source=self.roles.servers[s], tag=tp.TAG_REPLY))
+        sends = []
+        for s, (off, size) in enumerate(self.shards):
+            if s == self.local_s:
+                continue
+            dest = self.roles.servers[s]
+            sends.append(self.comm.Isend(tp.header(tp.PUSH, self.steps, self.steps, lr), dest, tp.TAG_HEADER))
+            sends.append(self.comm.Isend(grad[off:off + size], dest, tp.TAG_GRAD))
+            if self.ledger is not None:
+                self.ledger.record("ps_push", sent_bytes=size * dtype.itemsize, sent_msgs=1)
+        if self.local_server is not None:
+            off, size = self.shards[self.local_s]
+            self.local_server.receive_headers()
+            bufs[self.local_s] = self.local_server.serve_step(grad[off:off + size].copy(), lr)
+        MPI.Request.Waitall(recvs)
+        MPI.Request.Waitall(sends)
+        if self.ledger is not None:
+            for s in bufs:
+                if s != self.local_s:
+                    self.ledger.record("ps_pull", recv_bytes=bufs[s].nbytes, recv_msgs=1)
+        target = data if self.server_update else self._agg
+        for s, (off, size) in enumerate(self.shards):
+            target[off:off + size] = bufs[s]
+        if not self.server_update:
+            self.optimizer.step(data, self._agg)
+        self.steps += 1
+
+    def close(self) -> None:
+        sends = [self.comm.Isend(tp.header(tp.DONE, self.steps, 0, 0.0), self.roles.servers[s], tp.TAG_HEADER)
+                 for s in range(len(self.shards)) if s != self.local_s]
+        if self.local_server is not None:
+            done, _ = self.local_server.receive_headers()
+            if not done and self.local_server.remote:
+                raise RuntimeError("sync PS: a worker pushed after this colocated server's worker finished")
+        MPI.Request.Waitall(sends)
