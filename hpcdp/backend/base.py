@@ -11,6 +11,8 @@ Conventions (both backends):
   unless it says "in place".
 - Shapes follow NumPy broadcasting. ``axis`` may be an int, a tuple or None.
 - Index arrays (targets, token ids) are int64 on the backend's device.
+- Elementwise binary primitives (add, sub, mul, div) accept a Python scalar for
+  either operand; the result keeps the array operand's dtype.
 - Backward primitives take the saved forward values they need and return the
   gradient(s) of the inputs, already reduced to the inputs' shapes where noted.
 """
@@ -42,6 +44,20 @@ class Backend(ABC):
     def copy_(self, dst, src):
         """In place: dst[...] = src (same shape)."""
 
+    @abstractmethod
+    def fill_(self, dst, value):
+        """In place: dst[...] = value (a Python scalar); used by zero_grad."""
+
+    @abstractmethod
+    def add_(self, dst, src):
+        """In place: dst += src (src broadcastable to dst); how backward
+        accumulates into existing ``.grad`` arrays (views of the flat grad buffer)."""
+
+    @abstractmethod
+    def flat_view(self, flat, offset, shape):
+        """A view (aliasing, no copy) of ``flat[offset:offset+prod(shape)]`` with
+        ``shape``; how FlatParams hands out per-parameter data/grad arrays."""
+
     # -- shape ------------------------------------------------------------
     @abstractmethod
     def reshape(self, x, shape): ...
@@ -65,6 +81,10 @@ class Backend(ABC):
     def sum_to_shape(self, x, shape):
         """Sum ``x`` over broadcast axes so the result has ``shape`` (unbroadcast)."""
 
+    @abstractmethod
+    def broadcast_to(self, x, shape):
+        """A new contiguous array: ``x`` broadcast to ``shape`` (gradient of sum)."""
+
     # -- elementwise ------------------------------------------------------
     @abstractmethod
     def add(self, a, b): ...
@@ -80,6 +100,10 @@ class Backend(ABC):
 
     @abstractmethod
     def neg(self, a): ...
+
+    @abstractmethod
+    def equal(self, a, b):
+        """1.0 where a == b else 0.0, in a's dtype, broadcasting (gradient of max)."""
 
     @abstractmethod
     def exp(self, a): ...
@@ -149,7 +173,7 @@ class Backend(ABC):
 
     @abstractmethod
     def cross_entropy_backward(self, probs, targets, gscale):
-        """d(mean loss)/d(logits) * gscale."""
+        """d(mean loss)/d(logits) * gscale (a Python float or a 0-d backend array)."""
 
     @abstractmethod
     def layernorm(self, x, weight, bias, eps):
@@ -170,7 +194,12 @@ class Backend(ABC):
 
     # -- optimizer updates on flat buffers (all in place) ------------------
     @abstractmethod
-    def sgd_update(self, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov): ...
+    def sgd_update(self, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
+        """PyTorch SGD semantics: d = g + wd*p; buf = momentum*buf + d;
+        d = d + momentum*buf if nesterov else buf; p -= lr*d. ``momentum_buf`` may be
+        None when momentum == 0."""
 
     @abstractmethod
-    def adamw_update(self, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step): ...
+    def adamw_update(self, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+        """PyTorch AdamW semantics (decoupled decay p *= 1 - lr*wd, bias-corrected
+        moments); ``step`` is 1-based."""

@@ -1,0 +1,152 @@
+"""Neural-network ops: fused linear(+bias, +activation), cross-entropy, LayerNorm,
+embedding lookup, dropout, the causal mask and causal self-attention (composed from
+the ops). Fused ops keep one graph node (one Python closure) where NumPy would need
+several, which is most of the per-step overhead on small layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import ops
+from .tensor import Tensor, make_result
+
+_ACTIVATIONS = (None, "relu", "gelu", "tanh")
+
+
+def _int_ids(x, be, what):
+    data = x.data if isinstance(x, Tensor) else x
+    if isinstance(x, Tensor) and x.requires_grad:
+        raise TypeError(f"{what}: index tensor must not require grad")
+    data = be.asarray(data, "int64")
+    return data
+
+
+def linear(x, w, b=None, activation=None):
+    """act(x @ w + b) for x (..., in), w (in, out), b (out,) in one graph node.
+
+    Cost: one GEMM forward; backward one GEMM per operand that needs a gradient
+    (none for the input of the first layer). The bias is added in place into the
+    GEMM output, and ReLU's mask is read from its output, so only the pre-activation
+    of GELU is kept alive for backward.
+    """
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {_ACTIVATIONS}, got {activation!r}")
+    be = x.backend
+    xs, ws = x.shape, w.shape
+    if len(ws) != 2 or xs[-1] != ws[0]:
+        raise ValueError(f"linear: input shape {xs} does not match weight shape {ws} "
+                         f"(need input (..., {ws[0] if len(ws) == 2 else '?'}))")
+    if b is not None and b.shape != (ws[1],):
+        raise ValueError(f"linear: bias shape {b.shape} does not match weight shape {ws}")
+    nin, nout = ws
+    x2 = x.data if len(xs) == 2 else be.reshape(x.data, (-1, nin))
+    z = be.matmul(x2, w.data)
+    if b is not None:
+        be.add_(z, b.data)
+    if activation is None:
+        y = z
+    elif activation == "relu":
+        y = be.relu(z)
+    elif activation == "gelu":
+        y = be.gelu(z)
+    else:
+        y = be.tanh(z)
+    out_shape = xs[:-1] + (nout,)
+
+    def backward(gy):
+        g = gy if len(xs) == 2 else be.reshape(gy, (-1, nout))
+        if activation == "relu":
+            g = be.relu_backward(y, g)
+        elif activation == "gelu":
+            g = be.gelu_backward(z, g)
+        elif activation == "tanh":
+            g = be.mul(g, be.sub(1.0, be.mul(y, y)))
+        gx = gw = gb = None
+        if x.requires_grad:
+            gx = be.matmul(g, w.data, False, True)
+            if len(xs) != 2:
+                gx = be.reshape(gx, xs)
+        if w.requires_grad:
+            gw = be.matmul(x2, g, True, False)
+        if b is not None and b.requires_grad:
+            gb = be.sum(g, axis=0)
+        return (gx, gw) if b is None else (gx, gw, gb)
+
+    parents = (x, w) if b is None else (x, w, b)
+    y_out = y if len(xs) == 2 else be.reshape(y, out_shape)
+    return make_result(y_out, be, parents, backward)
+
+
+def cross_entropy(logits, targets):
+    """Mean negative log-likelihood of int ``targets`` (shape logits.shape[:-1])
+    under softmax(logits); fused and stable (log-sum-exp with the row max)."""
+    be = logits.backend
+    t = _int_ids(targets, be, "cross_entropy")
+    if tuple(t.shape) != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: targets shape {tuple(t.shape)} does not match "
+                         f"logits shape {logits.shape} (need {logits.shape[:-1]})")
+    c = logits.shape[-1]
+    x2 = be.reshape(logits.data, (-1, c))
+    t1 = be.reshape(t, (-1,))
+    loss, probs = be.cross_entropy(x2, t1)
+    shape = logits.shape
+
+    def backward(gy):
+        return (be.reshape(be.cross_entropy_backward(probs, t1, gy), shape),)
+    return make_result(loss, be, (logits,), backward)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    be = x.backend
+    c = x.shape[-1]
+    if weight.shape != (c,) or bias.shape != (c,):
+        raise ValueError(f"layer_norm: input shape {x.shape} needs weight and bias of "
+                         f"shape ({c},), got {weight.shape} and {bias.shape}")
+    y, mean, rstd = be.layernorm(x.data, weight.data, bias.data, eps)
+
+    def backward(gy):
+        gx, gw, gb = be.layernorm_backward(gy, x.data, weight.data, mean, rstd)
+        return gx, gw, gb
+    return make_result(y, be, (x, weight, bias), backward)
+
+
+def embedding(table, ids):
+    """table[ids] for int ids of any shape; the gradient accumulates repeated ids
+    deterministically (dense (V, D) gradient, no atomics)."""
+    be = table.backend
+    idx = _int_ids(ids, be, "embedding")
+    v = table.shape[0]
+
+    def backward(gy):
+        return (be.embedding_backward(gy, idx, v),)
+    return make_result(be.embedding(table.data, idx), be, (table,), backward)
+
+
+def dropout(x, p, seed, training=True):
+    """Zero each element with probability p and scale the rest by 1/(1-p). The mask
+    depends only on (shape, p, seed), so a run is reproducible."""
+    if not training or p == 0.0:
+        return x
+    be = x.backend
+    mask = be.dropout_mask(x.shape, p, seed)
+    return make_result(be.mul(x.data, mask), be, (x,), lambda gy: (be.mul(gy, mask),))
+
+
+def causal_mask_fill(x, value=float("-inf")):
+    """x[..., i, j] = value for j > i; the gradient there is zero."""
+    be = x.backend
+    return make_result(be.causal_mask_fill(x.data, value), be, (x,),
+                       lambda gy: (be.causal_mask_fill(gy, 0.0),))
+
+
+def causal_self_attention(q, k, v, dropout_p=0.0, seed=0, training=True):
+    """softmax(q k^T / sqrt(d) masked causally) v over (B, H, T, d) tensors."""
+    if not (q.shape == k.shape == v.shape) or q.ndim != 4:
+        raise ValueError(f"causal_self_attention: q, k, v must share one (B, H, T, d) "
+                         f"shape, got {q.shape}, {k.shape}, {v.shape}")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    att = ops.mul(ops.matmul(q, k, trans_b=True), scale)  # (B, H, T, T)
+    att = ops.softmax(causal_mask_fill(att))
+    att = dropout(att, dropout_p, seed, training)
+    return ops.matmul(att, v)

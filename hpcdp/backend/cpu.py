@@ -1,0 +1,251 @@
+"""CPU backend: NumPy/BLAS for shapes, elementwise math and matmul; numba.njit fused
+kernels (cpu_kernels.py) for GELU, softmax, cross-entropy, LayerNorm, embedding
+backward and the optimizer updates.
+
+Arrays are plain ``numpy.ndarray``. Matmul passes transposes to BLAS as flags
+(``a.swapaxes(-1, -2) @ b`` is a strided view, not a copy). Unlike the contract's
+minimum, ``to_numpy`` returns the array itself (no copy) on this backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import cpu_kernels as K
+from .base import Backend
+
+
+def _prod(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    # -- data movement ----------------------------------------------------
+    def asarray(self, x, dtype=None):
+        return np.asarray(x, dtype=dtype, order="C")
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def zeros(self, shape, dtype):
+        return np.zeros(shape, dtype=dtype)
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype=dtype)
+
+    def copy_(self, dst, src):
+        if tuple(dst.shape) != tuple(np.shape(src)):
+            raise ValueError(f"copy_: shapes {tuple(dst.shape)} and {tuple(np.shape(src))} differ")
+        np.copyto(dst, src)
+
+    def fill_(self, dst, value):
+        dst.fill(value)
+
+    def add_(self, dst, src):
+        np.add(dst, src, out=dst)
+
+    def flat_view(self, flat, offset, shape):
+        n = _prod(shape)
+        if offset < 0 or offset + n > flat.shape[0]:
+            raise ValueError(f"flat_view: [{offset}, {offset + n}) outside buffer of {flat.shape[0]}")
+        return flat[offset:offset + n].reshape(shape)
+
+    # -- shape ------------------------------------------------------------
+    def reshape(self, x, shape):
+        return np.reshape(x, shape)
+
+    def transpose(self, x, axes):
+        return np.ascontiguousarray(np.transpose(x, axes))
+
+    def getitem(self, x, index):
+        return np.ascontiguousarray(x[index])
+
+    def setitem_add(self, dst, index, src):
+        dst[index] += src
+
+    def concatenate(self, xs, axis):
+        return np.concatenate(xs, axis=axis)
+
+    def sum_to_shape(self, x, shape):
+        shape = tuple(shape)
+        if x.shape == shape:
+            return x
+        lead = x.ndim - len(shape)
+        axes = tuple(range(lead)) + tuple(
+            lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+        return np.sum(x, axis=axes).reshape(shape)
+
+    def broadcast_to(self, x, shape):
+        return np.broadcast_to(x, shape).copy()
+
+    # -- elementwise ------------------------------------------------------
+    def add(self, a, b):
+        return np.add(a, b)
+
+    def sub(self, a, b):
+        return np.subtract(a, b)
+
+    def mul(self, a, b):
+        return np.multiply(a, b)
+
+    def div(self, a, b):
+        return np.divide(a, b)
+
+    def neg(self, a):
+        return np.negative(a)
+
+    def equal(self, a, b):
+        return np.equal(a, b).astype(a.dtype)
+
+    def exp(self, a):
+        return np.exp(a)
+
+    def log(self, a):
+        return np.log(a)
+
+    def sqrt(self, a):
+        return np.sqrt(a)
+
+    def tanh(self, a):
+        return np.tanh(a)
+
+    def relu(self, a):
+        return np.maximum(a, 0)
+
+    def relu_backward(self, x, gy):
+        return np.multiply(gy, x > 0)
+
+    def gelu(self, x):
+        x = np.ascontiguousarray(x)
+        y = np.empty_like(x)
+        K.gelu_fwd(x.reshape(-1), y.reshape(-1))
+        return y
+
+    def gelu_backward(self, x, gy):
+        x = np.ascontiguousarray(x)
+        gy = np.ascontiguousarray(gy, dtype=x.dtype)
+        gx = np.empty_like(x)
+        K.gelu_bwd(x.reshape(-1), gy.reshape(-1), gx.reshape(-1))
+        return gx
+
+    def dropout_mask(self, shape, p, seed):
+        # float32 mask: multiplying a float64 tensor by it promotes to float64.
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout p must be in [0, 1), got {p}")
+        u = np.random.default_rng(seed).random(shape, dtype=np.float64)
+        return ((u >= p) * (1.0 / (1.0 - p))).astype(np.float32)
+
+    # -- reductions -------------------------------------------------------
+    def sum(self, x, axis=None, keepdims=False):
+        return np.asarray(np.sum(x, axis=axis, keepdims=keepdims))
+
+    def max(self, x, axis=None, keepdims=False):
+        return np.asarray(np.max(x, axis=axis, keepdims=keepdims))
+
+    # -- linear algebra ---------------------------------------------------
+    def matmul(self, a, b, trans_a=False, trans_b=False):
+        # swapaxes is a strided view; numpy hands it to BLAS as a transpose flag.
+        if trans_a:
+            a = a.swapaxes(-1, -2)
+        if trans_b:
+            b = b.swapaxes(-1, -2)
+        return np.matmul(a, b)
+
+    # -- fused kernels ----------------------------------------------------
+    def _rowwise(self, kernel, *arrays):
+        x = arrays[0]
+        ins = [K.rows(a) for a in arrays]
+        out = np.empty(ins[0].shape, dtype=x.dtype)
+        kernel(*ins, out)
+        return out.reshape(x.shape)
+
+    def softmax(self, x):
+        return self._rowwise(K.softmax_rows, x)
+
+    def softmax_backward(self, y, gy):
+        return self._rowwise(K.softmax_bwd_rows, y, gy.astype(y.dtype, copy=False))
+
+    def log_softmax(self, x):
+        return self._rowwise(K.log_softmax_rows, x)
+
+    def log_softmax_backward(self, y, gy):
+        return self._rowwise(K.log_softmax_bwd_rows, y, gy.astype(y.dtype, copy=False))
+
+    def causal_mask_fill(self, x, value):
+        t1, t2 = x.shape[-2], x.shape[-1]
+        y = np.array(x, copy=True, order="C")
+        y[..., np.triu(np.ones((t1, t2), dtype=bool), k=1)] = value
+        return y
+
+    def _check_targets(self, targets, n, c):
+        if targets.ndim != 1 or targets.shape[0] != n:
+            raise ValueError(f"cross_entropy: targets shape {targets.shape} does not match "
+                             f"{n} rows of logits")
+        if n and (targets.min() < 0 or targets.max() >= c):
+            raise ValueError(f"cross_entropy: targets must be in [0, {c}), got range "
+                             f"[{targets.min()}, {targets.max()}]")
+
+    def cross_entropy(self, logits, targets):
+        x = K.rows(logits)
+        t = np.ascontiguousarray(targets, dtype=np.int64).reshape(-1)
+        self._check_targets(t, x.shape[0], x.shape[1])
+        probs = np.empty_like(x)
+        loss = K.cross_entropy_fwd(x, t, probs)
+        return np.asarray(loss, dtype=x.dtype), probs
+
+    def cross_entropy_backward(self, probs, targets, gscale):
+        t = np.ascontiguousarray(targets, dtype=np.int64).reshape(-1)
+        gx = np.empty_like(probs)
+        K.cross_entropy_bwd(probs, t, float(gscale), gx)
+        return gx
+
+    def layernorm(self, x, weight, bias, eps):
+        x2 = K.rows(x)
+        n = x2.shape[0]
+        y = np.empty_like(x2)
+        mean = np.empty(n, dtype=x.dtype)
+        rstd = np.empty(n, dtype=x.dtype)
+        K.layernorm_fwd(x2, weight, bias, float(eps), y, mean, rstd)
+        return y.reshape(x.shape), mean, rstd
+
+    def layernorm_backward(self, gy, x, weight, mean, rstd):
+        x2 = K.rows(x)
+        c = x2.shape[1]
+        gx = np.empty_like(x2)
+        gw = np.zeros(c, dtype=np.float64)
+        gb = np.zeros(c, dtype=np.float64)
+        K.layernorm_bwd(K.rows(gy.astype(x.dtype, copy=False)), x2, weight, mean, rstd, gx, gw, gb)
+        return gx.reshape(x.shape), gw.astype(x.dtype), gb.astype(x.dtype)
+
+    def embedding(self, table, ids):
+        return np.take(table, ids, axis=0)
+
+    def embedding_backward(self, gy, ids, num_embeddings):
+        d = gy.shape[-1]
+        out = np.zeros((num_embeddings, d), dtype=gy.dtype)
+        K.embedding_bwd(K.rows(gy), np.ascontiguousarray(ids, dtype=np.int64).reshape(-1), out)
+        return out
+
+    # -- optimizer updates on flat buffers (all in place) ------------------
+    def sgd_update(self, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
+        if momentum:
+            if momentum_buf is None:
+                raise ValueError("sgd_update: momentum != 0 needs a momentum buffer")
+            K.sgd_momentum(param, grad, momentum_buf, float(lr), float(momentum),
+                           float(weight_decay), bool(nesterov))
+        else:
+            K.sgd_plain(param, grad, float(lr), float(weight_decay))
+
+    def adamw_update(self, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+        if step < 1:
+            raise ValueError(f"adamw_update: step is 1-based, got {step}")
+        K.adamw(param, grad, m, v, float(lr), float(beta1), float(beta2), float(eps),
+                float(weight_decay), int(step))
+
+
+__all__ = ["CPUBackend"]

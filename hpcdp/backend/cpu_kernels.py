@@ -1,0 +1,219 @@
+"""Fused CPU kernels (numba.njit, cache=True) behind :mod:`hpcdp.backend.cpu`.
+
+Each kernel does in one pass what NumPy would do in several temporaries: GELU,
+row softmax / log-softmax and their backwards, cross-entropy, LayerNorm forward and
+backward, embedding backward and the SGD/AdamW flat updates. Row kernels take 2-D
+C-contiguous arrays (rows, cols); the wrappers in cpu.py reshape to that.
+Reductions accumulate in float64 whatever the storage dtype, so float32 results stay
+close to the float64 reference. Kernels are serial (no prange): deterministic, and
+under MPI each rank runs single-threaded anyway. Compilation happens once per dtype
+signature and is cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+_GELU_S = math.sqrt(2.0 / math.pi)
+_GELU_C = 0.044715
+
+
+@njit(cache=True)
+def gelu_fwd(x, y):
+    for i in range(x.size):
+        v = x[i]
+        t = math.tanh(_GELU_S * (v + _GELU_C * v * v * v))
+        y[i] = 0.5 * v * (1.0 + t)
+
+
+@njit(cache=True)
+def gelu_bwd(x, gy, gx):
+    for i in range(x.size):
+        v = x[i]
+        t = math.tanh(_GELU_S * (v + _GELU_C * v * v * v))
+        dt = (1.0 - t * t) * _GELU_S * (1.0 + 3.0 * _GELU_C * v * v)
+        gx[i] = gy[i] * (0.5 * (1.0 + t) + 0.5 * v * dt)
+
+
+@njit(cache=True)
+def softmax_rows(x, y):
+    n, c = x.shape
+    for i in range(n):
+        m = x[i, 0]
+        for j in range(1, c):
+            if x[i, j] > m:
+                m = x[i, j]
+        s = 0.0
+        for j in range(c):
+            e = math.exp(x[i, j] - m)
+            y[i, j] = e
+            s += e
+        inv = 1.0 / s
+        for j in range(c):
+            y[i, j] *= inv
+
+
+@njit(cache=True)
+def softmax_bwd_rows(y, gy, gx):
+    n, c = y.shape
+    for i in range(n):
+        dot = 0.0
+        for j in range(c):
+            dot += gy[i, j] * y[i, j]
+        for j in range(c):
+            gx[i, j] = y[i, j] * (gy[i, j] - dot)
+
+
+@njit(cache=True)
+def log_softmax_rows(x, y):
+    n, c = x.shape
+    for i in range(n):
+        m = x[i, 0]
+        for j in range(1, c):
+            if x[i, j] > m:
+                m = x[i, j]
+        s = 0.0
+        for j in range(c):
+            s += math.exp(x[i, j] - m)
+        lse = m + math.log(s)
+        for j in range(c):
+            y[i, j] = x[i, j] - lse
+
+
+@njit(cache=True)
+def log_softmax_bwd_rows(y, gy, gx):
+    n, c = y.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(c):
+            s += gy[i, j]
+        for j in range(c):
+            gx[i, j] = gy[i, j] - math.exp(y[i, j]) * s
+
+
+@njit(cache=True)
+def cross_entropy_fwd(logits, targets, probs):
+    """probs <- softmax(logits); returns mean of -log p[target] (float64)."""
+    n, c = logits.shape
+    total = 0.0
+    for i in range(n):
+        m = logits[i, 0]
+        for j in range(1, c):
+            if logits[i, j] > m:
+                m = logits[i, j]
+        s = 0.0
+        for j in range(c):
+            e = math.exp(logits[i, j] - m)
+            probs[i, j] = e
+            s += e
+        inv = 1.0 / s
+        for j in range(c):
+            probs[i, j] *= inv
+        # log p[t] from the logits (not log of a rounded prob): stable for p -> 0
+        total += math.log(s) + m - logits[i, targets[i]]
+    return total / n
+
+
+@njit(cache=True)
+def cross_entropy_bwd(probs, targets, scale, gx):
+    n, c = probs.shape
+    k = scale / n
+    for i in range(n):
+        for j in range(c):
+            gx[i, j] = probs[i, j] * k
+        gx[i, targets[i]] -= k
+
+
+@njit(cache=True)
+def layernorm_fwd(x, w, b, eps, y, mean, rstd):
+    n, c = x.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(c):
+            s += x[i, j]
+        mu = s / c
+        v = 0.0
+        for j in range(c):
+            d = x[i, j] - mu
+            v += d * d
+        r = 1.0 / math.sqrt(v / c + eps)
+        mean[i] = mu
+        rstd[i] = r
+        for j in range(c):
+            y[i, j] = (x[i, j] - mu) * r * w[j] + b[j]
+
+
+@njit(cache=True)
+def layernorm_bwd(gy, x, w, mean, rstd, gx, gw, gb):
+    """gw, gb must be zeroed float64 accumulators of length c."""
+    n, c = x.shape
+    for i in range(n):
+        mu = mean[i]
+        r = rstd[i]
+        # gx = r * (g - mean(g) - xhat * mean(g * xhat)),  g = gy * w
+        sg = 0.0
+        sgx = 0.0
+        for j in range(c):
+            xhat = (x[i, j] - mu) * r
+            g = gy[i, j] * w[j]
+            sg += g
+            sgx += g * xhat
+            gw[j] += gy[i, j] * xhat
+            gb[j] += gy[i, j]
+        sg /= c
+        sgx /= c
+        for j in range(c):
+            xhat = (x[i, j] - mu) * r
+            gx[i, j] = r * (gy[i, j] * w[j] - sg - xhat * sgx)
+
+
+@njit(cache=True)
+def embedding_bwd(gy, ids, out):
+    """out (V, D) zeroed; rows of gy added at ids in order: deterministic."""
+    n, d = gy.shape
+    for i in range(n):
+        row = ids[i]
+        for j in range(d):
+            out[row, j] += gy[i, j]
+
+
+@njit(cache=True)
+def sgd_momentum(p, g, buf, lr, momentum, wd, nesterov):
+    for i in range(p.size):
+        d = g[i] + wd * p[i]
+        b = momentum * buf[i] + d
+        buf[i] = b
+        if nesterov:
+            d = d + momentum * b
+        else:
+            d = b
+        p[i] -= lr * d
+
+
+@njit(cache=True)
+def sgd_plain(p, g, lr, wd):
+    for i in range(p.size):
+        p[i] -= lr * (g[i] + wd * p[i])
+
+
+@njit(cache=True)
+def adamw(p, g, m, v, lr, b1, b2, eps, wd, step):
+    c1 = 1.0 - b1 ** step
+    c2 = 1.0 - b2 ** step
+    decay = 1.0 - lr * wd
+    for i in range(p.size):
+        gi = g[i]
+        mi = b1 * m[i] + (1.0 - b1) * gi
+        vi = b2 * v[i] + (1.0 - b2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        p[i] = p[i] * decay - lr * (mi / c1) / (math.sqrt(vi / c2) + eps)
+
+
+def rows(x):
+    """View ``x`` as 2-D (rows, last axis), C-contiguous (copies only if it must)."""
+    x = np.ascontiguousarray(x)
+    return x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x

@@ -1,0 +1,68 @@
+"""GPT-style decoder: token + position embeddings, pre-LN blocks with causal
+attention and a GELU MLP, final LayerNorm, tied or untied LM head.
+
+Init (GPT-2): every weight ~ N(0, 0.02), biases 0, LayerNorm (1, 0); the two
+residual projections of each block (attn.c_proj, mlp.c_proj) use
+0.02 / sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..autograd import functional as F
+from ..autograd import ops
+from .layers import Block, Dropout, Embedding, LayerNorm, Linear
+from .module import Module
+from .params import ParamRegistry
+
+
+class GPT(Module):
+    """Input int64 ids (B, T) with T <= block_size; logits (B, T, vocab_size)."""
+
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, *, tied_head=True,
+                 dropout=0.0, seed=0, dtype="float32", device="cpu"):
+        for k, v in dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer,
+                         n_head=n_head, n_embd=n_embd).items():
+            if int(v) < 1:
+                raise ValueError(f"GPT {k} must be >= 1, got {v}")
+        if n_embd % n_head:
+            raise ValueError(f"GPT n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.vocab_size, self.block_size = int(vocab_size), int(block_size)
+        self.n_layer, self.n_head, self.n_embd = int(n_layer), int(n_head), int(n_embd)
+        self.tied_head = bool(tied_head)
+        reg = ParamRegistry(seed=seed, dtype=dtype, device=device)
+        proj_std = 0.02 / math.sqrt(2 * n_layer)
+        self.wte = Embedding(reg, "wte", vocab_size, n_embd)
+        self.wpe = Embedding(reg, "wpe", block_size, n_embd)
+        self.drop = Dropout(reg, dropout)
+        self.h = [Block(reg, f"h.{i}", n_embd, n_head, proj_std=proj_std, dropout=dropout)
+                  for i in range(n_layer)]
+        self.ln_f = LayerNorm(reg, "ln_f", n_embd)
+        self.lm_head = None if tied_head else Linear(reg, "lm_head", n_embd, vocab_size,
+                                                     bias=False, std=0.02)
+        self.flat = reg.finalize()
+        self.backend = self.flat.backend
+        self.dtype = self.flat.dtype
+
+    def forward(self, ids):
+        ids = self.backend.asarray(ids.data if hasattr(ids, "requires_grad") else ids, "int64")
+        if len(ids.shape) != 2:
+            raise ValueError(f"GPT input must be int ids (batch, time), got shape {tuple(ids.shape)}")
+        b, t = ids.shape
+        if t > self.block_size:
+            raise ValueError(f"sequence length {t} exceeds block_size {self.block_size}")
+        x = self.wte(ids) + ops.getitem(self.wpe.weight, slice(0, t))   # (B,T,C) + (T,C)
+        x = self.drop(x)
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        if self.tied_head:
+            x2 = ops.reshape(x, (b * t, self.n_embd))
+            logits = ops.matmul(x2, self.wte.weight, trans_b=True)      # (B*T, V)
+            return ops.reshape(logits, (b, t, self.vocab_size))
+        return self.lm_head(x)
+
+    def loss(self, ids, targets):
+        """Scalar mean cross-entropy over all B*T positions; targets int (B, T)."""
+        return F.cross_entropy(self(ids), targets)

@@ -1,0 +1,129 @@
+"""Layers: Linear, LayerNorm, Embedding, Dropout, causal multi-head self-attention and
+the GPT MLP block. Each is a thin wrapper holding Parameters from a ParamRegistry
+and calling the ops in hpcdp.autograd.functional.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..autograd import functional as F
+from ..autograd import ops
+from .module import Module
+
+
+class Linear(Module):
+    """y = act(x @ W + b), W of shape (in, out).
+
+    ``std=None``: PyTorch's default init, U(-1/sqrt(in), 1/sqrt(in)) for W and b.
+    ``std`` given: GPT-2 style, W ~ N(0, std), b = 0.
+    """
+
+    def __init__(self, reg, name, n_in, n_out, *, bias=True, std=None, activation=None):
+        if n_in < 1 or n_out < 1:
+            raise ValueError(f"Linear {name}: sizes must be >= 1, got {n_in} -> {n_out}")
+        if std is None:
+            bound = 1.0 / math.sqrt(n_in)
+            self.weight = reg.uniform(f"{name}.weight", (n_in, n_out), bound)
+            self.bias = reg.uniform(f"{name}.bias", (n_out,), bound) if bias else None
+        else:
+            self.weight = reg.normal(f"{name}.weight", (n_in, n_out), std)
+            self.bias = reg.constant(f"{name}.bias", (n_out,), 0.0) if bias else None
+        self.activation = activation
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias, self.activation)
+
+
+class LayerNorm(Module):
+    def __init__(self, reg, name, dim, eps=1e-5):
+        self.weight = reg.constant(f"{name}.weight", (dim,), 1.0)
+        self.bias = reg.constant(f"{name}.bias", (dim,), 0.0)
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class Embedding(Module):
+    def __init__(self, reg, name, num_embeddings, dim, std=0.02):
+        self.weight = reg.normal(f"{name}.weight", (num_embeddings, dim), std)
+        self.num_embeddings = num_embeddings
+
+    def forward(self, ids):
+        return F.embedding(self.weight, ids)
+
+
+class Dropout(Module):
+    """Each call draws a fresh mask from (model seed, layer stream, call count): runs
+    are reproducible from the seed alone."""
+
+    def __init__(self, reg, p):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {p}")
+        self.p = float(p)
+        self._base = (reg.seed * 1_000_003 + reg.next_stream()) % (1 << 62)
+        self._calls = 0
+
+    def next_seed(self):
+        self._calls += 1
+        return (self._base * 1_000_033 + self._calls) % (1 << 62)
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        return F.dropout(x, self.p, self.next_seed(), True)
+
+
+class CausalSelfAttention(Module):
+    """Multi-head self-attention with a causal mask, built from the ops:
+    one QKV projection, softmax(q k^T / sqrt(d)) with ``causal_mask_fill``, output
+    projection. ``proj_std`` scales the residual projection (GPT-2)."""
+
+    def __init__(self, reg, name, n_embd, n_head, *, proj_std, dropout=0.0):
+        if n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.n_embd, self.n_head = n_embd, n_head
+        self.c_attn = Linear(reg, f"{name}.c_attn", n_embd, 3 * n_embd, std=0.02)
+        self.c_proj = Linear(reg, f"{name}.c_proj", n_embd, n_embd, std=proj_std)
+        self.attn_drop = Dropout(reg, dropout)
+        self.resid_drop = Dropout(reg, dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = self.n_head
+        qkv = self.c_attn(x)                                      # (B, T, 3C)
+        qkv = ops.transpose(ops.reshape(qkv, (b, t, 3, h, c // h)), (2, 0, 3, 1, 4))
+        q, k, v = qkv[0], qkv[1], qkv[2]                          # (B, H, T, d) each
+        p = self.attn_drop.p if self.training else 0.0
+        seed = self.attn_drop.next_seed() if p else 0
+        y = F.causal_self_attention(q, k, v, p, seed, self.training)
+        y = ops.reshape(ops.transpose(y, (0, 2, 1, 3)), (b, t, c))
+        return self.resid_drop(self.c_proj(y))
+
+
+class MLPBlock(Module):
+    """GPT feed-forward: Linear(C, 4C) + GELU (fused), Linear(4C, C), dropout."""
+
+    def __init__(self, reg, name, n_embd, *, proj_std, dropout=0.0):
+        self.c_fc = Linear(reg, f"{name}.c_fc", n_embd, 4 * n_embd, std=0.02, activation="gelu")
+        self.c_proj = Linear(reg, f"{name}.c_proj", 4 * n_embd, n_embd, std=proj_std)
+        self.drop = Dropout(reg, dropout)
+
+    def forward(self, x):
+        return self.drop(self.c_proj(self.c_fc(x)))
+
+
+class Block(Module):
+    """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, reg, name, n_embd, n_head, *, proj_std, dropout=0.0):
+        self.ln_1 = LayerNorm(reg, f"{name}.ln_1", n_embd)
+        self.attn = CausalSelfAttention(reg, f"{name}.attn", n_embd, n_head,
+                                        proj_std=proj_std, dropout=dropout)
+        self.ln_2 = LayerNorm(reg, f"{name}.ln_2", n_embd)
+        self.mlp = MLPBlock(reg, f"{name}.mlp", n_embd, proj_std=proj_std, dropout=dropout)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
