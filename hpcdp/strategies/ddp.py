@@ -129,7 +129,7 @@ class DDP(Strategy):
 
         self._armed = False
         self._inflight: list = []       # (bucket index, request)
-        self._launched = 0
+        self.launched = 0
         self._steps = 0
         self._reset_timers()
         self._snap = self.ledger.snapshot() if self.ledger is not None else None
@@ -145,6 +145,7 @@ class DDP(Strategy):
         self._busy_since = None     # when the in-flight set last became non-empty
         self._exposed_s = 0.0
         self._cpu_s = 0.0
+        self._early = 0             # buckets launched during backward (from hooks)
 
     # -- backward --------------------------------------------------------------------
     def begin_backward(self, last_micro: bool = True) -> None:
@@ -157,6 +158,7 @@ class DDP(Strategy):
         t0 = time.perf_counter()
         for b in self.tracker.mark_ready(index):
             self._launch(b)
+            self._early += 1
         self._progress()
         self._cpu_s += time.perf_counter() - t0
 
@@ -167,7 +169,7 @@ class DDP(Strategy):
         if not self._inflight:
             self._busy_since = time.perf_counter()
         self._inflight.append((b, req))
-        self._launched += 1
+        self.launched += 1
 
     def _progress(self) -> None:
         """Advance every allreduce in flight without blocking; drop finished ones."""
@@ -193,10 +195,10 @@ class DDP(Strategy):
             self._inflight[0][1].wait()   # blocks (with comm's timeout) on the oldest...
             self._progress()              # ...and advances the others meanwhile finished
         self._exposed_s += time.perf_counter() - t0
-        if self._launched != len(self.plan.buckets):
-            raise RuntimeError(f"DDP launched {self._launched} bucket allreduces in this step, "
+        if self.launched != len(self.plan.buckets):
+            raise RuntimeError(f"DDP launched {self.launched} bucket allreduces in this step, "
                                f"expected {len(self.plan.buckets)}")
-        self._launched = 0
+        self.launched = 0
 
     # -- optimizer ------------------------------------------------------------------
     def step(self) -> None:
@@ -214,6 +216,7 @@ class DDP(Strategy):
             "comm_hidden_s": max(comm_s - self._exposed_s, 0.0),
             "comm_cpu_s": self._cpu_s,
             "buckets": float(len(self.plan.buckets)),
+            "buckets_in_backward": float(self._early),
         }
         sent = recv = gsent = grecv = 0
         if self.ledger is not None:
