@@ -131,3 +131,38 @@ def test_bad_capacity_and_layout():
         plan_buckets(layout_of([2]), cap=0)
     with pytest.raises(ValueError, match="contiguous"):
         plan_buckets([Spec("a", 0, 2), Spec("b", 3, 1)], cap=4)
+
+
+# -- the [parallel.ddp] config section ------------------------------------------
+
+def _ddp_config(**ddp):
+    from hpcdp.config import config_from_dict
+    return config_from_dict({"parallel": {"strategy": "ddp", "ddp": ddp}})
+
+
+def test_ddp_config_defaults_and_overrides():
+    cfg = _ddp_config()
+    opts = cfg.parallel.sub("ddp")
+    assert (opts.bucket_mb, opts.bucketing, opts.overlap, opts.init) == (25.0, "size", True, "verify")
+    opts = _ddp_config(bucket_mb=0.5, bucketing="per_param", overlap=False, check_every=10).parallel.sub()
+    assert (opts.bucket_mb, opts.bucketing, opts.overlap, opts.check_every) == (0.5, "per_param", False, 10)
+
+
+@pytest.mark.parametrize("bad", [0, -1, -0.25])
+def test_ddp_bucket_size_must_be_positive(bad):
+    from hpcdp.config import ConfigError
+    with pytest.raises(ConfigError, match=r"parallel\.ddp\.bucket_mb: .* must be > 0 MiB"):
+        _ddp_config(bucket_mb=bad)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("bucketing", "greedy", "parallel.ddp.bucketing: 'greedy' is not allowed"),
+    ("init", "random", "parallel.ddp.init: 'random' is not allowed"),
+    ("check_every", -1, "parallel.ddp.check_every: -1 is out of range"),
+    ("algorithm", "tree", "parallel.ddp.algorithm: 'tree' is not allowed"),
+    ("bucket_size", 3, "parallel.ddp.bucket_size: unknown key"),
+])
+def test_ddp_config_bad_values_name_the_key(key, value, match):
+    from hpcdp.config import ConfigError
+    with pytest.raises(ConfigError, match=match.replace(".", r"\.")):
+        _ddp_config(**{key: value})
