@@ -139,7 +139,7 @@ class DataConfig:
     n_features: int = 32
     n_classes: int = 8
     n_latent: int = 8  # cluster centres live here before the nonlinear map
-    noise: float = 0.5
+    noise: float = 1.5  # latent noise per unit of centre spread (2.0): larger = classes overlap more
     # synthetic_sequence (a fixed random Markov chain; its entropy is the loss floor)
     vocab_size: int = 16
     seq_len: int = 32
@@ -452,8 +452,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict, overrides) -> dict:
-    for text in overrides or ():
-        keys, value = parse_override(text)
+    parsed = [(text, *parse_override(text)) for text in overrides or ()]
+    touched = {".".join(keys) for _, keys, _ in parsed}
+    # Overriding one of train.steps / train.epochs switches the file's other one off.
+    for key, other in (("train.steps", "train.epochs"), ("train.epochs", "train.steps")):
+        if key in touched and other not in touched and isinstance(raw.get("train"), dict):
+            raw["train"].pop(other.split(".")[1], None)
+    for text, keys, value in parsed:
         node = raw
         for i, k in enumerate(keys[:-1]):
             node = node.setdefault(k, {})

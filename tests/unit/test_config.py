@@ -108,3 +108,33 @@ def test_config_dataclasses_validate_when_built_in_code():
     with pytest.raises(ConfigError, match=r"optim\.momentum"):
         OptimConfig(momentum=1.5)
     assert Config().optim.kind == "sgd"
+
+
+def test_a_strategy_registers_its_own_sub_table():
+    from dataclasses import dataclass
+
+    from hpcdp.config import register_parallel_config
+
+    @register_parallel_config("unit_test_strategy")
+    @dataclass
+    class Opts:
+        width: int = 3
+        mode: str = "a"
+
+        def __post_init__(self):
+            if self.mode not in ("a", "b"):
+                raise ConfigError(f"parallel.unit_test_strategy.mode: {self.mode!r} is not allowed")
+
+    cfg = load_config(None, ["parallel.strategy=unit_test_strategy", "parallel.unit_test_strategy.width=7"])
+    assert cfg.parallel.sub() == Opts(width=7)
+    text = dump_toml(cfg.to_dict())
+    assert "[parallel.unit_test_strategy]\nwidth = 7" in text
+    assert config_from_dict(tomllib.loads(text)) == cfg
+    # the chosen strategy's options appear with defaults even when not written
+    assert load_config(None, ["parallel.strategy=unit_test_strategy"]).parallel.sub() == Opts()
+    with pytest.raises(ConfigError, match=r"parallel\.unit_test_strategy\.depth: unknown key"):
+        load_config(None, ["parallel.unit_test_strategy.depth=1"])
+    with pytest.raises(ConfigError, match=r"parallel\.unit_test_strategy\.width: expected an integer"):
+        load_config(None, ["parallel.unit_test_strategy.width=1.5"])
+    with pytest.raises(ConfigError, match=r"parallel\.unit_test_strategy\.mode: 'c' is not allowed"):
+        load_config(None, ["parallel.unit_test_strategy.mode=c"])

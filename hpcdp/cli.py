@@ -1,0 +1,85 @@
+"""The ``hpcdp`` command.
+
+    hpcdp train [--config FILE.toml] [--set section.key=value ...]
+    hpcdp bench step [options]          training-step time vs hand-written NumPy / PyTorch
+    hpcdp bench collectives [options]   OSU-style table of the collectives (under mpiexec)
+    hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
+
+Bad input (config, data files, a launch without a strategy) prints one error line
+on rank 0, without a traceback, and exits with status 2 on every rank. Set
+``HPCDP_TRACEBACK=1`` to see the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+USAGE_ERROR = 2
+
+
+def _rank() -> int:
+    """This process's MPI rank, without initializing MPI (launcher env, else mpi4py)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.Get_rank()
+    return 0
+
+
+def _user_error(e: BaseException) -> int:
+    if os.environ.get("HPCDP_TRACEBACK"):
+        raise e
+    if _rank() == 0:
+        print(f"hpcdp: error: {e}", file=sys.stderr, flush=True)
+    return USAGE_ERROR
+
+
+def _train(argv) -> int:
+    p = argparse.ArgumentParser(prog="hpcdp train", description="Train a model (one rank, or "
+                                "every rank of an mpiexec/srun launch).")
+    p.add_argument("--config", help="TOML config file (default: the built-in digits MLP job)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config key; the value is TOML (e.g. 0.05, true, [64, 10], \"s\")")
+    args = p.parse_args(argv)
+    from hpcdp.train import main_train
+
+    main_train(args.config, args.set)
+    return 0
+
+
+def _bench(argv) -> int:
+    commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives"}
+    if not argv or argv[0] not in commands:
+        print("usage: hpcdp bench {step,collectives} [options]", file=sys.stderr)
+        return USAGE_ERROR
+    import importlib
+
+    return importlib.import_module(commands[argv[0]]).main(argv[1:]) or 0
+
+
+def _scale(argv) -> int:
+    from hpcdp.bench.scale import main as scale_main
+
+    return scale_main(argv) or 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"train": _train, "bench": _bench, "scale": _scale}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR
+    try:
+        return commands[argv[0]](argv[1:])
+    except (ValueError, FileNotFoundError) as e:  # ConfigError, DataError and setup errors
+        return _user_error(e)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

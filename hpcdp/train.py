@@ -1,0 +1,245 @@
+"""The training step and nothing else: wires data, model, strategy, optimizer, metrics.
+
+The loop follows the sequence in :mod:`hpcdp.strategies.base` exactly::
+
+    strategy.setup(flat, optimizer, world)
+    for each step:
+        flat.zero_grad()
+        for each micro-batch: strategy.begin_backward(last_micro); (loss * local/global).backward()
+        strategy.finish_gradients(); strategy.step(); metrics <- strategy.step_stats()
+    strategy.close()
+
+Every rank takes its slice of the same global batch (the global sampler), and the
+loss it gives to backward is scaled by ``micro_samples / global_samples``: summing
+gradients over ranks then gives the gradient of the global mean loss, also for a
+short last batch. A rank whose slice (or micro-batch) is empty still runs one
+backward, on one sample with weight 0, so its grad-ready hooks fire like everyone
+else's (collectives started from hooks must be joined by every rank).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from hpcdp.config import Config, ConfigError, dump_toml
+from hpcdp.data import Dataset, load_dataset
+from hpcdp.data.sampler import GlobalSampler, micro_batches
+from hpcdp.metrics import MetricsWriter, StepGather
+from hpcdp.optim import build_optimizer, lr_at
+from hpcdp.shard import shard_range
+from hpcdp.strategies import build_strategy
+
+
+def task_of(model_cfg) -> str:
+    return "classification" if model_cfg.kind == "mlp" else "sequence"
+
+
+def check_model_fits_data(model_cfg, ds: Dataset) -> None:
+    """Errors that name the model key to change when model and data disagree."""
+    if model_cfg.kind == "mlp":
+        n_in, n_out = ds.x_train.shape[1], model_cfg.sizes[-1]
+        if model_cfg.sizes[0] != n_in:
+            raise ConfigError(f"model.sizes: the first size must be the number of input features of "
+                              f"{ds.name} ({n_in}), found {model_cfg.sizes[0]}")
+        if n_out != ds.n_classes:
+            raise ConfigError(f"model.sizes: the last size must be the number of classes of "
+                              f"{ds.name} ({ds.n_classes}), found {n_out}")
+    else:
+        if model_cfg.vocab_size < ds.n_classes:
+            raise ConfigError(f"model.vocab_size: {ds.name} uses token ids up to {ds.n_classes - 1}; "
+                              f"needs >= {ds.n_classes}, found {model_cfg.vocab_size}")
+        if model_cfg.block_size < ds.x_train.shape[1]:
+            raise ConfigError(f"model.block_size: {ds.name} sequences have {ds.x_train.shape[1]} tokens; "
+                              f"needs >= {ds.x_train.shape[1]}, found {model_cfg.block_size}")
+
+
+def _bcast_str(comm, text: str | None, root: int = 0) -> str:
+    """Broadcast a string as bytes (no pickle)."""
+    if comm.Get_size() == 1:
+        return text
+    data = text.encode() if comm.Get_rank() == root else b""
+    n = np.array([len(data)], dtype=np.int64)
+    comm.Bcast(n, root=root)
+    buf = np.frombuffer(data, dtype=np.uint8).copy() if comm.Get_rank() == root else np.empty(n[0], np.uint8)
+    comm.Bcast(buf, root=root)
+    return buf.tobytes().decode()
+
+
+def _new_run_dir(run_cfg) -> str:
+    if run_cfg.out_dir:
+        path = Path(run_cfg.out_dir)
+        if (path / "metrics.jsonl").exists():
+            raise ConfigError(f"run.out_dir: {str(path)!r} already holds a run (metrics.jsonl); "
+                              "choose another directory or leave run.out_dir empty")
+    else:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        base = Path("runs") / f"{run_cfg.name}-{stamp}"
+        path, k = base, 1
+        while path.exists():
+            k += 1
+            path = Path(f"{base}-{k}")
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, backend) -> dict:
+    """Test loss and accuracy; workers split the test set (shard rule) and sum.
+
+    Every worker runs the same number of forward passes (computed from the largest
+    piece) so strategies that communicate inside forward stay in step.
+    """
+    from hpcdp.autograd import Tensor, no_grad
+
+    n = ds.n_test
+    off, size = shard_range(n, dp_size, dp_rank)
+    n_batches = math.ceil(shard_range(n, dp_size, 0)[1] / batch)
+    sums = np.zeros(3)  # loss sum, correct, count (tokens for sequences)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with no_grad():
+            for b in range(n_batches):
+                lo, hi = off + min(b * batch, size), off + min((b + 1) * batch, size)
+                if hi == lo:
+                    continue  # this piece is shorter: nothing left here
+                logits = model(Tensor(ds.x_test[lo:hi], backend=backend)).numpy().astype(np.float64)
+                y = ds.y_test[lo:hi]
+                logits = logits.reshape(-1, logits.shape[-1])
+                y = y.reshape(-1)
+                mx = logits.max(axis=1, keepdims=True)
+                lse = mx[:, 0] + np.log(np.exp(logits - mx).sum(axis=1))
+                sums += (float((lse - logits[np.arange(len(y)), y]).sum()),
+                         float((logits.argmax(axis=1) == y).sum()), len(y))
+    finally:
+        if hasattr(model, "train"):
+            model.train()
+    if comm is not None and comm.Get_size() > 1:
+        total = np.empty_like(sums)
+        comm.Allreduce(sums, total)  # sum over workers
+        sums = total
+    count = max(sums[2], 1.0)
+    return {"loss": sums[0] / count, "accuracy": sums[1] / count, "n": int(sums[2])}
+
+
+def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
+    """Train as ``cfg`` says. ``model`` overrides ``hpcdp.nn.build_model`` (tests).
+
+    Returns a summary dict (run_dir, steps, last loss, last eval) on every worker.
+    """
+    from hpcdp.autograd import Tensor
+    from hpcdp.backend import get_backend
+
+    if world is None:
+        from hpcdp.world import World
+        world = World.from_mpi(device=cfg.run.device)
+    be = get_backend(cfg.run.device)
+    ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
+    check_model_fits_data(cfg.model, ds)
+    if model is None:
+        from hpcdp.nn import build_model
+        model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device)
+    flat = model.flat
+    optimizer = build_optimizer(cfg.optim, dtype=cfg.run.dtype, device=cfg.run.device)
+    strategy = build_strategy(cfg.parallel, world, cfg.comm)
+    strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
+
+    # The run directory: named on world rank 0, known to every rank.
+    run_dir = _bcast_str(world.comm, _new_run_dir(cfg.run) if world.rank == 0 else None)
+    if world.rank == 0:
+        (Path(run_dir) / "config.toml").write_text(dump_toml({**cfg.to_dict(), "run": {
+            **cfg.to_dict()["run"], "out_dir": run_dir}}))
+
+    # Workers get their own communicator for metrics; server ranks only serve.
+    comm = world.comm
+    if world.size > 1:
+        from mpi4py import MPI
+        comm = world.comm.Split(0 if strategy.is_worker else MPI.UNDEFINED, world.rank)
+    if not strategy.is_worker:
+        try:
+            strategy.serve()
+        finally:
+            strategy.close()
+        return {"run_dir": run_dir, "role": "server"}
+
+    sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
+    total = cfg.train.steps or cfg.train.epochs * sampler.batches_per_epoch
+    accum = cfg.train.grad_accum
+    if cfg.train.global_batch < strategy.dp_size * accum and cfg.train.last_batch == "drop":
+        raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
+                          f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
+    writer_rank = comm.Get_rank() == 0
+    gather = StepGather(comm)
+    writer = MetricsWriter(Path(run_dir) / "metrics.jsonl" if writer_rank else None,
+                           total, cfg.run.log_every, out=out)
+    floor = ds.info.get("loss_floor")
+    if writer_rank:
+        writer.log(f"run dir: {run_dir}")
+        writer.log(f"data: {ds.describe()}" + (f"; loss floor (exact conditional entropy) "
+                                               f"{floor:.4f} nats" if floor is not None else ""))
+        writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
+                   f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
+                   f"{total} steps of {cfg.train.global_batch} samples ({sampler.batches_per_epoch} per epoch)")
+
+    def run_eval(step):
+        res = evaluate(model, ds, cfg.train.eval_batch, strategy.dp_rank, strategy.dp_size, comm, be)
+        if floor is not None:
+            res["loss_floor"] = floor
+        if writer_rank:
+            writer.write({"eval": {"step": step, **res}})
+            writer.log(f"eval @ step {step}: loss {res['loss']:.4f}  accuracy {res['accuracy']:.4f}"
+                       + (f"  (loss floor {floor:.4f})" if floor is not None else "")
+                       + f"  on {res['n']} {'tokens' if ds.task == 'sequence' else 'samples'}")
+        return res
+
+    last_loss, last_eval = float("nan"), None
+    try:
+        for step in range(1, total + 1):
+            t0 = time.perf_counter()
+            lr = lr_at(cfg.optim, step, total)
+            optimizer.lr = lr
+            local, global_n = sampler.local_indices(step - 1, strategy.dp_size, strategy.dp_rank)
+            flat.zero_grad()
+            loss_part = 0.0
+            for m, idx in enumerate(micro_batches(local, accum)):
+                strategy.begin_backward(last_micro=(m == accum - 1))
+                weight = len(idx) / global_n
+                if len(idx) == 0:  # keep the hooks firing: one sample, weight 0
+                    idx = sampler.global_indices(step - 1)[:1]
+                x = Tensor(ds.x_train[idx], backend=be)
+                y = Tensor(ds.y_train[idx], backend=be)
+                loss = model.loss(x, y)
+                loss_part += loss.item() * weight
+                (loss * weight).backward()
+            strategy.finish_gradients()
+            strategy.step()
+            stats = strategy.step_stats()
+            dt = time.perf_counter() - t0
+            gathered = gather.gather(loss_part, len(local), dt, stats)
+            if writer_rank:
+                last_loss, ranks = gathered
+                epoch, _ = sampler.position(step - 1)
+                writer.step({"step": step, "epoch": epoch, "loss": last_loss, "lr": lr,
+                             "global_batch": global_n, "samples_per_s": global_n / dt,
+                             "step_time_s": dt, "ranks": ranks})
+            if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == total:
+                last_eval = run_eval(step)
+    finally:
+        strategy.close()
+        writer.close()
+    return {"run_dir": run_dir, "steps": total, "loss": last_loss, "eval": last_eval}
+
+
+def main_train(config_path=None, overrides=(), out=None) -> dict:
+    """``hpcdp train``: load the config (None: built-in default) and train."""
+    from hpcdp.config import load_config
+
+    cfg = load_config(config_path, overrides)
+    return run_training(cfg, out=out)
+
+
+__all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train"]
