@@ -1,0 +1,3 @@
+"""Benchmarks: ``step`` (training-step time vs NumPy / PyTorch), ``collectives``
+(OSU-style tables) and ``scale`` (scaling studies). Performance is measured here,
+never asserted in tests."""
