@@ -1,7 +1,7 @@
 """A caching device allocator, so a training step does not call cudaMalloc.
 
 ``BlockCache`` is the policy, in plain Python (tested without a GPU): sizes are
-rounded up to a bin (512 B granularity below 1 MiB, then 1/8 of the next power
+rounded up to a bin (512 B granularity below 1 MiB, then 1/16 of the next power
 of two), a freed block goes back to its bin's free list instead of to the driver,
 and the next request of that bin reuses it. After the first step of training, the
 same shapes are requested in the same order, so every request is a hit.
@@ -26,11 +26,11 @@ SMALL_LIMIT = 1 << 20
 
 def bin_size(nbytes: int) -> int:
     """Round a request up to its bin: multiples of 512 B below 1 MiB, above it
-    steps of 1/8 of the next power of two (at most 12.5% waste)."""
+    steps of 1/16 of the next power of two (at most 12.5% waste)."""
     n = max(int(nbytes), 1)
     if n <= SMALL_LIMIT:
         return (n + MIN_BIN - 1) // MIN_BIN * MIN_BIN
-    step = (1 << (n - 1).bit_length()) // 8
+    step = (1 << (n - 1).bit_length()) // 16  # <= n / 8
     return (n + step - 1) // step * step
 
 

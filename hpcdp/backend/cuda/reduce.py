@@ -26,6 +26,8 @@ from ._util import nbtype, row_threads
 SUM, MAX = 0, 1
 SMEM = 1024
 COLS_X, COLS_Y = 32, 8
+TWO_PASS_MIN = 65536  # a full reduction this long spreads over PARTIAL_BLOCKS blocks
+PARTIAL_BLOCKS = 256
 
 
 @cuda.jit(device=True, inline=True)
@@ -116,8 +118,8 @@ def reduce3(op, x_flat, out_flat, outer, K, inner, dtype, empty):
     init = np.dtype(dtype).type(0.0 if op == SUM else -np.inf)
     if outer * inner == 0:
         return
-    if inner == 1 and outer == 1 and K > 65536:
-        nblk, tpb = 256, 256
+    if inner == 1 and outer == 1 and K > TWO_PASS_MIN:
+        nblk, tpb = PARTIAL_BLOCKS, 256
         part = empty((nblk,), dtype)
         partials[nblk, tpb](op, x_flat, part, K, init)
         rows[1, tpb](op, part, out_flat, nblk, init)

@@ -65,7 +65,7 @@ def row_stats(sm_m, sm_s, x, base, C, zero, one, ninf):
                 s = s * math.exp(m - v)
             s = s + one
             m = v
-        else:
+        elif v != ninf:  # -inf (masked) adds nothing; exp(-inf - -inf) would be NaN
             s += math.exp(v - m)
         j += cuda.blockDim.x
     return block_max_sumexp(sm_m, sm_s, m, s)
