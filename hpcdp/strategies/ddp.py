@@ -30,6 +30,7 @@ overlapping on a single thread, already part of backward time).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass
 
@@ -180,6 +181,28 @@ class DDP(Strategy):
             self._comm_s += time.perf_counter() - self._busy_since
             self._busy_since = None
 
+    def _drain(self) -> None:
+        """Poll every allreduce in flight until all are done (busy-wait: the ring only
+        moves inside test() calls). Polling all of them, not waiting on the oldest,
+        keeps every bucket's ring moving. Past comm's timeout, the oldest request's
+        wait() raises CollectiveTimeout naming the ranks that never arrived."""
+        deadline = None
+        idle = 0
+        while self._inflight:
+            n = len(self._inflight)
+            self._progress()
+            if len(self._inflight) < n:
+                idle = 0
+                continue
+            idle += 1
+            if idle % 64 == 0:
+                os.sched_yield()  # oversubscribed ranks: let the peer run
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + float(getattr(self._inflight[0][1], "timeout", 300.0))
+                elif now > deadline:
+                    self._inflight[0][1].wait(timeout=1e-3)  # raises, naming the ranks
+
     def finish_gradients(self) -> None:
         """Start the buckets backward did not start, then block until all are reduced.
 
@@ -191,9 +214,7 @@ class DDP(Strategy):
         t0 = time.perf_counter()
         for b in self.tracker.remaining():
             self._launch(b)
-        while self._inflight:
-            self._inflight[0][1].wait()   # blocks (with comm's timeout) on the oldest...
-            self._progress()              # ...and advances the others meanwhile finished
+        self._drain()
         self._exposed_s += time.perf_counter() - t0
         if self.launched != len(self.plan.buckets):
             raise RuntimeError(f"DDP launched {self.launched} bucket allreduces in this step, "
@@ -237,9 +258,7 @@ class DDP(Strategy):
         """Finish anything still in flight (a step interrupted between backward and
         finish_gradients) so no rank leaves messages behind."""
         self._armed = False
-        while self._inflight:
-            self._inflight[0][1].wait()
-            self._progress()
+        self._drain()
         for h in self._handles:
             h.remove()
         self._handles = []
