@@ -58,16 +58,28 @@ def check_model_fits_data(model_cfg, ds: Dataset) -> None:
                               f"needs >= {ds.x_train.shape[1]}, found {model_cfg.block_size}")
 
 
-def _bcast_str(comm, text: str | None, root: int = 0) -> str:
-    """Broadcast a string as bytes (no pickle)."""
-    if comm.Get_size() == 1:
-        return text
-    data = text.encode() if comm.Get_rank() == root else b""
-    n = np.array([len(data)], dtype=np.int64)
-    comm.Bcast(n, root=root)
-    buf = np.frombuffer(data, dtype=np.uint8).copy() if comm.Get_rank() == root else np.empty(n[0], np.uint8)
-    comm.Bcast(buf, root=root)
-    return buf.tobytes().decode()
+def _on_root_then_bcast(comm, fn, root: int = 0) -> str:
+    """Run ``fn() -> str`` on ``root`` and broadcast its result as bytes (no pickle).
+
+    If ``fn`` raises a user error on the root, every rank raises it: no rank is left
+    waiting in a collective the root never reaches.
+    """
+    text, failed = None, False
+    if comm.Get_rank() == root:
+        try:
+            text = fn()
+        except (ValueError, OSError) as e:
+            text, failed = f"{e}", True
+    if comm.Get_size() > 1:
+        data = text.encode() if comm.Get_rank() == root else b""
+        head = np.array([len(data), int(failed)], dtype=np.int64)
+        comm.Bcast(head, root=root)
+        buf = np.frombuffer(data, dtype=np.uint8).copy() if comm.Get_rank() == root else np.empty(head[0], np.uint8)
+        comm.Bcast(buf, root=root)
+        text, failed = buf.tobytes().decode(), bool(head[1])
+    if failed:
+        raise ConfigError(text)
+    return text
 
 
 def _new_run_dir(run_cfg) -> str:
@@ -148,11 +160,23 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
     strategy = build_strategy(cfg.parallel, world, cfg.comm)
     strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
 
+    # Checks every rank makes alike (so all of them stop together).
+    sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
+    total = cfg.train.steps or cfg.train.epochs * sampler.batches_per_epoch
+    accum = cfg.train.grad_accum
+    if cfg.train.global_batch < strategy.dp_size * accum:
+        raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
+                          f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
+
     # The run directory: named on world rank 0, known to every rank.
-    run_dir = _bcast_str(world.comm, _new_run_dir(cfg.run) if world.rank == 0 else None)
-    if world.rank == 0:
-        (Path(run_dir) / "config.toml").write_text(dump_toml({**cfg.to_dict(), "run": {
-            **cfg.to_dict()["run"], "out_dir": run_dir}}))
+    def make_run_dir():
+        path = _new_run_dir(cfg.run)
+        resolved = cfg.to_dict()
+        resolved["run"]["out_dir"] = path
+        (Path(path) / "config.toml").write_text(dump_toml(resolved))
+        return path
+
+    run_dir = _on_root_then_bcast(world.comm, make_run_dir)
 
     # Workers get their own communicator for metrics; server ranks only serve.
     comm = world.comm
@@ -166,12 +190,6 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             strategy.close()
         return {"run_dir": run_dir, "role": "server"}
 
-    sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
-    total = cfg.train.steps or cfg.train.epochs * sampler.batches_per_epoch
-    accum = cfg.train.grad_accum
-    if cfg.train.global_batch < strategy.dp_size * accum and cfg.train.last_batch == "drop":
-        raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
-                          f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
     writer_rank = comm.Get_rank() == 0
     gather = StepGather(comm)
     writer = MetricsWriter(Path(run_dir) / "metrics.jsonl" if writer_rank else None,

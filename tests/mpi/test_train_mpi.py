@@ -26,3 +26,23 @@ def test_strategy_none_on_several_ranks_raises_the_same_clear_error_everywhere(t
     arrived = np.zeros(1, dtype=np.int64)
     comm.Allreduce(np.ones(1, dtype=np.int64), arrived)
     assert arrived[0] == comm.Get_size()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_error_found_on_rank_0_only_stops_every_rank(tmp_path_factory):
+    """The run directory is checked on rank 0 alone; its error must reach all ranks."""
+    pytest.importorskip("hpcdp.strategies.ddp")
+    from hpcdp.config import ConfigError
+    from hpcdp.train import _on_root_then_bcast
+
+    comm = MPI.COMM_WORLD
+
+    def occupied_dir():
+        d = tmp_path_factory.mktemp("taken")
+        (d / "metrics.jsonl").write_text("")
+        return str(d)
+
+    taken = _on_root_then_bcast(comm, occupied_dir)  # rank 0's path, known to all
+    cfg = load_config(None, ["train.steps=2", "parallel.strategy=ddp", f'run.out_dir="{taken}"'])
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_training(cfg, world=World.from_mpi(), out=io.StringIO())
