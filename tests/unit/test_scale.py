@@ -1,0 +1,95 @@
+"""``hpcdp scale``: the study's arithmetic, and one real sweep over 1 and 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdp.bench.scale import efficiency, find_mpiexec, parse_ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = """
+[run]
+name = "scale-test"
+dtype = "float32"
+[model]
+kind = "mlp"
+sizes = [8, 16, 3]
+[data]
+kind = "synthetic_classification"
+n_samples = 256
+n_features = 8
+n_classes = 3
+[train]
+steps = 4
+global_batch = 8
+[optim]
+kind = "sgd"
+lr = 0.05
+[parallel]
+strategy = "ddp"
+[parallel.ddp]
+bucket_mb = 0.0001
+"""
+
+
+def test_parse_ranks_adds_the_one_rank_baseline():
+    assert parse_ranks("4,2") == [1, 2, 4]
+    assert parse_ranks("1,2,2") == [1, 2]
+    for bad in ("", "0,2", "two"):
+        with pytest.raises(SystemExit, match="--ranks"):
+            parse_ranks(bad)
+
+
+def test_efficiency_is_throughput_over_k_times_one_rank():
+    pts = [{"ranks": 1, "samples_per_s": 100.0}, {"ranks": 2, "samples_per_s": 180.0},
+           {"ranks": 4, "samples_per_s": 200.0}]
+    efficiency(pts)
+    assert [p["efficiency"] for p in pts] == [1.0, 0.9, 0.5]
+
+
+def test_scale_sweep_writes_table_json_and_plot(tmp_path):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    out = tmp_path / "study"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "hpcdp.cli", "scale", "--config", str(cfg), "--ranks", "1,2",
+           "--steps", "4", "--warmup", "1", "--variants", "bucketed,no_overlap",
+           "--out", str(out)]
+    assert Path(find_mpiexec()).exists()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads((out / "scale.json").read_text())
+    weak = {(p["variant"], p["ranks"]): p for p in res["weak"]}
+    strong = {(p["variant"], p["ranks"]): p for p in res["strong"]}
+    assert set(weak) == {("bucketed", 1), ("bucketed", 2), ("no_overlap", 2)}
+    assert weak[("bucketed", 2)]["global_batch"] == 16 and strong[("bucketed", 2)]["global_batch"] == 8
+    assert weak[("bucketed", 1)]["efficiency"] == 1.0
+    numel = 8 * 16 + 16 + 16 * 3 + 3
+    for p in (weak[("bucketed", 2)], weak[("no_overlap", 2)], strong[("bucketed", 2)]):
+        # two ranks: each sends exactly n elements per bucket (2n - |c0| - |c1|), any split
+        assert p["grad_bytes_sent"] == numel * 4
+        assert p["samples_per_s"] > 0 and 0 <= p["comm_exposed_s"] <= p["comm_s"] + 1e-9
+    assert weak[("no_overlap", 2)]["comm_hidden_s"] == 0
+    assert [c["over"] for c in res["variant_speedup"]] == ["no_overlap"]
+    table = (out / "scale.txt").read_text()
+    assert "weak" in table and "strong" in table and "no_overlap" in table
+    assert (out / "scale.png").stat().st_size > 0
+
+
+def test_scale_rejects_bad_arguments(tmp_path):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for extra, msg in ((["--study", "diagonal"], "--study"), (["--variants", "magic"], "magic"),
+                       (["--steps", "2", "--warmup", "2"], "--steps")):
+        proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "scale", "--config", str(cfg),
+                               *extra], env=env, capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+        assert proc.returncode != 0 and msg in proc.stderr, proc.stderr
