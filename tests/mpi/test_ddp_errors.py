@@ -5,6 +5,7 @@ Every error must be raised on EVERY rank (no rank left waiting) and name the ran
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -91,13 +92,16 @@ def test_global_batch_that_cannot_be_split_over_the_ranks():
     """hpcdp train with DDP: a global batch smaller than ranks x micro-batches is a clear
     ConfigError on every rank, before the first step."""
     from hpcdp.config import ConfigError, config_from_dict
-    from hpcdp.train import _bcast_str, run_training
+    from hpcdp.train import run_training
 
     world = _world()
     if world.size == 1:
         pytest.skip("needs several ranks")
-    tmp = tempfile.mkdtemp(prefix="hpcdp-ddp-") if world.rank == 0 else None
-    out = _bcast_str(world.comm, f"{tmp}/run" if world.rank == 0 else None)
+    # one folder for all ranks: rank 0's process id names it
+    pid = np.array([os.getpid()], dtype=np.int64)
+    world.comm.Bcast(pid, root=0)
+    tmp = os.path.join(tempfile.gettempdir(), f"hpcdp-ddp-test-{pid[0]}")
+    out = os.path.join(tmp, "run")
     cfg = config_from_dict({
         "run": {"out_dir": out, "dtype": "float64"},
         "model": {"kind": "mlp", "sizes": [8, 8, 3]},
@@ -111,5 +115,5 @@ def test_global_batch_that_cannot_be_split_over_the_ranks():
             run_training(cfg, world=world)
     finally:
         world.comm.Barrier()
-        if tmp:
+        if world.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
