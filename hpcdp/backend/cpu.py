@@ -137,8 +137,8 @@ class CPUBackend(Backend):
         # float32 mask: multiplying a float64 tensor by it promotes to float64.
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
-        u = np.random.default_rng(seed).random(shape, dtype=np.float64)
-        return ((u >= p) * (1.0 / (1.0 - p))).astype(np.float32)
+        mask = np.random.default_rng(seed).random(shape, dtype=np.float32) >= p
+        return np.multiply(mask, np.float32(1.0 / (1.0 - p)), dtype=np.float32)
 
     # -- reductions -------------------------------------------------------
     def sum(self, x, axis=None, keepdims=False):
