@@ -149,7 +149,10 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
     if world is None:
         from hpcdp.world import World
         world = World.from_mpi(device=cfg.run.device)
-    be = get_backend(cfg.run.device)
+    try:
+        be = get_backend(cfg.run.device)
+    except (RuntimeError, ImportError) as e:  # e.g. no GPU on this node
+        raise ConfigError(f"run.device = {cfg.run.device!r}: {e}") from None
     ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
     check_model_fits_data(cfg.model, ds)
     if model is None:
