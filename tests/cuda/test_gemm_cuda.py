@@ -20,11 +20,11 @@ def test_matmul_transposes_partial_tiles(be, rng, ta, tb):
     assert ref.rel_err(out, ref.matmul(a, b, ta, tb)) < F32_TOL
 
 
-@pytest.mark.parametrize("config", ["64x64", "128x128"])
+@pytest.mark.parametrize("config", ["16x16", "64x64", "128x128"])
 def test_gemm_configs_multi_tile(be, rng, config):
     """Both register-blocking configurations, more than one tile in M and N
     (64x64) and a K spanning several BK slices with a ragged end."""
-    m, k, n = (70, 21, 66) if config == "64x64" else (40, 19, 33)
+    m, k, n = {"16x16": (35, 20, 18), "64x64": (70, 21, 66), "128x128": (40, 19, 33)}[config]
     a = rng.standard_normal((m, k))
     b = rng.standard_normal((k, n))
     A, B = be.asarray(a), be.asarray(b)

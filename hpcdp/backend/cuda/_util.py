@@ -58,6 +58,13 @@ def blocks(n: int, tpb: int) -> int:
     return max(1, (int(n) + tpb - 1) // tpb)
 
 
+def flat_threads(n: int, tpb: int = 256) -> int:
+    """Threads per block for a flat grid-stride kernel: ``tpb``, or fewer (a
+    multiple of 32) when the whole array is smaller than one block (no idle
+    threads; the simulator's cost is per thread)."""
+    return min(tpb, max(32, (int(n) + 31) // 32 * 32))
+
+
 def row_threads(n: int) -> int:
     """Threads per block for a one-block-per-row kernel: a power of two in [32, 256]
     (the shared-memory tree needs a power of two; 256 keeps enough blocks resident)."""

@@ -21,7 +21,7 @@ from . import embedding as emb
 from . import gemm, layout, optim, reduce as red, rowwise
 from ._util import (FLOAT_DTYPES, broadcast_strides, contig_strides, is_device_array,
                     normalize_axes, prod)
-from .device import pool_stats, require_gpu, select_device, simulated
+from .device import local_rank_from_env, pool_stats, require_gpu, select_device, simulated
 
 
 def _is_scalar(x) -> bool:
@@ -45,7 +45,7 @@ class CUDABackend(Backend):
         # forgets to write shows up in tests. Costs one fill per allocation.
         self.poison = os.environ.get("HPCDP_CUDA_POISON", "0") == "1" if poison is None else poison
         if local_rank is not None or device_unset():
-            select_device(0 if local_rank is None else local_rank)
+            select_device(local_rank_from_env() if local_rank is None else local_rank)
 
     # -- allocation --------------------------------------------------------
     def _alloc(self, shape, dtype):

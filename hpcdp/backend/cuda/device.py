@@ -67,6 +67,22 @@ def install_allocator() -> bool:
     return True
 
 
+LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK",
+                   "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+
+def local_rank_from_env() -> int:
+    """The node-local rank the MPI launcher (MPICH/Hydra, Open MPI, MVAPICH) or
+    srun exported, 0 when none did. The training command passes
+    ``World.local_rank`` explicitly; this is the fallback for a backend built
+    before that call."""
+    for var in LOCAL_RANK_VARS:
+        v = os.environ.get(var)
+        if v is not None and v.strip().isdigit():
+            return int(v)
+    return 0
+
+
 def select_device(local_rank: int = 0) -> int:
     """Bind this process to GPU ``local_rank % n_gpus``; returns the device id."""
     if local_rank < 0:

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._util import NDIM, blocks, pad, prod
+from ._util import NDIM, blocks, flat_threads, pad, prod
 
 TPB = 256
 MAX_BLOCKS = 65535
@@ -29,7 +29,8 @@ GELU_C = math.sqrt(2.0 / math.pi)
 
 
 def grid(n):
-    return min(blocks(n, TPB), MAX_BLOCKS), TPB
+    tpb = flat_threads(n, TPB)
+    return min(blocks(n, tpb), MAX_BLOCKS), tpb
 
 
 @lru_cache(maxsize=None)

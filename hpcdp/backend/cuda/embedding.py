@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._util import blocks
+from ._util import blocks, flat_threads
 
 TPB = 256
 
@@ -98,23 +98,25 @@ def _gather_sum(dtype):
 def lookup(table_flat, ids_flat, out_flat, D):
     n = ids_flat.size
     if n * D:
-        _lookup[min(blocks(n * D, TPB), 65535), TPB](table_flat, ids_flat, out_flat, n, D)
+        tpb = flat_threads(n * D, TPB)
+        _lookup[min(blocks(n * D, tpb), 65535), tpb](table_flat, ids_flat, out_flat, n, D)
 
 
 def backward(gy_flat, ids_flat, grad_flat, V, D, scratch):
     """grad (V*D,) = sum of gy rows per id. ``scratch(shape, dtype)`` gives device
     arrays (zeroed where noted) from the backend's allocator."""
     n = ids_flat.size
+    tn, tv = flat_threads(n, TPB), flat_threads(V, TPB)
     counts = scratch((V,), np.int64, zero=True)
     starts = scratch((V + 1,), np.int64)
     cursor = scratch((V,), np.int64)
     positions = scratch((max(n, 1),), np.int64)
     if n:
-        _count[blocks(n, TPB), TPB](ids_flat, counts, n)
+        _count[blocks(n, tn), tn](ids_flat, counts, n)
     _scan[1, 1](counts, starts, cursor, V)
     if n:
-        _scatter[blocks(n, TPB), TPB](ids_flat, cursor, positions, n)
-    _sort_buckets[blocks(V, TPB), TPB](starts, positions, V)
+        _scatter[blocks(n, tn), tn](ids_flat, cursor, positions, n)
+    _sort_buckets[blocks(V, tv), tv](starts, positions, V)
     tpb = 32
     while tpb < D and tpb < 256:
         tpb *= 2

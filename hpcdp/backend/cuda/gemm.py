@@ -10,7 +10,7 @@ transposed) and B (BK x BN) in shared memory; the load mapping follows the
 operand's contiguous axis so global reads coalesce for both layouts. Edges
 (partial tiles in M, N, K) load zeros and skip stores.
 
-Two configurations (the lab's variants 2 and 3): 64x64x16 with 4x4 per thread,
+Three configurations: 16x16x16 with 2x2 per thread for small matrices, and (the lab's variants 3 and 4): 64x64x16 with 4x4 per thread,
 and 128x128x8 with 8x8 per thread (more reuse per load: 2x the flops per
 shared-memory byte, for large matrices).
 """
@@ -24,9 +24,10 @@ from numba import cuda
 
 from ._util import nbtype
 
+TINY = (16, 16, 16, 2, 2)  # 64 threads: small matrices (attention heads, tests)
 SMALL = (64, 64, 16, 4, 4)
 LARGE = (128, 128, 8, 8, 8)
-CONFIGS = {"64x64": SMALL, "128x128": LARGE}
+CONFIGS = {"16x16": TINY, "64x64": SMALL, "128x128": LARGE}
 
 
 @lru_cache(maxsize=None)
@@ -116,7 +117,7 @@ def launch(a_flat, b_flat, c_flat, M, N, K, ta, tb, a_bs, b_bs, bshape, config=N
     or, if tb, (N, K). a_bs/b_bs: element strides of the 3 padded batch dims (0 =
     broadcast); bshape: the 3 padded batch sizes."""
     if config is None:
-        config = LARGE if M * N >= 1024 * 1024 else SMALL
+        config = LARGE if M * N >= 1024 * 1024 else SMALL if M * N > 64 * 64 else TINY
     BM, BN, BK, TM, TN = config
     kern, threads = make_gemm(np.dtype(c_flat.dtype).str, BM, BN, BK, TM, TN)
     batch = bshape[0] * bshape[1] * bshape[2]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ._util import NDIM, blocks, contig_strides, pad, prod
+from ._util import NDIM, blocks, contig_strides, flat_threads, pad, prod
 
 TPB = 256
 
@@ -43,7 +43,8 @@ def strided_copy(src_flat, s_off, s_strides, dst_flat, d_off, d_strides, shape, 
     n = prod(shape)
     if n == 0:
         return
-    _strided_copy[min(blocks(n, TPB), 65535), TPB](
+    tpb = flat_threads(n, TPB)
+    _strided_copy[min(blocks(n, tpb), 65535), tpb](
         src_flat, int(s_off), pad(s_strides, 0, "stride"), dst_flat, int(d_off),
         pad(d_strides, 0, "stride"), pad(shape, 1, "shape"), n, 1 if add else 0)
 

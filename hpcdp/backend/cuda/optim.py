@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._util import blocks
+from ._util import blocks, flat_threads
 
 TPB = 256
 
@@ -58,7 +58,8 @@ def _kernels(dtype):
 
 
 def _grid(n):
-    return min(blocks(n, TPB), 65535), TPB
+    tpb = flat_threads(n, TPB)
+    return min(blocks(n, tpb), 65535), tpb
 
 
 def sgd(p, g, buf, lr, momentum, weight_decay, nesterov):
