@@ -184,15 +184,16 @@ class DDP(Strategy):
     def _drain(self) -> None:
         """Poll every allreduce in flight until all are done (busy-wait: the ring only
         moves inside test() calls). Polling all of them, not waiting on the oldest,
-        keeps every bucket's ring moving. Past comm's timeout, the oldest request's
-        wait() raises CollectiveTimeout naming the ranks that never arrived."""
+        keeps every bucket's ring moving. If no bucket completes for comm's timeout,
+        the oldest request's wait() raises CollectiveTimeout naming the ranks that
+        never arrived."""
         deadline = None
         idle = 0
         while self._inflight:
             n = len(self._inflight)
             self._progress()
             if len(self._inflight) < n:
-                idle = 0
+                idle, deadline = 0, None  # progress: the timeout counts from here
                 continue
             idle += 1
             if idle % 64 == 0:
