@@ -27,6 +27,7 @@ import numpy as np
 from hpcdp.config import ConfigError, register_parallel_config
 from hpcdp.strategies.base import Strategy
 
+from . import transport as tp
 from .aggregate import probe, resolve_aggregate
 from .roles import assign_roles
 from .server import ShardServer
@@ -175,6 +176,9 @@ class ParameterServer(Strategy):
             self.worker.close()
         if self.cfg.mode == "async" and self.server is not None and not self.server.finished:
             self.server.close()  # raises: a dedicated server closed before its workers
+        if self.cfg.mode == "async":
+            boxes = [p.outbox for p in (self.worker, self.server) if p is not None]
+            tp.finish_together(self.comm, boxes, self.timeout)
         self.comm.Free()
 
     @property

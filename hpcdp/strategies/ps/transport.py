@@ -58,13 +58,6 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._items)
 
-    def drain(self, timeout: float, what: str) -> None:
-        waiter = Waiter(timeout, what)
-        while self._items:
-            self.poll()
-            if self._items:
-                waiter.idle(lambda: f"{len(self._items)} sends still in flight")
-
 
 class Waiter:
     """Poll loop helper: yields the core now and then, raises after ``timeout`` s with
@@ -82,6 +75,25 @@ class Waiter:
             rank = MPI.COMM_WORLD.Get_rank()
             raise TimeoutError(f"parameter server: rank {rank} waited {self.timeout:g}s for "
                                f"{self.what} ({detail()}); a peer died or stopped early")
+
+
+def finish_together(comm, outboxes, timeout: float) -> None:
+    """Leave only when every rank's sends are complete (non-blocking consensus).
+
+    A send may complete at its sender only after the receiver progresses MPI once
+    more (rendezvous acknowledgements), so no rank may stop progressing while a peer
+    still has sends in flight. Each rank keeps polling its outboxes; once they are
+    empty it joins an ``Ibarrier`` and keeps progressing until every rank has joined."""
+    waiter = Waiter(timeout, "every rank's parameter-server sends to complete")
+    barrier = None
+    while True:
+        for o in outboxes:
+            o.poll()
+        if barrier is None and not any(len(o) for o in outboxes):
+            barrier = comm.Ibarrier()
+        if barrier is not None and barrier.Test():
+            return
+        waiter.idle(lambda: f"{sum(len(o) for o in outboxes)} own sends in flight")
 
 
 def cancel_all(requests) -> None:
