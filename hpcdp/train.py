@@ -247,8 +247,12 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                 writer.step({"step": step, "epoch": epoch, "loss": last_loss, "lr": lr,
                              "global_batch": global_n, "samples_per_s": global_n / dt,
                              "step_time_s": dt, "ranks": ranks})
-            if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == total:
+            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step != total:
                 last_eval = run_eval(step)
+        # Evaluate the final weights: an asynchronous strategy (ps, mode = "async")
+        # applies its outstanding updates in close(). close() is idempotent.
+        strategy.close()
+        last_eval = run_eval(total)
     finally:
         strategy.close()
         writer.close()
