@@ -316,5 +316,19 @@ def main(argv=None) -> int:
     return 0
 
 
+
+def run_from_scale(args, ranks: int) -> dict:
+    """``hpcdp scale --study staleness|ps-bytes --config FILE --ranks N --steps S``."""
+    out = Path(args.out or f"runs/ps-{args.study}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    sets = list(args.set or [])
+    if args.study == "staleness":
+        res = {"staleness": study_staleness(out, ranks, args.steps, 0.005, args.config, sets, args.timeout)}
+    else:
+        res = {"ps_bytes": study_bytes(out, ranks, min(args.steps, 5), args.config, sets, args.timeout)}
+    print(f"  wrote {out}")
+    return res
+
+
 if __name__ == "__main__":
     sys.exit(main())

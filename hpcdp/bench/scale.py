@@ -231,7 +231,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                         "config's train.global_batch")
     p.add_argument("--steps", type=int, default=20, help="steps per child job")
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
-    p.add_argument("--study", default="weak,strong", help="weak, strong or both")
+    p.add_argument("--study", default="weak,strong", help="weak, strong or both; or staleness / ps-bytes (parameter server)")
     p.add_argument("--variants", default="bucketed,per_param,no_overlap",
                    help="DDP modes for the weak sweep (bucketed is always run)")
     p.add_argument("--out", default="", help="output folder (default runs/scale-<time>)")
@@ -243,6 +243,9 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
 
 
 def run(args) -> dict:
+    if args.study in ("staleness", "ps-bytes"):  # parameter-server studies (ps_study.py)
+        from hpcdp.bench import ps_study
+        return ps_study.run_from_scale(args, max(parse_ranks(args.ranks)))
     ranks = parse_ranks(args.ranks)
     studies = [s.strip() for s in args.study.split(",") if s.strip()]
     bad = [s for s in studies if s not in ("weak", "strong")]
