@@ -17,6 +17,7 @@ releases it, and an out-of-memory error first empties the cache and retries).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 
@@ -108,9 +109,14 @@ def make_memory_manager():
         def memalloc(self, size):
             cache = type(self).cache
             ptr, bin_ = cache.acquire(size)
-            finalizer = _returner(weakref.ref(cache), ptr, bin_)
+            # self.allocations keeps the pointer object alive while arrays use it
+            # (they hold only a weak proxy); its finalizer drops that entry and
+            # hands the block back to the cache.
+            key = next(_KEYS)
+            finalizer = _returner(weakref.ref(cache), ptr, bin_, self.allocations, key)
             ctx = weakref.proxy(self.context)
             mem = drv.AutoFreePointer(ctx, ptr, size, finalizer=finalizer)
+            self.allocations[key] = mem
             return mem.own()
 
         def get_memory_info(self):
@@ -129,8 +135,12 @@ def make_memory_manager():
     return CachingMemoryManager
 
 
-def _returner(cache_ref, ptr, size):
+_KEYS = itertools.count(1)
+
+
+def _returner(cache_ref, ptr, size, allocations, key):
     def give_back():
+        allocations.pop(key, None)
         cache = cache_ref()
         if cache is not None:
             cache.release(ptr, size)
