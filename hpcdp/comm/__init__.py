@@ -1,0 +1,26 @@
+"""hpcdp.comm: collectives on MPI point-to-point calls (never imports autograd/nn).
+
+Ring reduce-scatter / all-gather / allreduce (pipelined), recursive doubling for
+small messages, MPI's own collectives as a baseline, parameter-server push/pull,
+a byte ledger, arrival tokens + timeouts on every collective, and a debug-mode
+fingerprint check. See docs/collectives.md.
+"""
+
+from hpcdp.comm.collectives import (
+    all_gather, allreduce, iall_gather, iallreduce, ireduce_scatter, reduce_scatter,
+)
+from hpcdp.comm.context import get_context, set_debug, set_timeout
+from hpcdp.comm.device import cuda_aware, set_cuda_aware
+from hpcdp.comm.errors import CollectiveMismatch, CollectiveTimeout, CommError
+from hpcdp.comm.ledger import Ledger
+from hpcdp.comm.ps import ips_allreduce, ips_pull, ips_push, ps_allreduce, ps_pull, ps_push
+from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
+
+__all__ = [
+    "allreduce", "reduce_scatter", "all_gather",
+    "iallreduce", "ireduce_scatter", "iall_gather",
+    "Ledger", "CollectiveTimeout", "CollectiveMismatch", "CommError",
+    "get_context", "set_debug", "set_timeout", "cuda_aware", "set_cuda_aware",
+    "ps_push", "ps_pull", "ps_allreduce", "ips_push", "ips_pull", "ips_allreduce",
+    "DEFAULT_SEGMENT_BYTES",
+]

@@ -1,0 +1,259 @@
+"""The public collectives: allreduce, reduce_scatter, all_gather (+ non-blocking).
+
+Buffers: contiguous numpy arrays (any shape, treated as flat) of float16, float32,
+float64, int32 or int64 (other numeric dtypes work too), or device arrays (see
+hpcdp.comm.device). ``recvbuf=None`` or ``recvbuf is sendbuf`` means in place.
+
+- ``allreduce(buf)``: every rank gets the reduction of all ranks' ``buf``.
+- ``reduce_scatter(buf, out)``: ``out`` (length ``shard_range(n, N, rank)[1]``)
+  gets this rank's chunk of the reduction. In place, the chunk is left at its
+  position ``buf[off:off+size]`` (the returned view) and the rest of ``buf`` is
+  scratch afterwards.
+- ``all_gather(chunk, full)``: ``full`` (length n) gets every rank's chunk at its
+  ``shard_range`` position; ``chunk`` must have this rank's shard length. In
+  place, ``buf`` is the full-length buffer holding this rank's chunk in position.
+
+Each returns the result array; the ``i*`` variants return a request with
+``test()`` / ``wait()`` (``wait`` returns the result).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcdp.comm.auto import choose_allreduce, choose_scatter_gather
+from hpcdp.comm.context import get_context
+from hpcdp.comm.debug import Arrival, fingerprint
+from hpcdp.comm.native import native_all_gather, native_allreduce, native_reduce_scatter
+from hpcdp.comm.ops import resolve
+from hpcdp.comm.recursive import recursive_doubling
+from hpcdp.comm.requests import DoneRequest, GenRequest
+from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES, RingRequest
+from hpcdp.shard import shard_range
+
+_KINDS = "fiu"
+
+
+def is_device_array(x) -> bool:
+    return not isinstance(x, np.ndarray) and hasattr(x, "__cuda_array_interface__")
+
+
+def flat_view(buf, what: str):
+    """A 1-D view of a contiguous buffer, or a clear error."""
+    if is_device_array(buf):
+        if not buf.is_c_contiguous():
+            raise ValueError(f"{what} must be a C-contiguous device array")
+        return buf.reshape(buf.size) if buf.ndim != 1 else buf
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{what} must be a numpy array or a device array "
+                        f"(__cuda_array_interface__), got {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous; pass numpy.ascontiguousarray({what})")
+    if buf.dtype.kind not in _KINDS:
+        raise TypeError(f"{what} has dtype {buf.dtype}; hpcdp collectives take numeric arrays "
+                        "(float16/32/64, int32/64, ...)")
+    if buf.ndim != 1:
+        return buf.reshape(-1)
+    return buf
+
+
+def _check_writeable(arr, what):
+    if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+        raise ValueError(f"{what} is read-only; the collective writes its result there")
+
+
+def _pair(sendbuf, recvbuf, what):
+    src = flat_view(sendbuf, "sendbuf")
+    if recvbuf is None or recvbuf is sendbuf:
+        _check_writeable(src, "sendbuf (in place)")
+        return src, src, sendbuf
+    work = flat_view(recvbuf, "recvbuf")
+    _check_writeable(work, "recvbuf")
+    if work.dtype != src.dtype:
+        raise TypeError(f"{what}: recvbuf dtype {work.dtype} != sendbuf dtype {src.dtype}")
+    return src, work, recvbuf
+
+
+def _arrive(ctx, name, dtype, n, root, algorithm, op, timeout):
+    seq = ctx.next_seq()
+    arrival = Arrival(ctx, fingerprint(seq, name, dtype, n, root, algorithm, op))
+    if ctx.debug:
+        arrival.check(name, ctx.timeout if timeout is None else timeout)
+    return arrival
+
+
+def _staged(fn, sendbuf, recvbuf, comm, kwargs):
+    from hpcdp.comm.device import maybe_stage
+    return maybe_stage(fn, sendbuf, recvbuf, comm, kwargs)
+
+
+# -- allreduce -----------------------------------------------------------------
+
+def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
+               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+    """Start an allreduce; returns a request (``test()`` / ``wait()``)."""
+    kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                  timeout=timeout, max_message_bytes=max_message_bytes)
+    staged = _staged(iallreduce, sendbuf, recvbuf, comm, kwargs)
+    if staged is not None:
+        return staged
+    ctx = get_context(comm)
+    op = resolve(op)
+    src, work, result = _pair(sendbuf, recvbuf, "allreduce")
+    if work.size != src.size:
+        raise ValueError(f"allreduce: recvbuf has {work.size} elements, sendbuf {src.size}; they must match")
+    algo = choose_allreduce(work.size * work.dtype.itemsize, ctx.size, algorithm)
+    arrival = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
+    if ctx.size == 1 or work.size == 0:
+        if src is not work:
+            work[...] = src
+        return DoneRequest(ctx, "allreduce", arrival, ledger, result)
+    if algo == "ring":
+        return RingRequest(ctx, "allreduce", arrival, ledger, timeout, work=work, src=src, op=op,
+                           phases=("rs", "ag"), segment_bytes=segment_bytes,
+                           max_message_bytes=max_message_bytes, result=result)
+    if algo == "native":
+        body = lambda req: native_allreduce(req, src, work, op)  # noqa: E731
+    else:
+        if src is not work:
+            work[...] = src
+
+        def body(req):
+            tmp = req.scratch(work.size, work.dtype) if isinstance(work, np.ndarray) else \
+                _device_scratch(ctx, work)
+            return (yield from recursive_doubling(req, work, op, tmp))
+    req = GenRequest(ctx, "allreduce", arrival, ledger, timeout, body, max_message_bytes)
+    req.result = result
+    return req
+
+
+def _device_scratch(ctx, like):
+    from hpcdp.comm.device import device_scratch
+    return device_scratch(ctx, like.size, like.dtype)
+
+
+def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
+              segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+    """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (or in place); returns it."""
+    return iallreduce(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
+                      segment_bytes=segment_bytes, timeout=timeout,
+                      max_message_bytes=max_message_bytes).wait()
+
+
+# -- reduce-scatter ------------------------------------------------------------
+
+def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
+                    segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+    """Start a reduce-scatter; ``wait()`` returns this rank's reduced chunk."""
+    kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                  timeout=timeout, max_message_bytes=max_message_bytes)
+    staged = _staged(ireduce_scatter, sendbuf, recvbuf, comm, kwargs)
+    if staged is not None:
+        return staged
+    ctx = get_context(comm)
+    op = resolve(op)
+    algo = choose_scatter_gather(algorithm)
+    src = flat_view(sendbuf, "sendbuf")
+    n = src.size
+    off, size = shard_range(n, ctx.size, ctx.rank)
+    in_place = recvbuf is None or recvbuf is sendbuf
+    if in_place:
+        _check_writeable(src, "sendbuf (in place)")
+        out, result = src[off:off + size], src[off:off + size]
+    else:
+        out = flat_view(recvbuf, "recvbuf")
+        _check_writeable(out, "recvbuf")
+        if out.dtype != src.dtype:
+            raise TypeError(f"reduce_scatter: recvbuf dtype {out.dtype} != sendbuf dtype {src.dtype}")
+        if out.size != size:
+            raise ValueError(f"reduce_scatter: recvbuf must hold this rank's chunk, "
+                             f"shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; got {out.size}")
+        result = recvbuf
+    arrival = _arrive(ctx, "reduce_scatter", src.dtype, n, -1, algo, op.name, timeout)
+    if ctx.size == 1 or n == 0:
+        if not in_place:
+            out[...] = src
+        return DoneRequest(ctx, "reduce_scatter", arrival, ledger, result)
+    if algo == "native":
+        if in_place:
+            tmp_out = np.empty(size, dtype=src.dtype) if isinstance(src, np.ndarray) else \
+                _device_scratch(ctx, out)
+
+            def body(req):
+                yield from native_reduce_scatter(req, src, tmp_out, op)
+                out[...] = tmp_out
+        else:
+            body = lambda req: native_reduce_scatter(req, src, out, op)  # noqa: E731
+        req = GenRequest(ctx, "reduce_scatter", arrival, ledger, timeout, body, max_message_bytes)
+        req.result = result
+        return req
+    if in_place:
+        return RingRequest(ctx, "reduce_scatter", arrival, ledger, timeout, work=src, src=src,
+                           op=op, phases=("rs",), segment_bytes=segment_bytes,
+                           max_message_bytes=max_message_bytes, result=result)
+    req = RingRequest(ctx, "reduce_scatter", arrival, ledger, timeout, work=None,
+                      src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
+                      max_message_bytes=max_message_bytes, result=result)
+    req._final_copy = (out, req.work[off:off + size])
+    return req
+
+
+def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
+                   segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+    """This rank's chunk (``shard_range``) of the reduction over all ranks."""
+    return ireduce_scatter(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
+                           segment_bytes=segment_bytes, timeout=timeout,
+                           max_message_bytes=max_message_bytes).wait()
+
+
+# -- all-gather ----------------------------------------------------------------
+
+def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
+                segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+    """Start an all-gather; ``wait()`` returns the full buffer."""
+    kwargs = dict(algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                  timeout=timeout, max_message_bytes=max_message_bytes)
+    staged = _staged(iall_gather, sendbuf, recvbuf, comm, kwargs)
+    if staged is not None:
+        return staged
+    ctx = get_context(comm)
+    algo = choose_scatter_gather(algorithm)
+    in_place = recvbuf is None or recvbuf is sendbuf
+    if in_place:
+        full = flat_view(sendbuf, "buf")
+        _check_writeable(full, "buf (in place)")
+        chunk, result = None, sendbuf
+    else:
+        chunk = flat_view(sendbuf, "sendbuf")
+        full = flat_view(recvbuf, "recvbuf")
+        _check_writeable(full, "recvbuf")
+        if full.dtype != chunk.dtype:
+            raise TypeError(f"all_gather: recvbuf dtype {full.dtype} != sendbuf dtype {chunk.dtype}")
+        result = recvbuf
+    n = full.size
+    off, size = shard_range(n, ctx.size, ctx.rank)
+    if chunk is not None and chunk.size != size:
+        raise ValueError(f"all_gather: sendbuf must hold this rank's chunk of the {n}-element "
+                         f"result, shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; "
+                         f"got {chunk.size}")
+    arrival = _arrive(ctx, "all_gather", full.dtype, n, -1, algo, "", timeout)
+    if algo == "native" and ctx.size > 1 and n > 0:
+        body = lambda req: native_all_gather(req, chunk, full, in_place)  # noqa: E731
+        req = GenRequest(ctx, "all_gather", arrival, ledger, timeout, body, max_message_bytes)
+        req.result = result
+        return req
+    if chunk is not None:
+        full[off:off + size] = chunk
+    if ctx.size == 1 or n == 0:
+        return DoneRequest(ctx, "all_gather", arrival, ledger, result)
+    return RingRequest(ctx, "all_gather", arrival, ledger, timeout, work=full, src=full,
+                       op=None, phases=("ag",), segment_bytes=segment_bytes,
+                       max_message_bytes=max_message_bytes, result=result)
+
+
+def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
+               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+    """Every rank's chunk, concatenated in rank order (``shard_range`` positions)."""
+    return iall_gather(sendbuf, recvbuf, comm=comm, algorithm=algorithm, ledger=ledger,
+                       segment_bytes=segment_bytes, timeout=timeout,
+                       max_message_bytes=max_message_bytes).wait()

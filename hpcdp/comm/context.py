@@ -1,0 +1,175 @@
+"""Per-communicator state of hpcdp.comm: duplicated communicators, sequence
+numbers, tags, reusable buffers and settings.
+
+The state is cached on the user's communicator as an MPI attribute (the MPI way to
+hang library state on a communicator, no module-level communicator). It holds two
+``Idup`` copies of the user's communicator: ``data`` carries payload, ``ctrl``
+carries arrival tokens and debug fingerprints, so neither ever matches the other
+or the user's own messages.
+
+Every collective call takes the next sequence number; all ranks call collectives
+on a communicator in the same order (MPI's rule), so sequence numbers agree and
+give each in-flight request its own tag range (several non-blocking requests may
+be in flight at once without their messages mixing).
+
+Setup is itself guarded: before the ``Idup``s each rank sends a small token to
+every peer on the user's communicator with the reserved tag ``TAG_UB`` (so a user
+receive with ``MPI.ANY_TAG`` on that communicator could steal it: do not post one
+while hpcdp sets up). If setup times out, the missing tokens name the ranks that
+never entered their first collective.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcdp.comm.errors import CollectiveTimeout
+
+DEFAULT_TIMEOUT_S = 300.0
+_KEYVAL = None
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def default_timeout() -> float:
+    """``HPCDP_COMM_TIMEOUT`` seconds, else 300."""
+    raw = os.environ.get("HPCDP_COMM_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"HPCDP_COMM_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"HPCDP_COMM_TIMEOUT must be > 0 seconds, got {raw!r}")
+    return value
+
+
+def as_comm(comm):
+    """Accept an mpi4py communicator or anything with a ``.comm`` (a World)."""
+    if comm is None:
+        raise TypeError("hpcdp.comm: pass the communicator as comm= (an mpi4py Comm or a World)")
+    if isinstance(comm, MPI.Comm):
+        return comm
+    inner = getattr(comm, "comm", None)
+    if isinstance(inner, MPI.Comm):
+        return inner
+    raise TypeError(f"hpcdp.comm: comm= must be an mpi4py Comm or a World, got {type(comm).__name__}")
+
+
+class BufferPool:
+    """Reusable scratch buffers (bytes), so repeated collectives do not map fresh
+    memory each call (page faults cost as much as the copy itself)."""
+
+    def __init__(self, keep: int = 8):
+        self._free: list[np.ndarray] = []
+        self._keep = keep
+
+    def get(self, nbytes: int) -> np.ndarray:
+        best = None
+        for i, buf in enumerate(self._free):
+            if buf.nbytes >= nbytes and (best is None or buf.nbytes < self._free[best].nbytes):
+                best = i
+        if best is not None:
+            return self._free.pop(best)
+        return np.empty(max(nbytes, 1), dtype=np.uint8)
+
+    def put(self, buf: np.ndarray) -> None:
+        self._free.append(buf)
+        if len(self._free) > self._keep:  # drop the smallest
+            self._free.sort(key=lambda b: b.nbytes)
+            self._free.pop(0)
+
+
+class CommContext:
+    """hpcdp's state for one user communicator (see module docstring)."""
+
+    def __init__(self, parent, data, ctrl):
+        self.parent, self.data, self.ctrl = parent, data, ctrl
+        self.rank, self.size = parent.Get_rank(), parent.Get_size()
+        self.seq = 0
+        tag_ub = int(data.Get_attr(MPI.TAG_UB))
+        # tag = (seq mod seq_mod) * step_space + step; step < step_space
+        self.step_space = 1 << max(4, (4 * self.size).bit_length())
+        self.seq_mod = max(1, (tag_ub - 1) // self.step_space)
+        self.ctrl_tag_mod = tag_ub - 1
+        self.pool = BufferPool()
+        self.pending_tokens: list = []  # arrival-token requests still completing
+        self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))
+        self.timeout = default_timeout()
+        self.cuda_aware = None  # decided lazily by hpcdp.comm.device
+
+    def next_seq(self) -> int:
+        seq = self.seq
+        self.seq += 1
+        return seq
+
+    def tag(self, seq: int, step: int) -> int:
+        if not 0 <= step < self.step_space:
+            raise ValueError(f"internal: step {step} outside tag space {self.step_space}")
+        return (seq % self.seq_mod) * self.step_space + step
+
+    def ctrl_tag(self, seq: int) -> int:
+        return seq % self.ctrl_tag_mod
+
+
+def _setup(comm, timeout: float) -> CommContext:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tag = int(comm.Get_attr(MPI.TAG_UB))
+    peers = [p for p in range(size) if p != rank]
+    token_out = np.zeros(1, dtype=np.uint8)
+    tokens_in = np.zeros(max(len(peers), 1), dtype=np.uint8)
+    reqs = [comm.Isend([token_out, MPI.BYTE], p, tag) for p in peers]
+    recvs = [comm.Irecv([tokens_in[i:i + 1], MPI.BYTE], p, tag) for i, p in enumerate(peers)]
+    data, r1 = comm.Idup()
+    ctrl, r2 = comm.Idup()
+    pending = reqs + recvs + [r1, r2]
+    deadline = time.monotonic() + timeout
+    idle = 0
+    while not MPI.Request.Testall(pending):
+        if time.monotonic() > deadline:
+            missing = [p for p, r in zip(peers, recvs) if not r.Test()]
+            raise CollectiveTimeout(
+                f"hpcdp.comm setup on rank {rank}: ranks {missing} never entered their first "
+                f"hpcdp collective on this communicator (waited {timeout:g}s); "
+                "every rank must call the same collectives in the same order",
+                seq=-1, name="setup", missing=missing)
+        idle += 1
+        if idle % 64 == 0:
+            os.sched_yield()
+    return CommContext(comm, data, ctrl)
+
+
+def get_context(comm, timeout: float | None = None) -> CommContext:
+    """hpcdp's state for ``comm``, created (collectively) on first use.
+
+    Call it once right after creating a communicator to take the setup out of
+    the first timed collective; otherwise the first collective does it.
+    """
+    global _KEYVAL
+    comm = as_comm(comm)
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval()
+    ctx = comm.Get_attr(_KEYVAL)
+    if ctx is None:
+        ctx = _setup(comm, default_timeout() if timeout is None else timeout)
+        comm.Set_attr(_KEYVAL, ctx)
+    return ctx
+
+
+def set_debug(comm, enabled: bool = True) -> None:
+    """Turn the fingerprint check on or off for ``comm`` (default: ``HPCDP_DEBUG``)."""
+    get_context(comm).debug = bool(enabled)
+
+
+def set_timeout(comm, seconds: float) -> None:
+    """Default timeout of collectives on ``comm`` (default: ``HPCDP_COMM_TIMEOUT``)."""
+    if seconds <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {seconds}")
+    get_context(comm).timeout = float(seconds)

@@ -1,0 +1,34 @@
+"""Errors raised by hpcdp's collectives. Each names the ranks involved."""
+
+from __future__ import annotations
+
+
+class CommError(RuntimeError):
+    """Base class of hpcdp.comm errors."""
+
+
+class CollectiveTimeout(CommError):
+    """A collective did not complete within its timeout.
+
+    ``missing`` lists the ranks that never arrived (their arrival token for this
+    collective's sequence number never came); ``waiting_on`` the ranks whose data
+    messages this rank still waits for. The job should end (``comm.Abort``): the
+    other ranks are stuck in the same collective or elsewhere.
+    """
+
+    def __init__(self, message: str, *, seq: int, name: str, missing=(), waiting_on=()):
+        super().__init__(message)
+        self.seq, self.name = seq, name
+        self.missing, self.waiting_on = list(missing), list(waiting_on)
+
+
+class CollectiveMismatch(CommError):
+    """Ranks disagree on the collective they call (debug mode fingerprint check).
+
+    Raised on every rank with the same message: ``groups`` maps each distinct
+    fingerprint (as a readable string) to the ranks that presented it.
+    """
+
+    def __init__(self, message: str, *, seq: int, groups: dict, disagreeing=()):
+        super().__init__(message)
+        self.seq, self.groups, self.disagreeing = seq, groups, list(disagreeing)

@@ -1,0 +1,150 @@
+"""Requests: progressable, waitable collectives with timeouts and byte counting.
+
+Every hpcdp collective is a request; the blocking functions are ``start + wait``.
+``test()`` advances it as far as possible without blocking and returns True when
+done; ``wait()`` polls ``test()`` until done or until the timeout, then raises
+:class:`~hpcdp.comm.errors.CollectiveTimeout` naming the ranks that never arrived.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcdp.comm.debug import _idle, timeout_error
+
+# MPI counts are C ints: one message carries at most 2**31 - 1 elements of its
+# datatype. hpcdp sends bytes, so every message is cut below 2 GiB.
+MAX_MESSAGE_BYTES = (1 << 31) - 4096
+
+
+def mpi_buffer(arr):
+    """An MPI buffer spec for a contiguous 1-D array, as bytes (any dtype)."""
+    if isinstance(arr, np.ndarray):
+        return [arr.view(np.uint8), MPI.BYTE]
+    # device array (__cuda_array_interface__): MPI reads the device pointer
+    return [arr, arr.size * arr.dtype.itemsize, MPI.BYTE]
+
+
+def pieces(n: int, itemsize: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut ``n`` elements into ``(offset, length)`` pieces of at most ``max_bytes``."""
+    step = max(1, max_bytes // itemsize)
+    return [(o, min(step, n - o)) for o in range(0, n, step)]
+
+
+class Request:
+    """Base: subclasses implement ``_progress() -> bool`` (True when finished)."""
+
+    def __init__(self, ctx, name: str, arrival, ledger, timeout, max_message_bytes=None):
+        self.ctx, self.name, self.arrival, self.ledger = ctx, name, arrival, ledger
+        self.timeout = ctx.timeout if timeout is None else float(timeout)
+        self.max_bytes = MAX_MESSAGE_BYTES if max_message_bytes is None else int(max_message_bytes)
+        if self.max_bytes < 16:
+            raise ValueError(f"max_message_bytes must be >= 16, got {self.max_bytes}")
+        self.seq = arrival.seq if arrival is not None else -1
+        self.done = False
+        self.result = None
+        self.sent_bytes = self.recv_bytes = self.sent_msgs = self.recv_msgs = 0
+        self._recv_src: dict = {}  # id(request) -> source rank, for timeout messages
+        self._scratch: list = []
+
+    # -- message helpers (count what goes to MPI) ---------------------------
+    def isend(self, arr, dest: int, tag: int) -> list:
+        out = []
+        for o, ln in pieces(arr.size, arr.dtype.itemsize, self.max_bytes):
+            out.append(self.ctx.data.Isend(mpi_buffer(arr[o:o + ln]), dest, tag))
+            self.sent_bytes += ln * arr.dtype.itemsize
+            self.sent_msgs += 1
+        return out
+
+    def irecv(self, arr, source: int, tag: int) -> list:
+        out = []
+        for o, ln in pieces(arr.size, arr.dtype.itemsize, self.max_bytes):
+            req = self.ctx.data.Irecv(mpi_buffer(arr[o:o + ln]), source, tag)
+            self._recv_src[id(req)] = (req, source)
+            out.append(req)
+            self.recv_bytes += ln * arr.dtype.itemsize
+            self.recv_msgs += 1
+        return out
+
+    def scratch(self, n: int, dtype) -> np.ndarray:
+        """A pooled numpy scratch array, returned to the pool on completion."""
+        dtype = np.dtype(dtype)
+        raw = self.ctx.pool.get(n * dtype.itemsize)
+        self._scratch.append(raw)
+        return raw[:n * dtype.itemsize].view(dtype)
+
+    # -- public --------------------------------------------------------------
+    def test(self) -> bool:
+        """Advance without blocking; True when the collective is complete."""
+        if not self.done and self._progress():
+            self._complete()
+        return self.done
+
+    def wait(self, timeout: float | None = None):
+        """Block until complete (polling); returns the result array (or None)."""
+        if self.test():
+            return self.result
+        limit = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + limit
+        idle = 0
+        while not self.test():
+            if time.monotonic() > deadline:
+                raise self._timeout(limit)
+            idle = _idle(idle)
+        return self.result
+
+    # -- internals -----------------------------------------------------------
+    def _progress(self) -> bool:
+        raise NotImplementedError
+
+    def _complete(self) -> None:
+        self.done = True
+        for raw in self._scratch:
+            self.ctx.pool.put(raw)
+        self._scratch = []
+        self._recv_src = {}
+        if self.ledger is not None:
+            self.ledger.record(self.name, self.sent_bytes, self.recv_bytes,
+                               self.sent_msgs, self.recv_msgs, calls=1)
+        if self.arrival is not None:
+            self.arrival.finish()
+
+    def _timeout(self, limit):
+        missing = self.arrival.missing() if self.arrival is not None else []
+        waiting = sorted({src for req, src in self._recv_src.values() if not req.Test()})
+        return timeout_error(self.ctx, self.name, self.seq, missing, waiting, limit)
+
+
+class GenRequest(Request):
+    """A request driven by a generator that yields the MPI requests it waits on."""
+
+    def __init__(self, ctx, name, arrival, ledger, timeout, body, max_message_bytes=None):
+        super().__init__(ctx, name, arrival, ledger, timeout, max_message_bytes)
+        self._gen = body(self)
+        self._waiting: list = []
+
+    def _progress(self) -> bool:
+        while True:
+            if self._waiting and not MPI.Request.Testall(self._waiting):
+                return False
+            try:
+                self._waiting = list(next(self._gen))
+            except StopIteration as stop:
+                if stop.value is not None:
+                    self.result = stop.value
+                return True
+
+
+class DoneRequest(Request):
+    """Already complete (world size 1, empty buffers)."""
+
+    def __init__(self, ctx, name, arrival, ledger, result):
+        super().__init__(ctx, name, arrival, ledger, None)
+        self.result = result
+        self._complete()
+
+    def _progress(self) -> bool:
+        return True

@@ -1,0 +1,258 @@
+"""The ring: reduce-scatter, all-gather and allreduce on point-to-point calls.
+
+Rank r talks only to its neighbours: it sends to ``r+1`` and receives from
+``r-1`` (mod N). Chunk c of the buffer is ``shard_range(n, N, c)``.
+
+- Reduce-scatter, steps t = 0..N-2: rank r sends chunk ``(r-t-1) mod N`` and
+  receives chunk ``(r-t-2) mod N``, which it reduces with its own copy of that
+  chunk. The chunk it receives at step t is the one it forwards at step t+1, so
+  after N-1 steps rank r owns chunk r fully reduced.
+- All-gather, steps u = 0..N-2: rank r sends chunk ``(r-u) mod N`` and receives
+  chunk ``(r-u-1) mod N`` straight into place (copy instead of add).
+
+Per rank, reduce-scatter sends every chunk but its own (``n - |chunk r|``
+elements) and receives every chunk but ``r-1``'s; all-gather sends every chunk
+but ``r+1``'s and receives every chunk but its own. With ``N | n`` each phase
+moves ``(N-1)/N * S`` bytes each way, allreduce ``2(N-1)/N * S``.
+
+Pipelining: each chunk is cut into segments of ``segment_bytes``. The segment k
+received at step t is reduced and immediately forwarded as segment k of step
+t+1 (Isend/Irecv), so sending one segment overlaps receiving and adding the
+next. Received reduce-scatter segments land in a scratch of two chunk-sized
+slots (step parity), reused once the segment two steps back has been reduced:
+scratch memory is ``2 * ceil(n/N)`` elements, not ``n``. Messages of one step
+share one tag and are posted in segment order on both sides (MPI keeps order per
+sender and tag), steps have distinct tags, and concurrent requests distinct
+tag ranges (sequence numbers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcdp.comm.requests import Request, mpi_buffer
+from hpcdp.shard import shard_bounds
+
+REDUCE, COPY = 0, 1
+DEFAULT_SEGMENT_BYTES = 1 << 20
+# Posted receives per request, and sends tested per poll. Testsome costs O(list
+# length) per call, so unbounded lists make a many-segment ring quadratic.
+# Receives are posted earliest step first; sends are never held back, so the
+# earliest outstanding message always has both ends posted (no deadlock).
+WINDOW = 32
+
+
+class RingRequest(Request):
+    """A ring collective as a progressable state machine (see module docstring).
+
+    ``work`` is the full-length buffer the ring runs in (the result for
+    allreduce/all-gather); ``src`` holds this rank's contribution (``src is
+    work`` in place). ``phases`` is a subset of ``("rs", "ag")``.
+    """
+
+    def __init__(self, ctx, name, arrival, ledger, timeout, *, work, src, op, phases,
+                 segment_bytes=DEFAULT_SEGMENT_BYTES, max_message_bytes=None,
+                 result=None, final_copy=None):
+        super().__init__(ctx, name, arrival, ledger, timeout, max_message_bytes)
+        N, r = ctx.size, ctx.rank
+        if work is None:  # out-of-place reduce-scatter: chunks pass through a pooled scratch
+            work = self._scratch_like(src, src.size)
+        self.work, self.src, self.op, self.N = work, src, op, N
+        self.result, self._final_copy = result, final_copy
+        self.left, self.right = (r - 1) % N, (r + 1) % N
+        itemsize = work.dtype.itemsize
+        seg_bytes = self.max_bytes if segment_bytes is None else min(int(segment_bytes), self.max_bytes)
+        if seg_bytes < 1:
+            raise ValueError(f"segment_bytes must be >= 1 (or None for whole chunks), got {segment_bytes}")
+        self.seg = seg = max(1, seg_bytes // itemsize)
+        self.bounds = shard_bounds(work.size, N)
+        self.nseg = [-(-size // seg) for _, size in self.bounds]
+        steps = []
+        if "rs" in phases:
+            steps += [((r - t - 1) % N, (r - t - 2) % N, REDUCE) for t in range(N - 1)]
+        if "ag" in phases:
+            steps += [((r - u) % N, (r - u - 1) % N, COPY) for u in range(N - 1)]
+        self.steps = steps
+        T = len(steps)
+        self.last_rs = (N - 2) if "rs" in phases else -1
+        self.mc = max(size for _, size in self.bounds) if self.bounds else 0
+        self.tmp = None
+        if "rs" in phases and N > 1 and self.mc > 0:
+            self.tmp = self._scratch_like(work, 2 * self.mc)
+        self.tags = [ctx.tag(self.seq, t) for t in range(T)]
+        self.send_next, self.send_ready = [0] * T, [set() for _ in range(T)]
+        self.recv_next, self.recv_ok = [0] * T, [set() for _ in range(T)]
+        self.recvs, self.recv_meta = [], []  # posted receives, at most WINDOW
+        self.sends, self.send_meta = [], []  # posted sends; None once complete
+        self.send_head = 0                    # sends before it are all complete
+        self.sends_open = 0
+        self.left_recv = sum(self.nseg[rc] for _, rc, _ in steps)
+        self.left_send = sum(self.nseg[sc] for sc, _, _ in steps)
+        # An all-gather receive overwrites work[c]; if a reduce-scatter send reads
+        # work[c], the receive is posted only once that send completed.
+        self.copy_after: dict = {}
+        rs_send_step = {sc: t for t, (sc, _, kind) in enumerate(steps) if kind == REDUCE}
+        if T:
+            for k in range(self.nseg[steps[0][0]]):
+                self._ready_send(0, k)
+        for t, (_, rc, kind) in enumerate(steps):
+            for k in range(self.nseg[rc]):
+                if kind == REDUCE:
+                    if t < 2 or k >= self.nseg[steps[t - 2][1]]:
+                        self._allow_recv(t, k)
+                else:
+                    ts = rs_send_step.get(rc)
+                    if ts is None or (ts == 0 and src is not work):
+                        self._allow_recv(t, k)
+                    else:
+                        self.copy_after[(ts, k)] = t
+
+    def _scratch_like(self, like, n):
+        if isinstance(like, np.ndarray):
+            return self.scratch(n, like.dtype)
+        from hpcdp.comm.device import device_scratch
+        return device_scratch(self.ctx, n, like.dtype)
+
+    def _seg(self, chunk, k):
+        off, size = self.bounds[chunk]
+        lo = off + k * self.seg
+        return lo, min(lo + self.seg, off + size)
+
+    def _ready_send(self, t, k):
+        ready = self.send_ready[t]
+        ready.add(k)
+        sc, _, kind = self.steps[t]
+        buf = self.src if (t == 0 and kind == REDUCE) else self.work
+        while self.send_next[t] in ready:
+            kk = self.send_next[t]
+            ready.discard(kk)
+            lo, hi = self._seg(sc, kk)
+            self.sends.append(self.ctx.data.Isend(mpi_buffer(buf[lo:hi]), self.right, self.tags[t]))
+            self.send_meta.append((t, kk))
+            self.sends_open += 1
+            self.sent_bytes += (hi - lo) * buf.dtype.itemsize
+            self.sent_msgs += 1
+            self.send_next[t] += 1
+
+    def _allow_recv(self, t, k):
+        self.recv_ok[t].add(k)
+        if len(self.recvs) < WINDOW:
+            self._post_recvs()
+
+    def _post_recvs(self):
+        """Post allowed receives, earliest step first, in segment order per step."""
+        for t in range(len(self.steps)):
+            ok = self.recv_ok[t]
+            if not ok:
+                continue
+            _, rc, kind = self.steps[t]
+            while self.recv_next[t] in ok:
+                if len(self.recvs) >= WINDOW:
+                    return
+                kk = self.recv_next[t]
+                ok.discard(kk)
+                lo, hi = self._seg(rc, kk)
+                if kind == REDUCE:
+                    base = (t % 2) * self.mc + kk * self.seg
+                    target = self.tmp[base:base + hi - lo]
+                else:
+                    target = self.work[lo:hi]
+                req = self.ctx.data.Irecv(mpi_buffer(target), self.left, self.tags[t])
+                self.recvs.append(req)
+                self.recv_meta.append((t, kk))
+                self._recv_src[id(req)] = (req, self.left)
+                self.recv_bytes += (hi - lo) * self.work.dtype.itemsize
+                self.recv_msgs += 1
+                self.recv_next[t] += 1
+
+    def _on_recv(self, t, k):
+        _, rc, kind = self.steps[t]
+        if kind == REDUCE:
+            lo, hi = self._seg(rc, k)
+            base = (t % 2) * self.mc + k * self.seg
+            out = self.work[lo:hi]
+            self.op.reduce(out, self.tmp[base:base + hi - lo], self.src[lo:hi])
+            if t == self.last_rs:
+                self.op.finalize(out, self.N)
+            t2 = t + 2
+            if t2 < len(self.steps) and self.steps[t2][2] == REDUCE and k < self.nseg[self.steps[t2][1]]:
+                self._allow_recv(t2, k)
+        if t + 1 < len(self.steps):
+            self._ready_send(t + 1, k)
+        self.left_recv -= 1
+
+    def _on_send(self, t, k):
+        self.left_send -= 1
+        waiting = self.copy_after.pop((t, k), None)
+        if waiting is not None:
+            self._allow_recv(waiting, k)
+
+    def _test_sends(self) -> bool:
+        """Testsome over the WINDOW oldest open sends (amortised O(WINDOW))."""
+        while self.send_head < len(self.sends) and self.sends[self.send_head] is None:
+            self.send_head += 1
+        pos = []
+        i = self.send_head
+        while i < len(self.sends) and len(pos) < WINDOW:
+            if self.sends[i] is not None:
+                pos.append(i)
+            i += 1
+        idx = MPI.Request.Testsome([self.sends[i] for i in pos])
+        if not idx:
+            return False
+        for j in idx:
+            i = pos[j]
+            self.sends[i] = None
+            self.sends_open -= 1
+            self._on_send(*self.send_meta[i])
+        return True
+
+    def _progress(self) -> bool:
+        progressed = True
+        while progressed:
+            progressed = False
+            if self.recvs:
+                idx = MPI.Request.Testsome(self.recvs)
+                if idx:
+                    progressed = True
+                    events = [self.recv_meta[i] for i in idx]
+                    finished = set(idx)
+                    self.recvs = [q for i, q in enumerate(self.recvs) if i not in finished]
+                    self.recv_meta = [m for i, m in enumerate(self.recv_meta) if i not in finished]
+                    for t, k in events:
+                        self._on_recv(t, k)
+                    self._post_recvs()
+            if self.sends_open:
+                progressed |= self._test_sends()
+        if self.left_recv == 0 and self.left_send == 0:
+            if self._final_copy is not None:
+                dst, src = self._final_copy
+                dst[...] = src
+            return True
+        return False
+
+
+def expected_bytes(n: int, N: int, rank: int, itemsize: int,
+                   phases=("rs", "ag")) -> tuple[int, int]:
+    """(sent, received) bytes of ``rank`` in a ring over ``n`` elements.
+
+    Reduce-scatter sends every chunk but ``rank``'s and receives every chunk but
+    ``rank-1``'s; all-gather sends every chunk but ``rank+1``'s and receives
+    every chunk but ``rank``'s. With ``N | n`` that is ``(N-1)/N * S`` per phase.
+    """
+    if N == 1:
+        return 0, 0
+    bounds = shard_bounds(n, N)
+
+    def size(c):
+        return bounds[c % N][1]
+
+    sent = recv = 0
+    if "rs" in phases:
+        sent += n - size(rank)
+        recv += n - size(rank - 1)
+    if "ag" in phases:
+        sent += n - size(rank + 1)
+        recv += n - size(rank)
+    return sent * itemsize, recv * itemsize

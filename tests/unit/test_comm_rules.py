@@ -1,0 +1,125 @@
+"""Pure logic of hpcdp.comm without MPI ranks: chunk rule, ring schedule, byte
+formulas, ledger arithmetic, ops, message pieces."""
+
+import numpy as np
+import pytest
+
+from hpcdp.comm.auto import choose_allreduce, choose_scatter_gather
+from hpcdp.comm.ledger import Ledger
+from hpcdp.comm.ops import resolve
+from hpcdp.comm.recursive import expected_bytes as rd_bytes
+from hpcdp.comm.requests import MAX_MESSAGE_BYTES, pieces
+from hpcdp.comm.ring import expected_bytes
+from hpcdp.shard import shard_bounds
+
+
+def ring_schedule(N, r):
+    rs = [((r - t - 1) % N, (r - t - 2) % N) for t in range(N - 1)]
+    ag = [((r - u) % N, (r - u - 1) % N) for u in range(N - 1)]
+    return rs, ag
+
+
+@pytest.mark.parametrize("N", range(1, 9))
+def test_ring_schedule_reduces_every_chunk_once_per_rank(N):
+    """Simulate the ring symbolically: which ranks' contributions each copy holds."""
+    have = [[{r} for _ in range(N)] for r in range(N)]  # have[rank][chunk] = contributors
+    for t in range(N - 1):
+        msgs = [(r, ring_schedule(N, r)[0][t]) for r in range(N)]
+        sent = {(r + 1) % N: set(have[r][sc]) for r, (sc, _) in msgs}
+        for r, (_, rc) in msgs:
+            have[r][rc] |= sent[r]
+            assert rc == [sc for rr, (sc, _) in msgs if rr == (r - 1) % N][0]
+    for r in range(N):
+        assert have[r][r] == set(range(N)), "rank r must own chunk r fully reduced"
+    for u in range(N - 1):
+        msgs = [(r, ring_schedule(N, r)[1][u]) for r in range(N)]
+        sent = {(r + 1) % N: set(have[r][sc]) for r, (sc, _) in msgs}
+        for r, (_, rc) in msgs:
+            have[r][rc] = sent[r]
+    assert all(have[r][c] == set(range(N)) for r in range(N) for c in range(N))
+
+
+@pytest.mark.parametrize("N", range(1, 9))
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 1000, 1001])
+def test_ring_bytes_formula(N, n):
+    S = n * 4
+    sizes = [s for _, s in shard_bounds(n, N)]
+    total_sent = total_recv = 0
+    for r in range(N):
+        sent, recv = expected_bytes(n, N, r, 4)
+        rs_s, rs_r = expected_bytes(n, N, r, 4, phases=("rs",))
+        ag_s, ag_r = expected_bytes(n, N, r, 4, phases=("ag",))
+        assert (sent, recv) == (rs_s + ag_s, rs_r + ag_r)
+        if n % N == 0:  # the textbook numbers, exactly
+            assert sent == recv == 2 * (N - 1) * S // N
+            assert rs_s == ag_r == (N - 1) * S // N
+        # uneven chunks: at most one element per chunk of rounding either way
+        assert abs(sent - 2 * (N - 1) * S / N) <= 2 * 4
+        assert sent == (2 * n - sizes[r] - sizes[(r + 1) % N]) * 4 if N > 1 else sent == 0
+        total_sent += sent
+        total_recv += recv
+    assert total_sent == total_recv == 2 * (N - 1) * S  # what a PS moves, spread over all links
+
+
+@pytest.mark.parametrize("N", range(1, 9))
+def test_recursive_doubling_bytes(N):
+    p = 1 << (N.bit_length() - 1)
+    rounds = p.bit_length() - 1
+    sent = [rd_bytes(100, N, r)[0] for r in range(N)]
+    assert sorted(sent).count(rounds * 100) >= p - (N - p)
+    assert sum(sent) == p * rounds * 100 + 2 * (N - p) * 100
+
+
+def test_pieces_stay_below_limit():
+    assert pieces(0, 8, 64) == []
+    got = pieces(100, 8, 64)
+    assert all(ln * 8 <= 64 for _, ln in got)
+    assert sum(ln for _, ln in got) == 100 and got[0] == (0, 8)
+    n = (3 << 30) // 4  # a 3 GiB float32 buffer
+    big = pieces(n, 4, MAX_MESSAGE_BYTES)
+    assert len(big) == 2 and all(ln * 4 < (1 << 31) for _, ln in big)
+
+
+def test_ledger_totals_snapshot_delta_reset():
+    led = Ledger()
+    led.record("allreduce", 100, 80, 2, 2, calls=1)
+    snap = led.snapshot()
+    led.record("allreduce", 10, 20, 1, 1, calls=1)
+    led.record("ps_push", 5, 0, 1, 0, calls=1)
+    assert led.totals()["allreduce"] == {"calls": 2, "sent_bytes": 110, "recv_bytes": 100,
+                                         "sent_msgs": 3, "recv_msgs": 3}
+    assert led.delta(snap) == {
+        "allreduce": {"calls": 1, "sent_bytes": 10, "recv_bytes": 20, "sent_msgs": 1, "recv_msgs": 1},
+        "ps_push": {"calls": 1, "sent_bytes": 5, "recv_bytes": 0, "sent_msgs": 1, "recv_msgs": 0}}
+    assert led.total_bytes() == (115, 100)
+    led.reset()
+    assert led.totals() == {}
+    with pytest.raises(ValueError, match=">= 0"):
+        led.record("x", -1)
+
+
+def test_ops():
+    a, b = np.array([1.0, 5.0]), np.array([3.0, 2.0])
+    out = np.empty(2)
+    resolve("max").reduce(out, a, b)
+    assert out.tolist() == [3.0, 5.0]
+    resolve(lambda x, y: x * y).reduce(out, a, b)
+    assert out.tolist() == [3.0, 10.0]
+    m = np.array([7, 8], dtype=np.int32)
+    resolve("mean").finalize(m, 2)
+    assert m.tolist() == [3, 4]  # floor division for integers
+    with pytest.raises(ValueError, match="op must be one of"):
+        resolve("prod")
+    with pytest.raises(ValueError, match="elementwise"):
+        resolve(lambda x, y: x.sum()).reduce(out, a, b)
+
+
+def test_auto_choice(monkeypatch):
+    assert choose_allreduce(1024, 4) == "recursive"
+    assert choose_allreduce(64 << 20, 4) == "ring"
+    assert choose_allreduce(1024, 4, "native") == "native"
+    monkeypatch.setenv("HPCDP_ALLREDUCE_CROSSOVER", "0")
+    assert choose_allreduce(1024, 4) == "ring"
+    assert choose_scatter_gather("auto") == "ring"
+    with pytest.raises(ValueError, match="must be one of"):
+        choose_allreduce(8, 2, "tree")

@@ -1,0 +1,53 @@
+"""A rank that never calls a collective ends the job with CollectiveTimeout
+naming it, in seconds, not minutes; the job is launched separately because it
+must die. Run as a script (under mpiexec) this file is that job."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job():
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcdp.comm import CollectiveTimeout, allreduce, get_context
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    get_context(comm)  # collective setup done by everyone
+    allreduce(np.ones(4), comm=comm, timeout=5)  # everyone arrives here
+    if rank == size - 1:
+        time.sleep(60)  # the straggler never calls the next collective
+    try:
+        allreduce(np.ones(1 << 16), comm=comm, timeout=float(sys.argv[2]),
+                  algorithm=sys.argv[1])
+    except CollectiveTimeout as err:
+        print(f"rank {rank} caught: {err}", flush=True)
+        comm.Abort(7)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive"])
+def test_rank_that_never_calls_ends_the_job(algorithm):
+    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    proc = subprocess.run([mpiexec, "-n", "3", sys.executable, __file__, algorithm, "2"],
+                          capture_output=True, text=True, timeout=50, env=env)
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "ranks [2] never arrived" in out, out
+    assert "timed out after 2s" in out, out
+    assert elapsed < 40, f"took {elapsed:.0f}s"
+
+
+if __name__ == "__main__":
+    _job()
