@@ -83,6 +83,8 @@ def _arrive(ctx, name, dtype, n, root, algorithm, op, timeout):
 
 
 def _staged(fn, sendbuf, recvbuf, comm, kwargs):
+    if isinstance(sendbuf, np.ndarray) and (recvbuf is None or isinstance(recvbuf, np.ndarray)):
+        return None  # host buffers: the common case, no import on the hot path
     from hpcdp.comm.device import maybe_stage
     return maybe_stage(fn, sendbuf, recvbuf, comm, kwargs)
 

@@ -29,10 +29,15 @@ FIELDS = ("seq", "collective", "dtype", "length", "root", "algorithm", "op")
 _NAMES: dict[int, str] = {}
 
 
+_CODES: dict[str, int] = {}
+
+
 def code(text: str) -> int:
     """A stable integer for a name (collective, dtype, algorithm, op)."""
-    value = zlib.crc32(text.encode())
-    _NAMES[value] = text
+    value = _CODES.get(text)
+    if value is None:
+        value = _CODES[text] = zlib.crc32(text.encode())
+        _NAMES[value] = text
     return value
 
 
@@ -46,7 +51,7 @@ def describe(fp) -> str:
 
 
 def fingerprint(seq, name, dtype, length, root=-1, algorithm="", op="") -> np.ndarray:
-    return np.array([seq, code(name), code(np.dtype(dtype).name), length, root,
+    return np.array([seq, code(name), code(np.dtype(dtype).str), length, root,
                      code(str(algorithm)), code(str(op))], dtype=np.int64)
 
 
@@ -105,10 +110,16 @@ def _reap(ctx) -> None:
         ctx.pending_tokens = [p for p in ctx.pending_tokens if not MPI.Request.Testall(p[0])]
 
 
+SPIN_POLLS = 2000
+
+
 def _idle(idle: int) -> int:
-    """Busy-poll, but give the core away now and then (oversubscribed ranks)."""
+    """Busy-poll like MPI does; after SPIN_POLLS fruitless polls (about a
+    millisecond) give the core away every 64 polls, so oversubscribed ranks
+    (more ranks than cores) let their peers run. Yielding earlier costs latency
+    on a loaded machine: the yielding rank can lose the core for a time slice."""
     idle += 1
-    if idle % 64 == 0:
+    if idle > SPIN_POLLS and idle % 64 == 0:
         os.sched_yield()
     return idle
 

@@ -79,7 +79,10 @@ def resolve(op) -> Op:
     if isinstance(op, str):
         if op not in _UFUNCS:
             raise ValueError(f"op must be one of {sorted(_UFUNCS)} or a callable fn(a, b), got {op!r}")
-        return Op(op, _UFUNCS[op], builtin=True)
+        return _BUILTIN[op]
     if callable(op):
         return Op(getattr(op, "__name__", "custom"), op)
     raise TypeError(f"op must be one of {sorted(_UFUNCS)} or a callable fn(a, b), got {type(op).__name__}")
+
+
+_BUILTIN = {name: Op(name, fn, builtin=True) for name, fn in _UFUNCS.items()}
