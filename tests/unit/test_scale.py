@@ -60,7 +60,7 @@ def test_scale_sweep_writes_table_json_and_plot(tmp_path):
     out = tmp_path / "study"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "hpcdp.cli", "scale", "--config", str(cfg), "--ranks", "1,2",
-           "--steps", "4", "--warmup", "1", "--variants", "bucketed,no_overlap",
+           "--steps", "4", "--warmup", "1", "--repeats", "2", "--variants", "bucketed,no_overlap",
            "--out", str(out)]
     assert Path(find_mpiexec()).exists()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -71,6 +71,9 @@ def test_scale_sweep_writes_table_json_and_plot(tmp_path):
     assert set(weak) == {("bucketed", 1), ("bucketed", 2), ("no_overlap", 2)}
     assert weak[("bucketed", 2)]["global_batch"] == 16 and strong[("bucketed", 2)]["global_batch"] == 8
     assert weak[("bucketed", 1)]["efficiency"] == 1.0
+    for p in res["weak"] + res["strong"]:  # two rounds; each point keeps its fastest
+        assert len(p["repeats_step_time_s"]) == 2
+        assert p["step_time_s"] == min(p["repeats_step_time_s"])
     numel = 8 * 16 + 16 + 16 * 3 + 3
     for p in (weak[("bucketed", 2)], weak[("no_overlap", 2)], strong[("bucketed", 2)]):
         # two ranks: each sends exactly n elements per bucket (2n - |c0| - |c1|), any split
@@ -88,7 +91,8 @@ def test_scale_rejects_bad_arguments(tmp_path):
     cfg.write_text(TINY)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for extra, msg in ((["--study", "diagonal"], "--study"), (["--variants", "magic"], "magic"),
-                       (["--steps", "2", "--warmup", "2"], "--steps")):
+                       (["--steps", "2", "--warmup", "2"], "--steps"),
+                       (["--repeats", "0"], "--repeats")):
         proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "scale", "--config", str(cfg),
                                *extra], env=env, capture_output=True, text=True, timeout=60,
                               cwd=tmp_path)
