@@ -35,7 +35,8 @@ _KINDS = "fiu"
 
 
 def is_device_array(x) -> bool:
-    return not isinstance(x, np.ndarray) and hasattr(x, "__cuda_array_interface__")
+    from hpcdp.comm.device import is_device_array as check
+    return check(x)
 
 
 def flat_view(buf, what: str):

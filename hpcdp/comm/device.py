@@ -27,7 +27,12 @@ from hpcdp.comm.context import get_context
 
 
 def is_device_array(x) -> bool:
-    return x is not None and not isinstance(x, np.ndarray) and hasattr(x, "__cuda_array_interface__")
+    """``__cuda_array_interface__``, or a numba device array (the CUDA simulator's
+    arrays have no interface but the same methods)."""
+    if x is None or isinstance(x, np.ndarray):
+        return False
+    return hasattr(x, "__cuda_array_interface__") or (
+        hasattr(x, "copy_to_host") and hasattr(x, "copy_to_device"))
 
 
 def detect_cuda_aware() -> bool:
@@ -129,9 +134,11 @@ def _host(ctx, d):
 # -- CUDA-aware path: reductions on the device --------------------------------
 
 _KERNELS: dict = {}
+cuda = None  # numba.cuda, imported on first device reduction (kernels use it as a global)
 
 
 def _kernel(name):
+    global cuda
     if name not in _KERNELS:
         from numba import cuda
 

@@ -24,6 +24,9 @@ def mpi_buffer(arr):
     """An MPI buffer spec for a contiguous 1-D array, as bytes (any dtype)."""
     if isinstance(arr, np.ndarray):
         return [arr.view(np.uint8), MPI.BYTE]
+    if not hasattr(arr, "__cuda_array_interface__") and hasattr(arr, "_ary"):
+        # numba's CUDA simulator: "device" memory is a host array
+        return [np.asarray(arr._ary).view(np.uint8), MPI.BYTE]
     # device array (__cuda_array_interface__): MPI reads the device pointer
     return [arr, arr.size * arr.dtype.itemsize, MPI.BYTE]
 
