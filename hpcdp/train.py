@@ -256,6 +256,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
     finally:
         strategy.close()
         writer.close()
+        if comm is not world.comm:
+            comm.Free()
     return {"run_dir": run_dir, "steps": total, "loss": last_loss, "eval": last_eval}
 
 
