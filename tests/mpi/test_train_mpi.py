@@ -46,3 +46,33 @@ def test_an_error_found_on_rank_0_only_stops_every_rank(tmp_path_factory):
     cfg = load_config(None, ["train.steps=2", "parallel.strategy=ddp", f'run.out_dir="{taken}"'])
     with pytest.raises(ConfigError, match="already holds a run"):
         run_training(cfg, world=World.from_mpi(), out=io.StringIO())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_step_figures_of_every_rank_reach_rank_0_in_rank_order():
+    from hpcdp.metrics import StepGather
+
+    comm = MPI.COMM_WORLD
+    r, n = comm.Get_rank(), comm.Get_size()
+    g = StepGather(comm)
+    for step in range(3):
+        got = g.gather(0.25 * (r + 1), 10 + r, 0.5 * r, {"bytes_sent": 1000 * r + step, "comm_s": 0.125 * r})
+        if r == 0:
+            loss, ranks = got
+            assert loss == pytest.approx(0.25 * n * (n + 1) / 2)
+            assert ranks["samples"] == [10 + k for k in range(n)]
+            assert ranks["bytes_sent"] == [1000 * k + step for k in range(n)]
+            assert ranks["comm_s"] == [0.125 * k for k in range(n)]
+            assert ranks["step_time_s"] == [0.5 * k for k in range(n)]
+        else:
+            assert got is None
+
+
+@pytest.mark.mpi(min_size=2)
+def test_step_stats_keys_that_differ_between_ranks_fail_on_every_rank():
+    from hpcdp.metrics import StepGather
+
+    comm = MPI.COMM_WORLD
+    stats = {"a": 1.0} if comm.Get_rank() == 0 else {"b": 1.0}
+    with pytest.raises(RuntimeError, match="step_stats\\(\\) keys differ between ranks"):
+        StepGather(comm).gather(0.0, 1, 0.0, stats)
