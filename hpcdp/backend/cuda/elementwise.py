@@ -42,7 +42,7 @@ def _kernels(dtype):
     Z, HALF, ONE = T(0), T(0.5), T(1)
     C0, C1, C3 = T(GELU_C), T(0.044715), T(3 * 0.044715)
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True)  # NVVM inlines small device functions at -O3
     def un(op, x):
         if op == NEG:
             return -x
@@ -60,7 +60,7 @@ def _kernels(dtype):
             return HALF * x * (ONE + math.tanh(C0 * (x + C1 * x * x * x)))
         return x
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True)  # NVVM inlines small device functions at -O3
     def bin(op, a, b):
         if op == ADD:
             return a + b
@@ -176,7 +176,7 @@ def _s(dtype, v):
 M32 = 0xFFFFFFFF
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True)  # NVVM inlines small device functions at -O3
 def _fmix32(h):
     # murmur3 finaliser on the low 32 bits, in int64 arithmetic masked after each
     # multiply (wrap-around identical on the GPU, the simulator and NumPy).

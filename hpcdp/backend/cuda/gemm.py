@@ -35,6 +35,7 @@ def make_gemm(dtype, BM, BN, BK, TM, TN):
     t = nbtype(dtype)
     Z = np.dtype(dtype).type(0)
     THY, THX = BM // TM, BN // TN
+    BMP = BM + 1  # padded row: no bank conflicts on the transposed store (a constant: shared shapes must be)
     NT = THX * THY
     A_LOADS = BM * BK // NT
     B_LOADS = BK * BN // NT
@@ -42,7 +43,7 @@ def make_gemm(dtype, BM, BN, BK, TM, TN):
 
     @cuda.jit
     def gemm(a, b, c, M, N, K, sa_m, sa_k, sb_k, sb_n, a_bs, b_bs, bshape, ta, tb):
-        As = cuda.shared.array((BK, BM + 1), t)  # +1: no bank conflicts on the transposed store
+        As = cuda.shared.array((BK, BMP), t)
         Bs = cuda.shared.array((BK, BN), t)
         acc = cuda.local.array((TM, TN), t)
         ra = cuda.local.array(TM, t)

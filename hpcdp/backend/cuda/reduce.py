@@ -30,7 +30,7 @@ TWO_PASS_MIN = 65536  # a full reduction this long spreads over PARTIAL_BLOCKS b
 PARTIAL_BLOCKS = 256
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True)  # NVVM inlines small device functions at -O3
 def _combine(op, a, b):
     if op == SUM:
         return a + b
