@@ -469,9 +469,17 @@ def apply_overrides(raw: dict, overrides) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides=()) -> Config:
-    """Read ``path`` (TOML; None: the built-in default, the digits MLP), apply overrides."""
+    """Read ``path`` (TOML; None: the built-in default job), apply overrides.
+
+    The built-in default job is the digits MLP under DDP: on one rank DDP moves no
+    bytes, so ``hpcdp train`` and ``mpiexec -n 4 hpcdp train`` train the same model
+    on the same global batches. A file that names no strategy gets "none", which
+    refuses to run on several ranks rather than train independent copies.
+    """
     raw: dict = {}
-    if path is not None:
+    if path is None:
+        raw = {"parallel": {"strategy": "ddp"}}
+    else:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"--config {str(p)!r}: no such file")

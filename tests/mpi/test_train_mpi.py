@@ -15,7 +15,7 @@ from hpcdp.world import World
 def test_strategy_none_on_several_ranks_raises_the_same_clear_error_everywhere(tmp_path_factory):
     comm = MPI.COMM_WORLD
     out_dir = tmp_path_factory.mktemp("none") / "run"
-    cfg = load_config(None, ["train.steps=2", f'run.out_dir="{out_dir}"'])
+    cfg = load_config(None, ["train.steps=2", "parallel.strategy=none", f'run.out_dir="{out_dir}"'])
     with pytest.raises(ValueError) as err:
         run_training(cfg, world=World.from_mpi(), out=io.StringIO())
     msg = str(err.value)

@@ -9,12 +9,18 @@ from hpcdp.config import (
 )
 
 
-def test_default_config_is_the_digits_mlp():
+def test_default_config_is_the_digits_mlp_under_ddp():
     cfg = load_config(None)
     assert cfg.model.kind == "mlp" and cfg.data.kind == "digits"
-    assert cfg.parallel.strategy == "none"
+    assert cfg.parallel.strategy == "ddp"  # the built-in job runs on any rank count
     # seeds left at -1 follow run.seed
     assert cfg.model.seed == cfg.run.seed == cfg.data.seed == 0
+
+
+def test_a_file_that_names_no_strategy_gets_none(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\nsteps = 3\n")
+    assert load_config(path).parallel.strategy == "none"
 
 
 @pytest.mark.parametrize("raw, message", [

@@ -74,7 +74,8 @@ def test_strategy_none_under_mpiexec_fails_clearly_on_every_rank(tmp_path):
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if mpiexec is None:
         pytest.skip("no mpiexec on PATH")
-    proc = subprocess.run(["timeout", "120", mpiexec, "-n", "2", sys.executable, "-m", "hpcdp.cli", "train"],
+    proc = subprocess.run(["timeout", "120", mpiexec, "-n", "2", sys.executable, "-m", "hpcdp.cli", "train",
+                           "--set", "parallel.strategy=none"],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
