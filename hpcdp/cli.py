@@ -67,8 +67,20 @@ def _scale(argv) -> int:
     return scale_main(argv) or 0
 
 
+def _one_thread_per_rank_under_a_launcher() -> None:
+    """Several ranks on one node each start a BLAS/numba thread pool as wide as the
+    node: they then fight for the cores. Under an MPI launcher, default every pool to
+    one thread (before numpy is imported); a user's own setting wins."""
+    launched = any(os.environ.get(v) for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+                                                "SLURM_STEP_NUM_TASKS"))
+    if launched:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+            os.environ.setdefault(var, os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _one_thread_per_rank_under_a_launcher()
     commands = {"train": _train, "bench": _bench, "scale": _scale}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
