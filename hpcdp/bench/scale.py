@@ -119,9 +119,12 @@ def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path) -> d
             f"run.log_every={max(args.steps, 1)}"]
     sets += [f"{key}={val}" for key, val in VARIANTS[variant].items()]
     sets += list(args.set or [])
-    cmd = [find_mpiexec(), "-n", str(k)]
-    if args.bind and k > 1:
-        cmd += ["-bind-to", "core"]
+    if args.launcher:
+        cmd = shlex.split(args.launcher.format(n=k))
+    else:
+        cmd = [find_mpiexec(), "-n", str(k)]
+        if args.bind and k > 1:
+            cmd += ["-bind-to", "core"]
     cmd += [sys.executable, "-m", "hpcdp.cli", "train", "--config", str(args.config)]
     for s in sets:
         cmd += ["--set", s]
@@ -240,6 +243,9 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                    help="DDP modes for the weak sweep (bucketed is always run)")
     p.add_argument("--out", default="", help="output folder (default runs/scale-<time>)")
     p.add_argument("--bind", action="store_true", help="pass -bind-to core to mpiexec")
+    p.add_argument("--launcher", default="",
+                   help="launch command with {n} for the rank count, e.g. 'srun -n {n}' "
+                        "inside a Slurm allocation (default: mpiexec -n {n})")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child job")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="config override for every child job (repeatable)")
@@ -261,6 +267,9 @@ def run(args) -> dict:
     if unknown:
         raise SystemExit(f"hpcdp scale: --variants: unknown {unknown[0]!r}; "
                          f"choose from {', '.join(VARIANTS)}")
+    if args.launcher and "{n}" not in args.launcher:
+        raise SystemExit(f"hpcdp scale: --launcher {args.launcher!r} must contain {{n}} "
+                         "(the rank count), e.g. 'srun -n {n}'")
     if args.repeats < 1:
         raise SystemExit(f"hpcdp scale: --repeats {args.repeats} must be >= 1")
     if args.steps <= args.warmup:

@@ -92,7 +92,8 @@ def test_scale_rejects_bad_arguments(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for extra, msg in ((["--study", "diagonal"], "--study"), (["--variants", "magic"], "magic"),
                        (["--steps", "2", "--warmup", "2"], "--steps"),
-                       (["--repeats", "0"], "--repeats")):
+                       (["--repeats", "0"], "--repeats"),
+                       (["--launcher", "srun -n 4"], "{n}")):
         proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "scale", "--config", str(cfg),
                                *extra], env=env, capture_output=True, text=True, timeout=60,
                               cwd=tmp_path)
