@@ -150,6 +150,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         from hpcdp.world import World
         world = World.from_mpi(device=cfg.run.device)
     try:
+        if cfg.run.device == "cuda":  # one GPU per rank on a node: GPU = local rank % GPUs
+            from hpcdp.backend.cuda import select_device
+            select_device(world.local_rank)
         be = get_backend(cfg.run.device)
     except (RuntimeError, ImportError) as e:  # e.g. no GPU on this node
         raise ConfigError(f"run.device = {cfg.run.device!r}: {e}") from None
