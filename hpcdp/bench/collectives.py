@@ -6,8 +6,9 @@ Run under mpiexec, e.g.::
     mpiexec -n 2 python -m hpcdp.bench.collectives --min 8 --max 64M
 
 For each message size and algorithm it times ``iters`` back-to-back allreduces
-(after ``warmup`` untimed ones and a barrier), takes each rank's mean and reports
-the slowest rank's. Columns, as NCCL-tests define them:
+(after ``warmup`` untimed ones and a barrier), takes each rank's mean, keeps the
+slowest rank's, and repeats that in ``repeats`` interleaved rounds (every
+algorithm once per round); the table shows the median round. Columns, as NCCL-tests define them:
 
 - ``algbw = S / t`` (bytes of the buffer per second)
 - ``busbw = algbw * 2(N-1)/N``: the per-link bandwidth a ring needs for that time,
@@ -60,6 +61,9 @@ def _parser():
     p.add_argument("--segment-bytes", default="1M", help="ring segment size (pipelining)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations (0: by size)")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5,
+                   help="rounds; each round times every algorithm in turn, the table shows "
+                        "the median round (robust to other jobs on a shared machine)")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
     return p
 
@@ -114,8 +118,8 @@ def run(args) -> list[dict]:
         n = nbytes // dtype.itemsize
         x = (np.arange(n) % 7 + rank).astype(dtype)
         out = np.empty_like(x)
-        iters = _iters(nbytes, args.iters)
-        t_mpi = None
+        iters = max(1, _iters(nbytes, args.iters) // args.repeats)
+        fns = {}
         for algo in algos:
             if algo == "mpi":
                 def fn():
@@ -123,13 +127,19 @@ def run(args) -> list[dict]:
             else:
                 def fn(algo=algo):
                     allreduce(x, out, comm=comm, algorithm=algo, segment_bytes=seg)
-            t = _time(fn, iters, args.warmup, comm)
-            if algo == "mpi":
-                t_mpi = t
+            fns[algo] = fn
+        samples = {algo: [] for algo in algos}
+        for _ in range(args.repeats):  # interleaved, so load spikes hit every algorithm
+            for algo in algos:
+                samples[algo].append(_time(fns[algo], iters, args.warmup, comm))
+        t_mpi = float(np.median(samples["mpi"]))
+        for algo in algos:
+            t = float(np.median(samples[algo]))
             algbw = nbytes / t / 1e9
             busbw = algbw * 2 * (N - 1) / N
             row = {"size": nbytes, "algorithm": algo, "time_us": t * 1e6, "algbw_GBps": algbw,
-                   "busbw_GBps": busbw, "vs_mpi": t / t_mpi, "iters": iters}
+                   "busbw_GBps": busbw, "vs_mpi": t / t_mpi, "iters": iters,
+                   "repeats": args.repeats, "samples_us": [v * 1e6 for v in samples[algo]]}
             rows.append(row)
             if rank == 0:
                 print(f"{human(nbytes):>8} {algo:>10} {t * 1e6:11.2f} {algbw:11.3f} "
