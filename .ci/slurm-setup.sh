@@ -7,10 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 slurm_dir=${HPCDP_SLURM_DIR:-../shared/slurm}
 sudo=""
+# Not `sbatch --version`: without /etc/slurm/slurm.conf (the starter writes it) it fails.
+slurm_version() { dpkg-query -W -f '${Version}' slurm-client 2>/dev/null || echo '?'; }
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 if command -v sbatch >/dev/null && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then
-  echo "slurm-setup: Slurm already installed ($(sbatch --version 2>/dev/null || echo '?'))"
+  echo "slurm-setup: Slurm already installed ($(slurm_version))"
 else
   log=$(mktemp)
   # policy-rc.d in containers stops the packages' services from starting: the
@@ -21,7 +23,7 @@ else
     echo "slurm-setup: apt-get failed:" >&2; tail -30 "$log" >&2; exit 1
   fi
   rm -f "$log"
-  echo "slurm-setup: installed $(sbatch --version)"
+  echo "slurm-setup: installed Slurm $(slurm_version)"
 fi
 for f in start-local-slurm stop-local-slurm slurm.conf.in; do
   [ -f "$slurm_dir/$f" ] || { echo "slurm-setup: $slurm_dir/$f missing (set HPCDP_SLURM_DIR)" >&2; exit 1; }

@@ -23,6 +23,7 @@ if timeout 10 sinfo -h -o %T 2>/dev/null | grep -q idle; then
   echo "=== using the Slurm that is already running"
 else
   stop_slurm() {
+    trap '' PIPE  # a closed output pipe must not cut the cleanup short
     # Every job on this Slurm is ours: cancel what is left and let the steps end
     # (10 s at most) while munge still runs, else slurmstepd hangs on to the node.
     local left
@@ -42,6 +43,7 @@ else
     echo "=== (Slurm daemons still exiting)"
   }
   trap stop_slurm EXIT
+  trap 'exit 130' INT TERM HUP  # a signal exits through the EXIT trap as well
   echo "=== starting the local Slurm ($HPCDP_SLURM_DIR/start-local-slurm)"
   if ! timeout 30 bash "$HPCDP_SLURM_DIR/start-local-slurm"; then
     for f in /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log; do

@@ -65,7 +65,7 @@ def test_srun_job_trains_and_names_run_dir_after_job_id(jobs):
     # The log: the launcher (srun, pmi2, threads from -c) and rank 0's lines, once.
     out = job.output
     assert f"hpcdp job {job.job_id}: 2 rank(s)" in out and "2 thread(s) per rank" in out, out
-    assert "+ srun --mpi=pmi2 --kill-on-bad-exit=1 --cpus-per-task=2 " in out, out
+    assert "+ srun --mpi=pmi2 --wait=60 --cpus-per-task=2 " in out, out
     assert f"run dir: {run_dir}" in out, out
     assert "strategy ddp on 2 worker(s) of 2 rank(s)" in out, out
     assert "step 12/12" in out and "eval @ step 12" in out, out
