@@ -3,6 +3,8 @@
 #   1. tests/unit  - one process, no MPI launcher
 #   2. tests/cuda  - the numba.cuda kernels, on the CUDA simulator unless HPCDP_REAL_GPU=1
 #   3. tests/mpi   - pytest-mpi under mpiexec with 2, 3 and 4 ranks (tests/run_mpi.sh)
+#   4. tests/slurm - jobs/train.sbatch under a real local Slurm (tests/run_slurm.sh;
+#                    needs Debian's slurm packages: bash .ci/slurm-setup.sh as root)
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,9 @@ fi
 
 echo "== MPI tests (2, 3, 4 ranks)"
 PYTHON="$PY" bash tests/run_mpi.sh || failed+=(mpi)
+
+echo "== Slurm job-script tests (a local one-node Slurm)"
+PYTHON="$PY" bash tests/run_slurm.sh || failed+=(slurm)
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED groups: ${failed[*]}"

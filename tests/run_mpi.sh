@@ -7,13 +7,17 @@ set -u
 cd "$(dirname "$0")/.."
 export NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python}
+# The mpiexec that belongs to this Python's MPI (the venv's, from the mpich wheel) first.
+MPIEXEC=$(dirname "$(command -v "$PY")")/mpiexec
+[ -x "$MPIEXEC" ] || MPIEXEC=mpiexec
 RANKS=${RANKS:-"1 2 3 4"}
 MPI_TIMEOUT=${MPI_TIMEOUT:-600}
 status=0
 for n in $RANKS; do
   echo "=== tests/mpi on $n rank(s)"
-  timeout "$MPI_TIMEOUT" mpiexec -prepend-rank -n "$n" \
-    python -m pytest --with-mpi -q -p no:cacheprovider --timeout=240 tests/mpi "$@"
+  timeout "$MPI_TIMEOUT" "$MPIEXEC" -prepend-rank -n "$n" \
+    "$PY" -m pytest --with-mpi -q -p no:cacheprovider --timeout=240 tests/mpi "$@"
   rc=$?
   if [ $rc -ne 0 ]; then
     echo "=== FAILED on $n rank(s) (exit $rc$( [ $rc -eq 124 ] && echo ', timed out'))"
