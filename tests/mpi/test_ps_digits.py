@@ -15,12 +15,6 @@ pytest.importorskip("sklearn")
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("k", ["1", "4", "none"])
 def test_async_digits_converges(k, tmp_path_factory):
-    import os
-    if k == "none" and MPI.COMM_WORLD.size > (os.cpu_count() or 1):
-        # Unbounded staleness grows with how far workers drift apart; with more ranks
-        # than cores the scheduler makes it ~20+ steps and accuracy drops to ~0.86
-        # (docs/parameter-server.md, "k = none on an oversubscribed machine").
-        pytest.skip("k = none needs one core per rank for a meaningful convergence check")
     from hpcdp.autograd import Tensor, no_grad
     from hpcdp.config import load_config
     from hpcdp.data import load_dataset
@@ -39,4 +33,6 @@ def test_async_digits_converges(k, tmp_path_factory):
     with no_grad():
         acc = float((model(Tensor(ds.x_test)).numpy().argmax(axis=1) == ds.y_test).mean())
     assert same_on_all(comm, model.flat.data.astype(np.float64), list(range(comm.size)))
+    if comm.rank == 0:
+        print(f"k = {k}: test accuracy {acc:.4f}")
     assert acc >= 0.93, f"k = {k}: test accuracy {acc:.4f} < 0.93"

@@ -14,6 +14,7 @@ def test_defaults_and_staleness_spellings():
     assert (c.servers, c.colocated, c.mode, c.k, c.update, c.aggregate) == (1, True, "sync", 0, "server", "sum")
     assert ps(staleness=4).k == 4
     assert ps(staleness="none").k is None and ps(staleness="unbounded").staleness == "none"
+    assert c.stale_lr == "relative" and ps(stale_lr="inverse").stale_lr == "inverse"
 
 
 @pytest.mark.parametrize("opts, msg", [
@@ -24,6 +25,7 @@ def test_defaults_and_staleness_spellings():
     ({"update": "both"}, "parallel.ps.update"),
     ({"aggregate": ""}, "parallel.ps.aggregate"),
     ({"shards": 2}, "parallel.ps.shards: unknown key"),
+    ({"stale_lr": "half"}, "parallel.ps.stale_lr: 'half' is not allowed; choose one of 'relative'"),
 ])
 def test_bad_options(opts, msg):
     with pytest.raises(ConfigError, match=msg):

@@ -127,3 +127,47 @@ def test_random_schedules_never_exceed_k_and_apply_everything():
         assert all(bound.allows(a.staleness) for a in c.applied)
         if k == 0:
             assert all(a.staleness == 0 for a in c.applied)
+
+
+# -- staleness-aware learning rate ---------------------------------------------------
+
+def test_stale_factors_never_touch_staleness_0_and_1():
+    from hpcdp.strategies.ps.staleness import stale_factors
+    for rule in ("relative", "inverse", "none"):
+        assert stale_factors([0, 1, 0, 1], rule) is None  # k = 0 and k = 1: bit for bit
+
+
+def test_inverse_is_one_over_max_1_s():
+    from hpcdp.strategies.ps.staleness import stale_factors
+    assert stale_factors([0, 2, 4, 1], "inverse") == [1.0, 0.5, 0.25, 1.0]
+    assert stale_factors([3, 3], "inverse") == [1 / 3, 1 / 3]
+
+
+def test_relative_keeps_the_updates_lr_and_damps_stale_against_fresh():
+    from hpcdp.strategies.ps.staleness import stale_factors
+    f = stale_factors([0, 2, 4, 1], "relative")
+    assert sum(f) == pytest.approx(4.0)                 # mean 1: the update keeps its lr
+    assert f[0] / f[1] == pytest.approx(2.0) and f[0] / f[2] == pytest.approx(4.0)
+    assert f[0] == f[3]                                 # s = 0 and s = 1 are both "fresh"
+    assert stale_factors([3, 3, 3], "relative") is None  # equally stale: nothing to re-weight
+    assert stale_factors([5, 2], "none") is None
+
+
+def test_damp_stale_scales_in_place_before_aggregation():
+    import numpy as np
+
+    from hpcdp.strategies.ps.staleness import damp_stale
+    grads = [np.full(3, 8.0, dtype=np.float32), np.full(3, 8.0, dtype=np.float32)]
+    keep = grads[0]
+    damp_stale(grads, [1, 4], "inverse")
+    assert grads[0] is keep and (grads[0] == 8.0).all() and (grads[1] == 2.0).all()
+    assert grads[1].dtype == np.float32
+    damp_stale(grads, [0, 0], "relative")               # no-op: bit-identical
+    assert (grads[0] == 8.0).all() and (grads[1] == 2.0).all()
+
+
+@pytest.mark.parametrize("raw", ["inv", "", None, 1])
+def test_check_stale_lr_names_the_key_and_choices(raw):
+    from hpcdp.strategies.ps.staleness import check_stale_lr
+    with pytest.raises(ValueError, match="parallel.ps.stale_lr: .* choose one of 'relative', 'inverse', 'none'"):
+        check_stale_lr(raw)

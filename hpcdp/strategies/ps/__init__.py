@@ -14,7 +14,9 @@ gradient (``update = "worker"``). Workers pull the results.
 
 Options (``[parallel.ps]``): ``servers`` (S), ``colocated`` (servers are also
 workers, or the last S ranks serve only), ``mode``, ``staleness``, ``update``,
-``aggregate`` ("sum", "mean" or "module:function").
+``aggregate`` ("sum", "mean" or "module:function"), ``stale_lr`` (async only:
+staleness-aware learning rate, shares ``1 / max(1, staleness)``: "relative" (default,
+normalized over each update), "inverse" (absolute) or "none"; staleness.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from . import transport as tp
 from .aggregate import probe, resolve_aggregate
 from .roles import assign_roles
 from .server import ShardServer
-from .staleness import StalenessBound, parse_staleness
+from .staleness import StalenessBound, check_stale_lr, parse_staleness
 from .sync import SyncServerPart, SyncWorkerPart
 from .worker import Worker
 
@@ -45,6 +47,7 @@ class PSConfig:
     staleness: int | str = 0  # async bound k: an integer >= 0, or "none" (unbounded)
     update: str = "server"
     aggregate: str = "sum"
+    stale_lr: str = "relative"  # async: lr shares 1/max(1, staleness): "relative" | "inverse" | "none"
 
     def __post_init__(self):
         if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
@@ -61,6 +64,10 @@ class PSConfig:
         self.staleness = "none" if k is None else k  # one spelling in the resolved config
         if not isinstance(self.aggregate, str) or not self.aggregate:
             raise ConfigError("parallel.ps.aggregate: needs \"sum\", \"mean\" or \"module:function\"")
+        try:
+            check_stale_lr(self.stale_lr)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     @property
     def k(self) -> int | None:
@@ -76,9 +83,10 @@ class ParameterServer(Strategy):
     name = "ps"
 
     def __init__(self, servers: int = 1, colocated: bool = True, mode: str = "sync", staleness=0,
-                 update: str = "server", aggregate="sum", timeout: float = 300.0):
+                 update: str = "server", aggregate="sum", timeout: float = 300.0,
+                 stale_lr: str = "relative"):
         cfg = PSConfig(servers, colocated, mode, "none" if staleness is None else staleness,
-                       update, aggregate if isinstance(aggregate, str) else "custom")
+                       update, aggregate if isinstance(aggregate, str) else "custom", stale_lr)
         self.cfg, self.timeout = cfg, float(timeout)
         self.bound = StalenessBound(cfg.k if mode == "async" else 0)
         self.aggregate = resolve_aggregate(aggregate)
@@ -119,7 +127,8 @@ class ParameterServer(Strategy):
             else:
                 self.server = ShardServer(self.comm, s_idx, off, params, workers=roles.workers,
                                           local_worker=local_w, bound=self.bound, aggregate=self.aggregate,
-                                          optimizer=opt, ledger=self.ledger, timeout=self.timeout)
+                                          optimizer=opt, ledger=self.ledger, timeout=self.timeout,
+                                          stale_lr=cfg.stale_lr)
         if self.is_worker:
             if cfg.mode == "sync":
                 self.worker = SyncWorkerPart(self.comm, w_idx, flat, roles=roles, server_update=server_update,
@@ -129,6 +138,21 @@ class ParameterServer(Strategy):
                                      server_update=server_update, optimizer=optimizer,
                                      local_server=self.server, ledger=self.ledger, timeout=self.timeout)
         self._wait_s = 0.0
+        # Async: progress PS traffic from the grad-ready hooks too, so a colocated
+        # server applies updates (and every worker takes replies) during backward,
+        # not only inside step(). Cost: a few MPI_Test calls per parameter per backward.
+        self._hooks = []
+        self.hook_polls = 0
+        if cfg.mode == "async" and self.is_worker and world.size > 1:
+            self._hooks = [flat.params[spec.name].register_grad_ready_hook(self._on_grad_ready)
+                           for spec in flat.layout]
+
+    def _on_grad_ready(self, _param) -> None:
+        # poll() files arrivals, applies complete updates on the colocated shard and
+        # takes replies; it never writes flat.data (replies are installed in step()).
+        if not self.closed:
+            self.worker.poll()
+            self.hook_polls += 1
 
     # -- the step ---------------------------------------------------------
     def finish_gradients(self) -> None:
@@ -172,6 +196,9 @@ class ParameterServer(Strategy):
         if self.closed or (self.worker is None and self.server is None):
             return
         self.closed = True
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
+        self._hooks = []
         if self.worker is not None:
             self.worker.close()
         if self.cfg.mode == "async" and self.server is not None and not self.server.finished:
@@ -192,7 +219,7 @@ def build(parallel_cfg, world=None, comm_cfg=None) -> ParameterServer:
     timeout = getattr(comm_cfg, "timeout", 300.0) if comm_cfg is not None else 300.0
     try:
         return ParameterServer(cfg.servers, cfg.colocated, cfg.mode, cfg.k, cfg.update, cfg.aggregate,
-                               timeout=timeout)
+                               timeout=timeout, stale_lr=cfg.stale_lr)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -23,12 +23,12 @@ import numpy as np
 
 from . import transport as tp
 from .aggregate import check_result
-from .staleness import ServerClock, StalenessError
+from .staleness import ServerClock, StalenessError, check_stale_lr, damp_stale
 
 
 class ShardServer:
     def __init__(self, comm, index: int, offset: int, params: np.ndarray, *, workers, local_worker,
-                 bound, aggregate, optimizer, ledger, timeout: float):
+                 bound, aggregate, optimizer, ledger, timeout: float, stale_lr: str = "relative"):
         tp.check_count(params.size)
         self.comm, self.index, self.offset = comm, index, offset
         self.params = params                      # this server's shard (a private copy)
@@ -39,6 +39,7 @@ class ShardServer:
         self.clock = ServerClock(len(self.workers), bound)
         self.aggregate, self.optimizer = aggregate, optimizer
         self.ledger, self.timeout = ledger, timeout
+        self.stale_lr = check_stale_lr(stale_lr)
         self.outbox = tp.Outbox()
         self.local_results: list = []            # (update, result) for the colocated worker
         self.apply_times: list = []               # wall time at which each update was applied
@@ -57,28 +58,39 @@ class ShardServer:
 
     def poll(self) -> bool:
         """Take every header that has arrived (and its gradient), apply complete
-        updates. Returns True if anything happened."""
+        updates. Returns True if anything happened.
+
+        Drains each worker's stream, not one message per call: a server that fell
+        behind (its rank descheduled, or busy in its own worker's forward/backward)
+        catches up at its next poll instead of carrying the backlog forever, which
+        would add the backlog to every worker's staleness."""
         progressed = False
         for w in list(self._hdr):
-            req, hbuf = self._hdr[w]
-            if not req.Test():
-                continue
-            kind, step, version, lr = hbuf
-            if kind == tp.DONE:
+            while self._take(w):
                 progressed = True
-                del self._hdr[w]                  # nothing more comes from w
-                self.clock.finish(w, int(step))
-                continue
-            greq, gbuf = self._grad[w]
-            if not greq.Test():                   # the gradient follows its header; if the
-                continue                          # sender has not progressed it yet, look later
-            del self._grad[w]
-            progressed = True
-            self._record("ps_push", recv=gbuf.nbytes)
-            self.clock.push(w, int(step), int(version), (gbuf, lr))
-            self._post(w)
         self.outbox.poll()
         return self._apply_ready() or progressed
+
+    def _take(self, w: int) -> bool:
+        """File worker w's next message if it has fully arrived; True if one was taken."""
+        if w not in self._hdr:
+            return False
+        req, hbuf = self._hdr[w]
+        if not req.Test():
+            return False
+        kind, step, version, lr = hbuf
+        if kind == tp.DONE:
+            del self._hdr[w]                      # nothing more comes from w
+            self.clock.finish(w, int(step))
+            return True
+        greq, gbuf = self._grad[w]
+        if not greq.Test():                       # the gradient follows its header; if the
+            return False                          # sender has not progressed it yet, look later
+        del self._grad[w]
+        self._record("ps_push", recv=gbuf.nbytes)
+        self.clock.push(w, int(step), int(version), (gbuf, lr))
+        self._post(w)
+        return True
 
     def push_local(self, step: int, version: int, grad: np.ndarray, lr: float) -> None:
         """The colocated worker's gradient (a private copy), no message."""
@@ -94,11 +106,17 @@ class ShardServer:
         while self.clock.ready():
             update, payloads = self.clock.pop_ready()
             grads = [g for g, _ in payloads]
+            # staleness-aware lr; pop_ready recorded this update's W gradients last
+            damp_stale(grads, [a.staleness for a in self.clock.applied[-len(grads):]], self.stale_lr)
             agg = check_result(self.aggregate(grads), self.size, self.dtype,
                                where=f"server {self.index} update {update}")
             if self.optimizer is not None:
-                self.optimizer.lr = payloads[0][1]  # the lr the workers used for this step
+                # the lr the workers used for this step; restored after, since the
+                # colocated worker shares this optimizer object and may be between
+                # setting its lr and reading it (updates are applied from hooks too)
+                saved, self.optimizer.lr = self.optimizer.lr, payloads[0][1]
                 self.optimizer.step(self.params, agg)
+                self.optimizer.lr = saved
                 result = self.params.copy()       # the send owns a snapshot
             else:
                 result = agg

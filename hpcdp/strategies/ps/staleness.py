@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 UNBOUNDED_SPELLINGS = ("none", "unbounded", "inf")
+STALE_LR_RULES = ("relative", "inverse", "none")
 
 
 class StalenessError(RuntimeError):
@@ -49,6 +50,55 @@ def parse_staleness(value, *, key: str = "parallel.ps.staleness") -> int | None:
         raise ValueError(f"{key}: k = {value} is negative; use k >= 0 (0 = synchronous) "
                          f"or \"none\" for unbounded")
     return value
+
+
+def check_stale_lr(value, *, key: str = "parallel.ps.stale_lr") -> str:
+    """Validate the staleness-aware learning-rate rule (see :func:`stale_factors`)."""
+    if value not in STALE_LR_RULES:
+        raise ValueError(f"{key}: {value!r} is not allowed; choose one of "
+                         + ", ".join(repr(r) for r in STALE_LR_RULES))
+    return value
+
+
+def stale_factors(staleness, rule: str):
+    """Per-gradient learning-rate factors of one update, or None for "all exactly 1".
+
+    ``staleness`` lists the update's W gradients' staleness ``s`` (worker order).
+    Every rule starts from the staleness-aware learning rate of Zhang, Gupta, Lian and
+    Liu (2016), ``1 / max(1, s)``; ``s`` counts the worker's own previous step, so 0
+    (synchronous) and 1 (one step pipelined) keep the full rate.
+
+    - ``"inverse"``: exactly that: gradient i enters with ``1 / max(1, s_i)`` of the lr.
+    - ``"relative"``: the same shares, normalized to mean 1 over the update: stale
+      gradients are damped relative to the fresh ones of the same update, the update
+      keeps the step's learning rate. (Why this is the default: docs/parameter-server.md.)
+    - ``"none"``: no damping.
+
+    None (no arithmetic at all) when every factor would be 1: k = 0, k = 1, and
+    "relative" with equal staleness, so k = 0 stays bit-identical to synchronous PS.
+    """
+    s = [max(1, int(x)) for x in staleness]
+    if rule == "none" or max(s) == 1 or (rule == "relative" and min(s) == max(s)):
+        return None
+    inv = [1.0 / x for x in s]
+    if rule == "inverse":
+        return inv
+    mean = sum(inv) / len(inv)
+    return [v / mean for v in inv]
+
+
+def damp_stale(grads, staleness, rule: str) -> None:
+    """In place: scale gradient i by :func:`stale_factors` ``[i]`` (before aggregation).
+
+    Scaling the gradient is scaling its learning rate for plain SGD; with momentum it
+    scales the gradient's entry into the momentum buffer, so an old gradient is damped
+    for as long as it echoes."""
+    factors = stale_factors(staleness, rule)
+    if factors is None:
+        return
+    for g, c in zip(grads, factors):
+        if c != 1.0:
+            g *= c
 
 
 @dataclass(frozen=True)
