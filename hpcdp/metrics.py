@@ -1,13 +1,19 @@
-"""Per-step metrics: every rank's figures gathered to one writer rank.
+"""Per-step metrics: every rank's figures, gathered to one writer rank in blocks.
 
-Each step, every worker packs a fixed-size float64 vector
-``[weighted loss, local samples, step time, *step_stats values]`` and the writer
-(rank 0 of the worker communicator) receives them all with one ``comm.Gather``:
-plain numbers, no pickle. This is a sync point every step (a few microseconds on
-one node): the price of seeing every rank's bytes and times per step.
+Each step, every worker packs a fixed-size float64 row
+``[weighted loss, local samples, step time, *step_stats values]`` and keeps it
+(:meth:`StepGather.add`). Every ``log_every`` steps (and at the first, the last and
+evaluation steps) :meth:`StepGather.flush` moves the buffered rows of all ranks to
+the writer (rank 0 of the worker communicator) with one ``MPI_Igather``: plain
+numbers, no pickle. The writer waits for it (it needs the rows to log); every other
+rank leaves it in flight and completes it at its next flush (or :meth:`finish`), so
+a fast worker is not held back by the slowest, and asynchronous strategies keep
+their asynchrony in ``hpcdp train``. Cost: one small message per rank per flush
+instead of a collective per step; rows wait in memory until the next flush.
 
-The writer appends one JSON object per step to ``metrics.jsonl`` and prints one
-log line every ``log_every`` steps (and on the last) with an ETA.
+The writer appends one JSON object per step to ``metrics.jsonl`` (all of a block's
+steps at its flush) and prints one log line every ``log_every`` steps (and on the
+last) with an ETA.
 """
 
 from __future__ import annotations
@@ -28,18 +34,19 @@ def _key_hash(keys) -> int:
 
 
 class StepGather:
-    """Gathers per-rank step figures to rank 0 of ``comm`` (an mpi4py communicator)."""
+    """Buffers per-rank step figures and gathers them to rank 0 of ``comm`` in blocks."""
 
     def __init__(self, comm):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.keys: tuple[str, ...] | None = None
-        self._recv = None
+        self._rows: list = []        # this rank's rows since the last flush
+        self._inflight = None        # non-writer ranks: (request, send buffer) of the last flush
 
     def _check_keys(self, stats: dict):
         keys = tuple(sorted(stats))
         if self.keys is None:
-            # Once: every rank must report the same keys, or Gather sizes would differ.
+            # Once: every rank must report the same keys, or the row sizes would differ.
             mine = np.array([_key_hash(keys), len(keys)], dtype=np.int64)
             allk = np.empty((self.size, 2), dtype=np.int64)
             self.comm.Allgather(mine, allk)
@@ -48,32 +55,60 @@ class StepGather:
                 raise RuntimeError(f"step_stats() keys differ between ranks 0 and {bad}: "
                                    f"rank {self.rank} reports {list(keys)}")
             self.keys = keys
-            if self.rank == 0:
-                self._recv = np.empty((self.size, len(_HEADER) + len(keys)), dtype=np.float64)
         elif keys != self.keys:
             raise RuntimeError(f"step_stats() keys changed on rank {self.rank}: {list(keys)} "
                                f"instead of {list(self.keys)}")
 
-    def gather(self, loss_part: float, samples: int, step_time: float, stats: dict):
-        """Collective. Returns (global loss, {name: per-rank list}) on rank 0, else None."""
+    def add(self, loss_part: float, samples: int, step_time: float, stats: dict) -> None:
+        """Keep this rank's figures of one step (local; the first call is collective)."""
         self._check_keys(stats)
-        vec = np.empty(len(_HEADER) + len(self.keys), dtype=np.float64)
-        vec[:3] = (loss_part, samples, step_time)
+        row = np.empty(len(_HEADER) + len(self.keys), dtype=np.float64)
+        row[:3] = (loss_part, samples, step_time)
         for i, k in enumerate(self.keys):
             v = stats[k]
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
                 raise TypeError(f"step_stats()[{k!r}] must be a number, got {type(v).__name__}")
-            vec[3 + i] = v
-        self.comm.Gather(vec, self._recv, root=0)
+            row[3 + i] = v
+        self._rows.append(row)
+
+    def flush(self) -> list:
+        """Collective (every rank calls it after the same steps). Returns on rank 0 one
+        ``(global loss, {name: per-rank list})`` per buffered step, in step order;
+        ``[]`` on the other ranks, which do not wait for the gather to complete."""
+        if not self._rows:
+            return []
+        block = np.stack(self._rows)
+        self._rows = []
         if self.rank != 0:
-            return None
+            self.finish()                 # the previous flush's send: long done, normally
+            self._inflight = (self.comm.Igather(block, None, root=0), block)
+            return []
+        recv = np.empty((self.size,) + block.shape, dtype=np.float64)
+        self.comm.Igather(block, recv, root=0).Wait()  # the writer needs every row now
         # Columnar: {"samples": [r0, r1, ...], "step_time_s": [...], <stat>: [...]}.
         names = ("samples", "step_time_s") + self.keys
-        cols = {}
-        for j, name in enumerate(names, start=1):
-            vals = [float(x) for x in self._recv[:, j]]
-            cols[name] = [int(x) if x.is_integer() and abs(x) < 2**53 else x for x in vals]
-        return float(self._recv[:, 0].sum()), cols
+        out = []
+        for i in range(block.shape[0]):
+            cols = {}
+            for j, name in enumerate(names, start=1):
+                vals = [float(x) for x in recv[:, i, j]]
+                cols[name] = [int(x) if x.is_integer() and abs(x) < 2**53 else x for x in vals]
+            out.append((float(recv[:, i, 0].sum()), cols))
+        return out
+
+    def gather(self, loss_part: float, samples: int, step_time: float, stats: dict):
+        """One step, gathered now (``add`` + ``flush`` + ``finish``: complete on every
+        rank when it returns). Rank 0: (global loss, cols); else None."""
+        self.add(loss_part, samples, step_time, stats)
+        got = self.flush()
+        self.finish()
+        return got[0] if got else None
+
+    def finish(self) -> None:
+        """Complete this rank's last gather (before the communicator is freed)."""
+        if self._inflight is not None:
+            self._inflight[0].Wait()
+            self._inflight = None
 
 
 class MetricsWriter:

@@ -221,6 +221,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         return res
 
     last_loss, last_eval = float("nan"), None
+    pending: list = []  # writer: this rank's part of each step record until the next flush
     try:
         for step in range(1, total + 1):
             t0 = time.perf_counter()
@@ -243,19 +244,27 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             strategy.step()
             stats = strategy.step_stats()
             dt = time.perf_counter() - t0
-            gathered = gather.gather(loss_part, len(local), dt, stats)
+            gather.add(loss_part, len(local), dt, stats)  # kept locally: no sync point
             if writer_rank:
-                last_loss, ranks = gathered
                 epoch, _ = sampler.position(step - 1)
-                writer.step({"step": step, "epoch": epoch, "loss": last_loss, "lr": lr,
-                             "global_batch": global_n, "samples_per_s": global_n / dt,
-                             "step_time_s": dt, "ranks": ranks})
-            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step != total:
+                pending.append({"step": step, "epoch": epoch, "lr": lr, "global_batch": global_n,
+                                "samples_per_s": global_n / dt, "step_time_s": dt})
+            evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
+            if step == 1 or step % cfg.run.log_every == 0 or step == total or evals_now:
+                # Every rank flushes after the same steps; only the writer waits.
+                for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
+                    last_loss = loss_sum
+                    writer.step({"step": rec["step"], "epoch": rec["epoch"], "loss": loss_sum,
+                                 **{k: rec[k] for k in ("lr", "global_batch", "samples_per_s", "step_time_s")},
+                                 "ranks": ranks})
+                pending.clear()
+            if evals_now:
                 last_eval = run_eval(step)
         # Evaluate the final weights: an asynchronous strategy (ps, mode = "async")
         # applies its outstanding updates in close(). close() is idempotent.
         strategy.close()
         last_eval = run_eval(total)
+        gather.finish()
     finally:
         strategy.close()
         writer.close()
