@@ -8,7 +8,9 @@ step; the global loss of step t is the sum of the shares (each computed from the
 weights that worker had), and step t's wall time is the latest worker's. Nothing is
 gathered per step (a per-step collective would re-synchronise the workers). Output:
 ``staleness.csv`` (k, step, loss, wall_s), ``staleness.png`` (loss against step and
-against wall time) and the final test accuracy per k.
+against wall time), and per k the final test accuracy, the mean training loss of the
+last 10 steps and the staleness (mean and max over every worker's steps) in
+``staleness_summary.json``.
 
 ``bytes``: one ``mpiexec`` job trains a few steps with one-server PS, K-server PS
 (colocated) and DDP's ring allreduce, and reads every rank's ledger. The busiest
@@ -118,6 +120,10 @@ def child_staleness(args) -> None:
     world.comm.Reduce(loss_part, loss_sum, op=MPI.SUM, root=0)
     world.comm.Reduce(t_end, t_max, op=MPI.MAX, root=0)
     close_max = world.comm.reduce(t_close, op=MPI.MAX, root=0)
+    # every applied gradient's staleness t - v, as the workers recorded them
+    stale = np.array(strategy.worker.pushed_staleness, dtype=np.float64)
+    stale_all = np.empty((world.size, steps)) if world.rank == 0 else None
+    world.comm.Gather(stale, stale_all, root=0)
     if world.rank == 0:
         with no_grad_ctx():
             logits = model(Tensor(ds.x_test, backend=be)).numpy()
@@ -130,7 +136,10 @@ def child_staleness(args) -> None:
                 w.writerow([args.k, t + 1, f"{loss_sum[t]:.6f}", f"{t_max[t]:.6f}"])
         (out / f"staleness_k{args.k}.json").write_text(json.dumps(
             {"k": args.k, "test_accuracy": acc, "wall_s": close_max, "steps": steps,
-             "ranks": world.size, "delay_s": args.delay}))
+             "ranks": world.size, "delay_s": args.delay,
+             "stale_lr": strategy.cfg.stale_lr, "loss_last10": float(loss_sum[-10:].mean()),
+             "staleness_mean": float(stale_all.mean()), "staleness_max": int(stale_all.max()),
+             "staleness_mean_per_rank": [float(x) for x in stale_all.mean(axis=1)]}))
 
 
 def no_grad_ctx():
@@ -213,7 +222,9 @@ def study_staleness(out: Path, ranks: int, steps: int, delay: float, config: str
     _plot_staleness(rows, summary, out / "staleness.png")
     (out / "staleness_summary.json").write_text(json.dumps(summary, indent=1))
     for k, s in summary.items():
-        print(f"  k={k:>4}: wall {s['wall_s']:.2f} s, test accuracy {s['test_accuracy']:.4f}")
+        print(f"  k={k:>4}: wall {s['wall_s']:.2f} s, test accuracy {s['test_accuracy']:.4f}, "
+              f"loss (last 10 steps) {s['loss_last10']:.3f}, staleness mean {s['staleness_mean']:.1f} "
+              f"max {s['staleness_max']} (stale_lr {s['stale_lr']})")
     return summary
 
 
