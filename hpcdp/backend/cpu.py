@@ -9,6 +9,10 @@ minimum, ``to_numpy`` returns the array itself (no copy) on this backend.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
+
 import numpy as np
 
 from . import cpu_kernels as K
@@ -22,8 +26,50 @@ def _prod(shape):
     return n
 
 
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MALLOC_TUNED = False
+
+
+def tune_malloc() -> bool:
+    """Keep freed activation buffers in the process heap instead of returning them
+    to the OS (glibc only; once per process).
+
+    A training step allocates and frees tens of MB of arrays of the same sizes every
+    step. With glibc's defaults, arrays over its (adaptive, <= 32 MiB) mmap threshold
+    are mmap'ed fresh and the heap top is trimmed after the backward frees them, so
+    every step page-faults its activations back in: about 5,600 minor faults and
+    ~12 ms of a 75 ms small-GPT step on the 2-core VM. Raising the mmap threshold to
+    its 32 MiB maximum and the trim threshold to 256 MiB makes the next step reuse the
+    same pages. Cost: the process keeps up to its peak working set (plus 256 MiB of
+    free heap) mapped after a step. Skipped when the user set any MALLOC_* variable
+    (their setting wins) or HPCDP_MALLOC_TUNE=0. Returns whether it applied.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return True
+    if os.environ.get("HPCDP_MALLOC_TUNE", "1") == "0" or any(
+            k.startswith("MALLOC_") for k in os.environ):
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    ok = mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1
+    ok = (mallopt(_M_TRIM_THRESHOLD, 256 << 20) == 1) and ok
+    _MALLOC_TUNED = ok
+    return ok
+
+
 class CPUBackend(Backend):
     name = "cpu"
+
+    def __init__(self):
+        tune_malloc()
 
     # -- data movement ----------------------------------------------------
     def asarray(self, x, dtype=None):

@@ -79,6 +79,24 @@ def test_gelu_and_backward(dtype):
     np.testing.assert_allclose(be.gelu_backward(x, gy), num, rtol=1e-5, atol=1e-6)
 
 
+def test_tune_malloc_applies_once_and_respects_opt_out():
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    code = "from hpcdp.backend.cpu import tune_malloc; print(tune_malloc())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        check=True).stdout.strip()
+    off = subprocess.run([sys.executable, "-c", code], env={**env, "HPCDP_MALLOC_TUNE": "0"},
+                         capture_output=True, text=True, check=True).stdout.strip()
+    user = subprocess.run([sys.executable, "-c", code], env={**env, "MALLOC_ARENA_MAX": "2"},
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert (on, off, user) == (str(glibc), "False", "False")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_family(dtype):
     x = rand(2, 3, 6, seed=5, dtype=dtype) * 10
