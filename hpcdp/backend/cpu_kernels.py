@@ -21,23 +21,35 @@ _GELU_S = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
 
 
-# GELU(v) = 0.5 v (1 + tanh(u)) = v * sigmoid(2u), u = s (v + c v^3). The sigmoid
-# form needs one exp instead of libm tanh: about 2-3x faster per element, and
-# exp overflow to inf gives the right limits (v -> -inf: -0, v -> +inf: v).
+# GELU(v) = 0.5 v (1 + tanh(u)), u = s (v + c v^3). The tanh runs in NumPy's SIMD
+# np.tanh (about 0.4 ns/element in float32, against 10-20 ns for a scalar libm call
+# per element in a numba loop, which cannot vectorize transcendentals without SVML);
+# the polynomial before it and the products after it are plain loops that LLVM
+# vectorizes. Three passes over the array instead of one, still ~10x faster.
 @njit(cache=True)
-def gelu_fwd(x, y):
+def gelu_inner(x, u):
+    """u <- s (x + c x^3) (the tanh argument)."""
     for i in range(x.size):
         v = x[i]
-        y[i] = v / (1.0 + math.exp(-2.0 * _GELU_S * (v + _GELU_C * v * v * v)))
+        u[i] = _GELU_S * (v + _GELU_C * v * v * v)
 
 
 @njit(cache=True)
-def gelu_bwd(x, gy, gx):
+def gelu_outer(x, t, y):
+    """y <- 0.5 x (1 + t), t = tanh(u)."""
+    for i in range(x.size):
+        y[i] = 0.5 * x[i] * (1.0 + t[i])
+
+
+@njit(cache=True)
+def gelu_bwd_t(x, t, gy, gx):
+    """gx <- gy * d GELU/dx given t = tanh(u):
+    0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 c x^2)."""
     for i in range(x.size):
         v = x[i]
-        sig = 1.0 / (1.0 + math.exp(-2.0 * _GELU_S * (v + _GELU_C * v * v * v)))
+        ti = t[i]
         du = _GELU_S * (1.0 + 3.0 * _GELU_C * v * v)
-        gx[i] = gy[i] * (sig + 2.0 * v * sig * (1.0 - sig) * du)
+        gx[i] = gy[i] * (0.5 * (1.0 + ti) + 0.5 * v * (1.0 - ti * ti) * du)
 
 
 @njit(cache=True)

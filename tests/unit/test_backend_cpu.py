@@ -79,6 +79,22 @@ def test_gelu_and_backward(dtype):
     np.testing.assert_allclose(be.gelu_backward(x, gy), num, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_long_strided_and_extreme_inputs(dtype):
+    # long enough for the vectorized loop body plus a remainder; a strided view;
+    # saturated tails: GELU(-30) = -0 (no NaN), GELU(30) = 30, slopes 0 and 1
+    x = np.concatenate([rand(1037, seed=5, dtype=dtype) * 4, np.array([-30, 30], dtype)])
+    xs = np.stack([x, x]).T  # (n, 2), not C-contiguous
+    x64 = x.astype(np.float64)
+    ref = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    y = be.gelu(xs)
+    assert y.shape == xs.shape and y.dtype == dtype
+    np.testing.assert_allclose(y[:, 1], ref, **tol(dtype))
+    g = be.gelu_backward(xs, np.ones_like(xs))
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g[-2:, 0], [0.0, 1.0], atol=1e-6)
+
+
 def test_tune_malloc_applies_once_and_respects_opt_out():
     import os
     import platform
