@@ -1,6 +1,6 @@
 """CPU backend: NumPy/BLAS for shapes, elementwise math and matmul; numba.njit fused
-kernels (cpu_kernels.py) for GELU (around NumPy's SIMD tanh), softmax, cross-entropy, LayerNorm, embedding
-backward and the optimizer updates.
+kernels (cpu_kernels.py) for GELU (around NumPy's SIMD tanh), softmax, cross-entropy,
+LayerNorm, embedding backward and the optimizer updates.
 
 Arrays are plain ``numpy.ndarray``. Matmul passes transposes to BLAS as flags
 (``a.swapaxes(-1, -2) @ b`` is a strided view, not a copy). Unlike the contract's
@@ -224,7 +224,12 @@ class CPUBackend(Backend):
         return out.reshape(x.shape)
 
     def softmax(self, x):
-        return self._rowwise(K.softmax_rows, x)
+        x2 = K.rows(x)
+        y = np.empty(x2.shape, dtype=x.dtype)
+        K.shift_rows_by_max(x2, y)
+        np.exp(y, out=y)
+        K.normalize_rows(y)
+        return y.reshape(x.shape)
 
     def softmax_backward(self, y, gy):
         return self._rowwise(K.softmax_bwd_rows, y, gy.astype(y.dtype, copy=False))
@@ -236,10 +241,11 @@ class CPUBackend(Backend):
         return self._rowwise(K.log_softmax_bwd_rows, y, gy.astype(y.dtype, copy=False))
 
     def causal_mask_fill(self, x, value):
-        t1, t2 = x.shape[-2], x.shape[-1]
-        y = np.array(x, copy=True, order="C")
-        y[..., np.triu(np.ones((t1, t2), dtype=bool), k=1)] = value
-        return y
+        shape = x.shape
+        x3 = np.ascontiguousarray(x).reshape((-1,) + tuple(shape[-2:]))
+        y = np.empty(x3.shape, dtype=x.dtype)
+        K.causal_fill(x3, y.dtype.type(value), y)
+        return y.reshape(shape)
 
     def _check_targets(self, targets, n, c):
         if targets.ndim != 1 or targets.shape[0] != n:

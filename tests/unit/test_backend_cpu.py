@@ -191,6 +191,25 @@ def test_causal_mask_fill_and_dropout_mask():
         be.dropout_mask((2,), 1.0, 0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (4, 6), (3, 6, 4)])
+def test_causal_mask_then_softmax(dtype, shape):
+    # square, wide (T2 > T1) and tall (T1 > T2) masks; -inf entries give exact zeros
+    x = rand(*shape, seed=9, dtype=dtype) * 5
+    t1, t2 = shape[-2:]
+    keep = np.tril(np.ones((t1, t2), dtype=bool))
+    y = be.causal_mask_fill(x, float("-inf"))
+    assert y.dtype == dtype and y.shape == x.shape and y.flags.c_contiguous
+    np.testing.assert_array_equal(y, np.where(keep, x, -np.inf))
+    np.testing.assert_array_equal(be.causal_mask_fill(np.asfortranarray(x), 0.0),
+                                  np.where(keep, x, 0.0))
+    p = be.softmax(y)
+    x64 = np.where(keep, x.astype(np.float64), -np.inf)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    np.testing.assert_allclose(p, e / e.sum(-1, keepdims=True), **tol(dtype))
+    assert np.all(p[..., ~keep] == 0)
+
+
 def test_equal_and_relu_backward():
     a = np.array([1.0, 2.0, 2.0])
     np.testing.assert_array_equal(be.equal(a, 2.0), [0, 1, 1])
