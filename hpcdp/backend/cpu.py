@@ -309,8 +309,12 @@ class CPUBackend(Backend):
     def adamw_update(self, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
         if step < 1:
             raise ValueError(f"adamw_update: step is 1-based, got {step}")
-        K.adamw(param, grad, m, v, float(lr), float(beta1), float(beta2), float(eps),
-                float(weight_decay), int(step))
+        # scalars in the buffers' dtype: float32 state updates in float32 (as PyTorch)
+        t = param.dtype.type
+        b1, b2 = float(beta1), float(beta2)
+        K.adamw(param, grad, m, v, t(1.0 - float(lr) * float(weight_decay)),
+                t(float(lr) / (1.0 - b1 ** step)), t(b1), t(1.0 - b1), t(b2), t(1.0 - b2),
+                t(1.0 / (1.0 - b2 ** step)), t(float(eps)))
 
 
 __all__ = ["CPUBackend"]
