@@ -148,15 +148,16 @@ def test_cross_entropy_forward_backward(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_layernorm_forward_backward(dtype):
-    x = rand(4, 3, 6, seed=8, dtype=dtype) * 3 + 1
-    w, b = rand(6, seed=9, dtype=dtype), rand(6, seed=10, dtype=dtype)
+@pytest.mark.parametrize("c", [6, 131])  # 131: vectorized row loops plus a remainder
+def test_layernorm_forward_backward(dtype, c):
+    x = rand(4, 3, c, seed=8, dtype=dtype) * 3 + 1
+    w, b = rand(c, seed=9, dtype=dtype), rand(c, seed=10, dtype=dtype)
     y, mean, rstd = be.layernorm(x, w, b, 1e-5)
     x64 = x.astype(np.float64)
     mu, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
     xhat = (x64 - mu) / np.sqrt(var + 1e-5)
     np.testing.assert_allclose(y, xhat * w + b, **tol(dtype))
-    gy = rand(4, 3, 6, seed=11, dtype=dtype)
+    gy = rand(4, 3, c, seed=11, dtype=dtype)
     gx, gw, gb = be.layernorm_backward(gy, x, w, mean, rstd)
     g = gy * w
     r = 1 / np.sqrt(var + 1e-5)
@@ -208,6 +209,17 @@ def test_causal_mask_then_softmax(dtype, shape):
     e = np.exp(x64 - x64.max(-1, keepdims=True))
     np.testing.assert_allclose(p, e / e.sum(-1, keepdims=True), **tol(dtype))
     assert np.all(p[..., ~keep] == 0)
+
+
+def test_row_kernels_propagate_nan_to_their_row_only():
+    # the fast-math kernels reorder sums but must not assume NaN-free inputs
+    x = rand(4, 33, seed=12, dtype=np.float32)
+    x[1, 5] = np.nan
+    w, b = np.ones(33, np.float32), np.zeros(33, np.float32)
+    y, _, _ = be.layernorm(x, w, b, 1e-5)
+    assert np.all(np.isnan(y[1])) and np.all(np.isfinite(np.delete(y, 1, axis=0)))
+    gx, _, _ = be.layernorm_backward(np.ones_like(x), x, w, *be.layernorm(x, w, b, 1e-5)[1:])
+    assert np.all(np.isnan(gx[1])) and np.all(np.isfinite(np.delete(gx, 1, axis=0)))
 
 
 def test_equal_and_relu_backward():
