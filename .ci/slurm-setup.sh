@@ -17,9 +17,16 @@ else
   log=$(mktemp)
   # policy-rc.d in containers stops the packages' services from starting: the
   # starter runs the daemons itself, without systemd.
-  if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+  ok=0
+  for attempt in 1 2 3; do  # a mirror hiccup should not fail CI: retry twice
+    if { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
          $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
            slurmctld slurmd slurm-client munge; } >"$log" 2>&1; then
+      ok=1; break
+    fi
+    echo "slurm-setup: apt-get attempt $attempt failed; retrying" >&2; sleep $((attempt * 10))
+  done
+  if [ $ok != 1 ]; then
     echo "slurm-setup: apt-get failed:" >&2; tail -30 "$log" >&2; exit 1
   fi
   rm -f "$log"
