@@ -53,15 +53,11 @@ def _mlp_batch(rng):
     return x, y
 
 
-def hpcdp_mlp(x, y):
+def _train_step(model, opt, x, y):
+    """One hpcdp training step on a fixed batch: zero grads, loss, backward, update."""
     from hpcdp.autograd import Tensor
-    from hpcdp.nn import build_model
-    from hpcdp.optim import SGD
 
-    model = build_model({"kind": "mlp", "sizes": MLP_SIZES, "seed": 0}, dtype="float32", device="cpu")
-    flat = model.flat
-    opt = SGD(flat.numel, lr=LR, momentum=0.9, dtype="float32")
-    xt, yt = Tensor(x), Tensor(y)
+    flat, xt, yt = model.flat, Tensor(x), Tensor(y)
 
     def step():
         flat.zero_grad()
@@ -70,6 +66,17 @@ def hpcdp_mlp(x, y):
         opt.step(flat.data, flat.grad)
         return loss.item()
 
+    return step
+
+
+def hpcdp_mlp(x, y):
+    from hpcdp.nn import build_model
+    from hpcdp.optim import SGD
+
+    model = build_model({"kind": "mlp", "sizes": MLP_SIZES, "seed": 0}, dtype="float32", device="cpu")
+    flat = model.flat
+    opt = SGD(flat.numel, lr=LR, momentum=0.9, dtype="float32")
+    step = _train_step(model, opt, x, y)
     weights = [flat.params[f"fc{i}.{k}"].numpy().copy() for i in range(len(MLP_SIZES) - 1)
                for k in ("weight", "bias")]
     return step, weights
@@ -162,22 +169,13 @@ def _gpt_batch(rng):
 
 
 def hpcdp_gpt(x, y):
-    from hpcdp.autograd import Tensor
     from hpcdp.nn import build_model
     from hpcdp.optim import AdamW
 
     model = build_model({"kind": "gpt", **GPT, "seed": 0}, dtype="float32", device="cpu")
     flat = model.flat
     opt = AdamW(flat.numel, lr=1e-3, weight_decay=0.01, dtype="float32")
-    xt, yt = Tensor(x), Tensor(y)
-
-    def step():
-        flat.zero_grad()
-        loss = model.loss(xt, yt)
-        loss.backward()
-        opt.step(flat.data, flat.grad)
-        return loss.item()
-
+    step = _train_step(model, opt, x, y)
     return step, flat.numel
 
 
