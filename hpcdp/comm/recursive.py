@@ -57,11 +57,8 @@ def recursive_doubling(req, buf, op, tmp):
 
 
 def expected_bytes(n_bytes: int, N: int, rank: int) -> tuple[int, int]:
-    """(sent, received) bytes of ``rank`` for an ``n_bytes`` recursive doubling."""
-    p = 1 << (N.bit_length() - 1)
-    rem = N - p
-    rounds = p.bit_length() - 1
-    if rank < 2 * rem and rank % 2 == 0:
-        return n_bytes, n_bytes
-    extra = n_bytes if rank < 2 * rem else 0
-    return rounds * n_bytes + extra, rounds * n_bytes + extra
+    """(sent, received) bytes of ``rank`` for an ``n_bytes`` recursive doubling
+    (:func:`hpcdp.comm.volume.recursive_bytes`, the one formula)."""
+    from hpcdp.comm.volume import recursive_bytes
+
+    return recursive_bytes(n_bytes, N, rank)

@@ -235,24 +235,8 @@ class RingRequest(Request):
 
 def expected_bytes(n: int, N: int, rank: int, itemsize: int,
                    phases=("rs", "ag")) -> tuple[int, int]:
-    """(sent, received) bytes of ``rank`` in a ring over ``n`` elements.
+    """(sent, received) bytes of ``rank`` in a ring over ``n`` elements
+    (:func:`hpcdp.comm.volume.ring_bytes`, the one formula)."""
+    from hpcdp.comm.volume import ring_bytes
 
-    Reduce-scatter sends every chunk but ``rank``'s and receives every chunk but
-    ``rank-1``'s; all-gather sends every chunk but ``rank+1``'s and receives
-    every chunk but ``rank``'s. With ``N | n`` that is ``(N-1)/N * S`` per phase.
-    """
-    if N == 1:
-        return 0, 0
-    bounds = shard_bounds(n, N)
-
-    def size(c):
-        return bounds[c % N][1]
-
-    sent = recv = 0
-    if "rs" in phases:
-        sent += n - size(rank)
-        recv += n - size(rank - 1)
-    if "ag" in phases:
-        sent += n - size(rank + 1)
-        recv += n - size(rank)
-    return sent * itemsize, recv * itemsize
+    return ring_bytes(n, N, rank, itemsize, phases)

@@ -309,29 +309,11 @@ class DDP(Strategy):
                               + "; ".join(parts) + f"); {hint}")
 
 
-def ring_allreduce_bytes(n: int, world_size: int, rank: int, itemsize: int) -> tuple[int, int]:
-    """Exact (sent, received) bytes of one ring allreduce of ``n`` elements on ``rank``.
-
-    comm's ring (docs/collectives.md) cuts the buffer into chunks c_0..c_{N-1} by the
-    shard rule; rank r sends every chunk but its own in reduce-scatter and every chunk
-    but c_{r+1} in all-gather, and receives every chunk but c_{r-1}, then every chunk but
-    its own. So sent = 2n - |c_r| - |c_{r+1}|, received = 2n - |c_{r-1}| - |c_r|
-    (elements), which is 2(N-1)/N * n each way when N divides n.
-    """
-    from hpcdp.shard import shard_range
-
-    N = world_size
-    if N == 1 or n == 0:
-        return 0, 0
-    c = [shard_range(n, N, i)[1] for i in range(N)]
-    sent = 2 * n - c[rank] - c[(rank + 1) % N]
-    recv = 2 * n - c[(rank - 1) % N] - c[rank]
-    return sent * itemsize, recv * itemsize
-
-
 def expected_step_bytes(plan, world_size: int, rank: int, itemsize: int) -> tuple[int, int]:
     """Gradient bytes (sent, received) of one DDP step on ``rank`` with ring allreduce:
-    the sum over buckets of :func:`ring_allreduce_bytes`."""
+    the sum over buckets of :func:`hpcdp.comm.volume.ring_allreduce_bytes`."""
+    from hpcdp.comm.volume import ring_allreduce_bytes
+
     sent = recv = 0
     for b in plan.buckets:
         s, r = ring_allreduce_bytes(b.size, world_size, rank, itemsize)
@@ -350,5 +332,4 @@ def build(parallel_cfg, world=None, comm_cfg=None) -> DDP:
     return DDP(opts, **kw)
 
 
-__all__ = ["DDP", "DDPConfig", "ReplicaMismatch", "build", "expected_step_bytes",
-           "ring_allreduce_bytes", "MIB"]
+__all__ = ["DDP", "DDPConfig", "ReplicaMismatch", "build", "expected_step_bytes", "MIB"]

@@ -1,0 +1,117 @@
+"""How many bytes each collective moves: the one place for the analytic formulas.
+
+Every byte count that hpcdp predicts lives here, exact to the element (uneven
+shards by :func:`hpcdp.shard.shard_range` included), so tests can assert the ledger
+against them with ``==`` and the cost model (``hpcdp scale``) prices the same
+numbers. Functions return ``(sent, received)`` bytes of one ``rank``.
+
+Notation: ``n`` elements of ``itemsize`` bytes, ``N`` ranks, chunks
+``c_i = shard_range(n, N, i)[1]``.
+
+- ring reduce-scatter: rank r sends every chunk but its own (``n - c_r``) and
+  receives every chunk but ``c_{r-1}``; ring all-gather sends every chunk but
+  ``c_{r+1}`` and receives every chunk but its own. With ``N | n`` each phase is
+  ``(N-1)/N * S`` per rank; an allreduce is both phases, ``2(N-1)/N * S``.
+- recursive doubling (any N, non-powers of two folded in): ``log2 p`` full-buffer
+  exchanges for the ``p = 2^floor(log2 N)`` ranks that stay, plus one fold/unfold.
+- parameter server (K servers, shard j by ``shard_range(n, K, j)``): a push sends each
+  worker's shard j to server j; a pull sends it back. Server j receives
+  ``(W - 1) * |shard j|`` (``W`` if it is not a worker itself) per push.
+- ZeRO per step (stage 1/2: one reduce-scatter + one all-gather of the flat buffer,
+  the same bytes as DDP's allreduce; stage 3: two all-gathers + one reduce-scatter,
+  1.5x). See docs/zero.md.
+"""
+
+from __future__ import annotations
+
+from hpcdp.shard import shard_bounds, shard_range
+
+
+def ring_bytes(n: int, N: int, rank: int, itemsize: int,
+               phases=("rs", "ag")) -> tuple[int, int]:
+    """(sent, received) bytes of ``rank`` in a ring over ``n`` elements.
+
+    ``phases``: ``("rs",)`` reduce-scatter, ``("ag",)`` all-gather, both: allreduce.
+    """
+    if N == 1 or n == 0:
+        return 0, 0
+    bounds = shard_bounds(n, N)
+
+    def size(c):
+        return bounds[c % N][1]
+
+    sent = recv = 0
+    if "rs" in phases:
+        sent += n - size(rank)
+        recv += n - size(rank - 1)
+    if "ag" in phases:
+        sent += n - size(rank + 1)
+        recv += n - size(rank)
+    return sent * itemsize, recv * itemsize
+
+
+def ring_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return ring_bytes(n, N, rank, itemsize, ("rs", "ag"))
+
+
+def reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return ring_bytes(n, N, rank, itemsize, ("rs",))
+
+
+def all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return ring_bytes(n, N, rank, itemsize, ("ag",))
+
+
+def recursive_bytes(n_bytes: int, N: int, rank: int) -> tuple[int, int]:
+    """(sent, received) bytes of ``rank`` for an ``n_bytes`` recursive-doubling allreduce."""
+    p = 1 << (N.bit_length() - 1)
+    rem = N - p
+    rounds = p.bit_length() - 1
+    if rank < 2 * rem and rank % 2 == 0:
+        return n_bytes, n_bytes  # folded into its odd partner, gets the result back
+    extra = n_bytes if rank < 2 * rem else 0
+    return rounds * n_bytes + extra, rounds * n_bytes + extra
+
+
+def ps_push_bytes(n: int, rank: int, servers, workers, itemsize: int) -> tuple[int, int]:
+    """(sent, received) bytes of ``rank`` in one push of ``n`` elements to ``servers``."""
+    servers, workers = list(servers), list(workers)
+    sent = recv = 0
+    if rank in workers:
+        for j, s in enumerate(servers):
+            if s != rank:
+                sent += shard_range(n, len(servers), j)[1]
+    if rank in servers:
+        size = shard_range(n, len(servers), servers.index(rank))[1]
+        recv += size * sum(1 for w in workers if w != rank)
+    return sent * itemsize, recv * itemsize
+
+
+def ps_pull_bytes(n: int, rank: int, servers, workers, itemsize: int) -> tuple[int, int]:
+    """(sent, received) bytes of ``rank`` in one pull: the mirror image of a push."""
+    recv, sent = ps_push_bytes(n, rank, servers, workers, itemsize)
+    return sent, recv
+
+
+def zero_step_bytes(stage: int, unit_sizes, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """(sent, received) bytes of one ZeRO step on ``rank``, all by the ring.
+
+    ``unit_sizes``: the element counts of the pieces each collective runs on (one
+    entry per bucket for stages 1/2, one per unit for stage 3); each piece is sharded
+    by the shard rule on its own. Stage 1/2: reduce-scatter + all-gather of each piece;
+    stage 3: all-gather (forward) + all-gather (backward) + reduce-scatter of each unit.
+    """
+    if stage not in (1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+    sent = recv = 0
+    for n in unit_sizes:
+        rs = reduce_scatter_bytes(n, N, rank, itemsize)
+        ag = all_gather_bytes(n, N, rank, itemsize)
+        gathers = 2 if stage == 3 else 1
+        sent += rs[0] + gathers * ag[0]
+        recv += rs[1] + gathers * ag[1]
+    return sent, recv
+
+
+__all__ = ["ring_bytes", "ring_allreduce_bytes", "reduce_scatter_bytes", "all_gather_bytes",
+           "recursive_bytes", "ps_push_bytes", "ps_pull_bytes", "zero_step_bytes"]
