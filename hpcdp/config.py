@@ -11,16 +11,15 @@ Loading: ``load_config(path, overrides)`` reads TOML with :mod:`tomllib`, applie
 plain string) and builds :class:`Config`. Unknown keys are errors. ``dump_toml``
 writes the resolved config back out (a small writer: no extra dependency).
 
-Strategies bring their own options: a strategy module registers a dataclass with
-:func:`register_parallel_config` and users write it as a sub-table of ``parallel``,
-e.g. ``[parallel.ddp]``. The config loader imports ``hpcdp.strategies.<name>`` on
-demand to find the registration, so ``config.py`` never lists the strategies.
+Strategy options are plain typed data in :mod:`hpcdp.config_parallel` (one
+dataclass per strategy, e.g. ``[parallel.ddp]``); parsing a config imports no
+strategy code. A strategy from outside hpcdp may add its table with
+:func:`register_parallel_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import re
 import tomllib
@@ -31,8 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
-class ConfigError(ValueError):
-    """A bad config value or key; the message names the dotted key."""
+from hpcdp.config_parallel import PARALLEL_OPTIONS, ConfigError, literal_values
 
 
 # ---------------------------------------------------------------------------
@@ -227,20 +225,20 @@ class OptimConfig:
         _range(s, "min_lr", self.min_lr, 0.0, self.lr)
 
 
-# Strategy options: name -> dataclass, filled by register_parallel_config.
-_PARALLEL_CONFIGS: dict[str, type] = {}
+# Strategy options: name -> dataclass; hpcdp's own in config_parallel, others added
+# by register_parallel_config.
+_PARALLEL_CONFIGS: dict[str, type] = dict(PARALLEL_OPTIONS)
 
 
 def register_parallel_config(name: str):
-    """Class decorator: make ``[parallel.<name>]`` parse into this dataclass.
+    """Class decorator: make ``[parallel.<name>]`` parse into this dataclass (for a
+    strategy outside hpcdp; hpcdp's own options live in :mod:`hpcdp.config_parallel`)::
 
-    Used by a strategy module (``hpcdp/strategies/<name>.py``) for its own options::
-
-        @register_parallel_config("ddp")
+        @register_parallel_config("mine")
         @dataclass
-        class DDPConfig:
-            bucket_mb: float = 25.0
-            def __post_init__(self): ...  # raise ConfigError("parallel.ddp.bucket_mb: ...")
+        class MineConfig:
+            width: int = 1
+            def __post_init__(self): ...  # raise ConfigError("parallel.mine.width: ...")
     """
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"strategy config name must be a lowercase identifier, got {name!r}")
@@ -254,13 +252,7 @@ def register_parallel_config(name: str):
 
 
 def parallel_config_class(name: str) -> type | None:
-    """The registered options dataclass of strategy ``name`` (importing its module), or None."""
-    if name not in _PARALLEL_CONFIGS and re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        try:
-            importlib.import_module(f"hpcdp.strategies.{name}")
-        except ModuleNotFoundError as e:
-            if e.name not in (f"hpcdp.strategies.{name}",):
-                raise
+    """The options dataclass of strategy ``name``, or None (no import of strategy code)."""
     return _PARALLEL_CONFIGS.get(name)
 
 
@@ -351,6 +343,12 @@ def _section_to_dict(obj) -> dict:
 def _check_type(path: str, value, tp):
     """Return ``value`` converted to annotation ``tp`` or raise ConfigError naming ``path``."""
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        allowed = literal_values(tp)
+        if isinstance(value, bool) or value not in allowed:
+            raise ConfigError(f"{path}: {value!r} is not allowed; choose one of "
+                              + ", ".join(repr(a) for a in allowed))
+        return value
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, found {value!r}")

@@ -7,8 +7,8 @@ other name ``X`` is the module ``hpcdp.strategies.X``, imported only when asked 
 
     def build(parallel_cfg, world=None, comm_cfg=None) -> Strategy
 
-and may register its ``[parallel.X]`` options with
-:func:`hpcdp.config.register_parallel_config`.
+Its ``[parallel.X]`` options are plain data in :mod:`hpcdp.config_parallel`
+(parsing a config imports no strategy code).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pkgutil
 from .base import SingleRank, Strategy
 
 # Modules of this package that are helpers, not strategies.
-_NOT_STRATEGIES = {"base", "buckets"}
+_NOT_STRATEGIES = {"base", "buckets", "engine"}
 
 
 def available_strategies() -> list[str]:

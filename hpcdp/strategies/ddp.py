@@ -19,65 +19,26 @@ Three ways to move the gradients (for comparison, see docs/ddp.md):
 
 Each bucket is reduced IN PLACE on its view of ``flat.grad``: no copies.
 
-Per-step figures (``step_stats``): bytes sent / received (ledger delta), ``comm_s``
-(wall time during which at least one allreduce was in flight, as observed at test()
-calls), ``comm_exposed_s`` (time blocked in ``finish_gradients`` after backward ended),
-``comm_hidden_s = comm_s - comm_exposed_s`` (in flight while backward still ran) and
-``comm_cpu_s`` (time spent inside launch/test calls from the hooks: the CPU price of
-overlapping on a single thread, already part of backward time).
+The hooks, launch-when-ready, progress and drain are the bucket engine
+(engine.py), shared with ZeRO; DDP gives it the collective (``iallreduce``).
+
+Per-step figures (``step_stats``): bytes sent / received (ledger delta) and the
+engine's timing: ``comm_s`` (wall time during which at least one allreduce was in
+flight), ``comm_exposed_s`` (time blocked in ``finish_gradients`` after backward
+ended), ``comm_hidden_s`` (in flight while backward still ran) and ``comm_cpu_s``
+(time inside launch/test calls from the hooks, already part of backward time).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from hpcdp.config import ConfigError, register_parallel_config
+from hpcdp.config_parallel import DDPConfig
 from hpcdp.strategies.base import Strategy
-from hpcdp.strategies.buckets import (
-    MIB, ReadyTracker, bucket_cap_elements, plan_buckets,
-)
-
-
-# hpcdp.comm.auto's names; repeated here so parsing a config does not initialise MPI.
-ALLREDUCE_ALGORITHMS = ("ring", "auto", "recursive", "native")
-
-
-@register_parallel_config("ddp")
-@dataclass
-class DDPConfig:
-    """``[parallel.ddp]`` options."""
-
-    bucket_mb: float = 25.0       # MiB per gradient bucket (like the common frameworks)
-    bucketing: str = "size"       # "size": buckets of bucket_mb; "per_param": one per parameter
-    overlap: bool = True          # start allreduces during backward (false: after it)
-    init: str = "verify"          # before step 1: "verify" replicas are identical, or
-    #                               "broadcast" rank 0's parameters (then verify)
-    check_every: int = 0          # compare a parameter hash across ranks every K steps (0: off)
-    algorithm: str = "ring"       # allreduce algorithm of hpcdp.comm ("ring", "auto", ...)
-
-    def __post_init__(self):
-        s = "parallel.ddp"
-        if self.algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ConfigError(f"{s}.algorithm: {self.algorithm!r} is not allowed; choose one of "
-                              + ", ".join(repr(a) for a in ALLREDUCE_ALGORITHMS))
-        if not self.bucket_mb > 0:
-            raise ConfigError(
-                f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a bucket must be > 0 MiB "
-                f"(use {s}.bucketing = \"per_param\" for one bucket per parameter)")
-        if self.bucketing not in ("size", "per_param"):
-            raise ConfigError(f"{s}.bucketing: {self.bucketing!r} is not allowed; choose one of "
-                              "'size', 'per_param'")
-        if self.init not in ("verify", "broadcast"):
-            raise ConfigError(f"{s}.init: {self.init!r} is not allowed; choose one of "
-                              "'verify', 'broadcast'")
-        if self.check_every < 0:
-            raise ConfigError(f"{s}.check_every: {self.check_every} is out of range; allowed "
-                              "[0, inf) (0 switches the replica check off)")
+from hpcdp.strategies.buckets import MIB, bucket_cap_elements, plan_buckets
+from hpcdp.strategies.engine import BucketEngine, ledger_bytes
 
 
 class ReplicaMismatch(RuntimeError):
@@ -97,132 +58,54 @@ class DDP(Strategy):
         self.timeout = timeout      # seconds a collective may wait for peers (None: comm's)
         self.debug = debug          # comm's fingerprint check before every collective
         self.flat = None
-        self._handles = []
+        self.engine = None
 
-    # -- setup ---------------------------------------------------------------------
     def setup(self, flat, optimizer, world) -> None:
         from hpcdp import comm as hcomm
 
-        self._hcomm = hcomm
         self.flat, self.optimizer, self.world = flat, optimizer, world
-        self.comm = world.comm
-        self.ledger = world.ledger
+        self.comm, self.ledger = world.comm, world.ledger
         self.dp_rank, self.dp_size = world.rank, world.size
         self.is_worker = True
-
-        itemsize = np.dtype(flat.dtype).itemsize
         cap = None if self.cfg.bucketing == "per_param" else bucket_cap_elements(
-            self.cfg.bucket_mb, itemsize)
+            self.cfg.bucket_mb, np.dtype(flat.dtype).itemsize)
         self.plan = plan_buckets(flat.layout, cap)
-        self.tracker = ReadyTracker(self.plan)
         # In-place views of the grad buffer, one per bucket: the allreduce works on these.
-        self._views = [flat.grad[b.offset:b.offset + b.size] for b in self.plan.buckets]
+        views = [flat.grad[b.offset:b.offset + b.size] for b in self.plan.buckets]
 
+        def launch(b):
+            return hcomm.iallreduce(views[b], comm=self.comm, op="sum", algorithm=self.cfg.algorithm,
+                                    ledger=self.ledger, timeout=self.timeout)
+
+        self.engine = BucketEngine(self.plan, launch, name="DDP")
         if world.size > 1:
             if self.debug:
                 hcomm.set_debug(self.comm, True)
             if self.cfg.init == "broadcast":
                 self._broadcast_params()
             self.check_replicas("before step 1")
-
-        self._handles = [flat.params[spec.name].register_grad_ready_hook(self._make_hook(i))
-                         for i, spec in enumerate(flat.layout)]
-
-        self._armed = False
-        self._inflight: list = []       # (bucket index, request)
-        self.launched = 0
+        self.engine.attach(flat)
         self._steps = 0
-        self._reset_timers()
         self._snap = self.ledger.snapshot() if self.ledger is not None else None
 
-    def _make_hook(self, index: int):
-        def hook(_param):
-            if self._armed:
-                self._on_ready(index)
-        return hook
+    @property
+    def launched(self) -> int:
+        """Buckets launched in the current backward (tests watch it)."""
+        return self.engine.launched
 
-    def _reset_timers(self) -> None:
-        self._comm_s = 0.0          # union of in-flight intervals
-        self._busy_since = None     # when the in-flight set last became non-empty
-        self._exposed_s = 0.0
-        self._cpu_s = 0.0
-        self._early = 0             # buckets launched during backward (from hooks)
-
-    # -- backward --------------------------------------------------------------------
     def begin_backward(self, last_micro: bool = True) -> None:
         # Micro-batches before the last only accumulate into flat.grad: no communication.
         if last_micro:
-            self.tracker.reset()
-            self._armed = self.cfg.overlap and self.world.size > 1
-
-    def _on_ready(self, index: int) -> None:
-        t0 = time.perf_counter()
-        for b in self.tracker.mark_ready(index):
-            self._launch(b)
-            self._early += 1
-        self._progress()
-        self._cpu_s += time.perf_counter() - t0
-
-    def _launch(self, b: int) -> None:
-        req = self._hcomm.iallreduce(self._views[b], comm=self.comm, op="sum",
-                                     algorithm=self.cfg.algorithm, ledger=self.ledger,
-                                     timeout=self.timeout)
-        if not self._inflight:
-            self._busy_since = time.perf_counter()
-        self._inflight.append((b, req))
-        self.launched += 1
-
-    def _progress(self) -> None:
-        """Advance every allreduce in flight without blocking; drop finished ones."""
-        if not self._inflight:
-            return
-        self._inflight = [(b, r) for b, r in self._inflight if not r.test()]
-        if not self._inflight:
-            self._comm_s += time.perf_counter() - self._busy_since
-            self._busy_since = None
-
-    def _drain(self) -> None:
-        """Poll every allreduce in flight until all are done (busy-wait: the ring only
-        moves inside test() calls). Polling all of them, not waiting on the oldest,
-        keeps every bucket's ring moving. If no bucket completes for comm's timeout,
-        the oldest request's wait() raises CollectiveTimeout naming the ranks that
-        never arrived."""
-        deadline = None
-        idle = 0
-        while self._inflight:
-            n = len(self._inflight)
-            self._progress()
-            if len(self._inflight) < n:
-                idle, deadline = 0, None  # progress: the timeout counts from here
-                continue
-            idle += 1
-            if idle % 64 == 0:
-                os.sched_yield()  # oversubscribed ranks: let the peer run
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + float(getattr(self._inflight[0][1], "timeout", 300.0))
-                elif now > deadline:
-                    self._inflight[0][1].wait(timeout=1e-3)  # raises, naming the ranks
+            self.engine.arm(self.cfg.overlap and self.world.size > 1)
 
     def finish_gradients(self) -> None:
         """Start the buckets backward did not start, then block until all are reduced.
-
-        This is the step's sync point: the time spent here is the exposed communication.
-        """
-        self._armed = False
+        This is the step's sync point: the time spent here is the exposed communication."""
         if self.world.size == 1:
+            self.engine.armed = False
             return
-        t0 = time.perf_counter()
-        for b in self.tracker.remaining():
-            self._launch(b)
-        self._drain()
-        self._exposed_s += time.perf_counter() - t0
-        if self.launched != len(self.plan.buckets):
-            raise RuntimeError(f"DDP launched {self.launched} bucket allreduces in this step, "
-                               f"expected {len(self.plan.buckets)}")
-        self.launched = 0
+        self.engine.flush()
 
-    # -- optimizer ------------------------------------------------------------------
     def step(self) -> None:
         self.optimizer.step(self.flat.data, self.flat.grad)
         self._steps += 1
@@ -231,38 +114,16 @@ class DDP(Strategy):
             self.check_replicas(f"after step {self._steps}")
 
     def step_stats(self) -> dict:
-        comm_s = self._comm_s
-        out = {
-            "comm_s": comm_s,
-            "comm_exposed_s": min(self._exposed_s, comm_s),
-            "comm_hidden_s": max(comm_s - self._exposed_s, 0.0),
-            "comm_cpu_s": self._cpu_s,
-            "buckets": float(len(self.plan.buckets)),
-            "buckets_in_backward": float(self._early),
-        }
-        sent = recv = gsent = grecv = 0
-        if self.ledger is not None:
-            delta = self.ledger.delta(self._snap)
-            self._snap = self.ledger.snapshot()
-            for name, d in delta.items():
-                sent += d["sent_bytes"]
-                recv += d["recv_bytes"]
-                if name.startswith("allreduce"):
-                    gsent += d["sent_bytes"]
-                    grecv += d["recv_bytes"]
-        out.update(bytes_sent=float(sent), bytes_recv=float(recv),
-                   grad_bytes_sent=float(gsent), grad_bytes_recv=float(grecv))
-        self._reset_timers()
+        out = self.engine.stats()
+        figures, self._snap = ledger_bytes(self.ledger, self._snap, ("allreduce",))
+        out.update(figures)
         return out
 
     def close(self) -> None:
         """Finish anything still in flight (a step interrupted between backward and
         finish_gradients) so no rank leaves messages behind."""
-        self._armed = False
-        self._drain()
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        if self.engine is not None:
+            self.engine.close()
 
     def _broadcast_params(self) -> None:
         """Copy rank 0's parameters to every rank (MPI_Bcast: one call at setup, not

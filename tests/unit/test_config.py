@@ -144,3 +144,27 @@ def test_a_strategy_registers_its_own_sub_table():
         load_config(None, ["parallel.unit_test_strategy.width=1.5"])
     with pytest.raises(ConfigError, match=r"parallel\.unit_test_strategy\.mode: 'c' is not allowed"):
         load_config(None, ["parallel.unit_test_strategy.mode=c"])
+
+
+def test_parsing_strategy_options_imports_no_strategy_code():
+    """Strategy options are plain data (hpcdp/config_parallel.py): parsing them must
+    not import hpcdp.strategies (nor MPI)."""
+    import subprocess
+    import sys
+    code = ("import sys; from hpcdp.config import load_config; "
+            "c = load_config(None, ['parallel.strategy=ps', 'parallel.ps.servers=2', "
+            "'parallel.ddp.bucketing=per_param']); "
+            "assert c.parallel.sub().servers == 2 and c.parallel.sub('ddp').bucketing == 'per_param'; "
+            "bad = [m for m in sys.modules if m.startswith(('hpcdp.strategies', 'mpi4py'))]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_literal_choices_name_the_key_and_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"parallel\.ddp\.bucketing: 'per_layer' is not allowed; "
+                                          r"choose one of 'size', 'per_param'"):
+        load_config(None, ["parallel.ddp.bucketing=per_layer"])
+    with pytest.raises(ConfigError, match=r"parallel\.ps\.mode: 'eventually' is not allowed; "
+                                          r"choose one of 'sync', 'async'"):
+        load_config(None, ["parallel.strategy=ps", "parallel.ps.mode=eventually"])

@@ -26,52 +26,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcdp.config import ConfigError, register_parallel_config
+from hpcdp.config import ConfigError
+from hpcdp.config_parallel import PSConfig
 from hpcdp.strategies.base import Strategy
 
 from . import transport as tp
 from .aggregate import probe, resolve_aggregate
 from .roles import assign_roles
 from .server import ShardServer
-from .staleness import StalenessBound, check_stale_lr, parse_staleness
+from .staleness import StalenessBound
 from .sync import SyncServerPart, SyncWorkerPart
 from .worker import Worker
-
-
-@register_parallel_config("ps")
-@dataclass
-class PSConfig:
-    servers: int = 1
-    colocated: bool = True
-    mode: str = "sync"
-    staleness: int | str = 0  # async bound k: an integer >= 0, or "none" (unbounded)
-    update: str = "server"
-    aggregate: str = "sum"
-    stale_lr: str = "relative"  # async: lr shares 1/max(1, staleness): "relative" | "inverse" | "none"
-
-    def __post_init__(self):
-        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
-            raise ConfigError(f"parallel.ps.servers: {self.servers!r} is out of range; allowed [1, inf)")
-        if self.mode not in ("sync", "async"):
-            raise ConfigError(f"parallel.ps.mode: {self.mode!r} is not allowed; choose one of 'sync', 'async'")
-        if self.update not in ("server", "worker"):
-            raise ConfigError(f"parallel.ps.update: {self.update!r} is not allowed; choose one of "
-                              f"'server', 'worker'")
-        try:
-            k = parse_staleness(self.staleness)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        self.staleness = "none" if k is None else k  # one spelling in the resolved config
-        if not isinstance(self.aggregate, str) or not self.aggregate:
-            raise ConfigError("parallel.ps.aggregate: needs \"sum\", \"mean\" or \"module:function\"")
-        try:
-            check_stale_lr(self.stale_lr)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-    @property
-    def k(self) -> int | None:
-        return parse_staleness(self.staleness)
 
 
 class ParameterServer(Strategy):
@@ -85,8 +50,10 @@ class ParameterServer(Strategy):
     def __init__(self, servers: int = 1, colocated: bool = True, mode: str = "sync", staleness=0,
                  update: str = "server", aggregate="sum", timeout: float = 300.0,
                  stale_lr: str = "relative"):
-        cfg = PSConfig(servers, colocated, mode, "none" if staleness is None else staleness,
-                       update, aggregate if isinstance(aggregate, str) else "custom", stale_lr)
+        cfg = PSConfig(servers=servers, colocated=colocated, mode=mode,
+                       staleness="none" if staleness is None else staleness, update=update,
+                       aggregate=aggregate if isinstance(aggregate, str) else "custom",
+                       stale_lr=stale_lr)
         self.cfg, self.timeout = cfg, float(timeout)
         self.bound = StalenessBound(cfg.k if mode == "async" else 0)
         self.aggregate = resolve_aggregate(aggregate)

@@ -23,41 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-UNBOUNDED_SPELLINGS = ("none", "unbounded", "inf")
-STALE_LR_RULES = ("relative", "inverse", "none")
+# The option checks live with the options (plain data, parsed without this package).
+from hpcdp.config_parallel import (  # noqa: F401  (re-exported)
+    STALE_LR_RULES, UNBOUNDED_SPELLINGS, check_stale_lr, parse_staleness,
+)
 
 
 class StalenessError(RuntimeError):
     """A gradient arrived that violates the protocol (order, version or bound)."""
-
-
-def parse_staleness(value, *, key: str = "parallel.ps.staleness") -> int | None:
-    """Validate a staleness bound: an int >= 0, or None / "none" / "unbounded" / "inf"."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value.strip().lower() in UNBOUNDED_SPELLINGS:
-            return None
-        try:
-            value = int(value)
-        except ValueError:
-            raise ValueError(f"{key}: {value!r} is not a staleness bound; use an integer k >= 0 "
-                             f"or \"none\" for unbounded") from None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key}: {value!r} is not a staleness bound; use an integer k >= 0 "
-                         f"or \"none\" for unbounded")
-    if value < 0:
-        raise ValueError(f"{key}: k = {value} is negative; use k >= 0 (0 = synchronous) "
-                         f"or \"none\" for unbounded")
-    return value
-
-
-def check_stale_lr(value, *, key: str = "parallel.ps.stale_lr") -> str:
-    """Validate the staleness-aware learning-rate rule (see :func:`stale_factors`)."""
-    if value not in STALE_LR_RULES:
-        raise ValueError(f"{key}: {value!r} is not allowed; choose one of "
-                         + ", ".join(repr(r) for r in STALE_LR_RULES))
-    return value
 
 
 def stale_factors(staleness, rule: str):

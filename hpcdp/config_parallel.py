@@ -1,0 +1,161 @@
+"""Strategy options as plain typed data: the ``[parallel.<strategy>]`` tables.
+
+Pure data and validation, no strategy code: parsing a config imports this module
+and nothing under ``hpcdp.strategies`` (the strategies import their options from
+here). Each class is a ``@dataclass(kw_only=True)``; a field's docstring sits under
+it; choices are ``Literal`` (the loader checks them and names the dotted key and
+the allowed values); ``__post_init__`` checks what a type cannot say.
+
+Adding a strategy's options: write its dataclass here and add it to
+:data:`PARALLEL_OPTIONS` (a strategy outside hpcdp may use
+:func:`hpcdp.config.register_parallel_config` instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MIB = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A bad config value or key; the message names the dotted key.
+
+    (Defined here so this module imports nothing; ``hpcdp.config`` re-exports it.)"""
+
+
+def _choices(key: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of "
+                          + ", ".join(repr(a) for a in allowed))
+
+
+def literal_values(tp) -> tuple:
+    """The allowed values of a ``Literal[...]`` annotation."""
+    return tuple(getattr(tp, "__args__", ()))
+
+
+# -- ddp ---------------------------------------------------------------------------
+
+AllreduceAlgorithm = Literal["ring", "auto", "recursive", "native"]
+"""hpcdp.comm.auto's allreduce names (listed here so parsing does not import comm)."""
+
+
+@dataclass(kw_only=True)
+class DDPConfig:
+    """``[parallel.ddp]``: replicas, gradients summed by allreduce (docs/ddp.md)."""
+
+    bucket_mb: float = 25.0
+    """MiB per gradient bucket (like the common frameworks)."""
+    bucketing: Literal["size", "per_param"] = "size"
+    """"size": buckets of bucket_mb; "per_param": one allreduce per parameter."""
+    overlap: bool = True
+    """Start allreduces during backward (false: all after it)."""
+    init: Literal["verify", "broadcast"] = "verify"
+    """Before step 1: "verify" replicas are identical, or "broadcast" rank 0's
+    parameters (then verify)."""
+    check_every: int = 0
+    """Compare a parameter hash across ranks every K steps (0: off)."""
+    algorithm: AllreduceAlgorithm = "ring"
+    """Allreduce algorithm of hpcdp.comm."""
+
+    def __post_init__(self):
+        s = "parallel.ddp"
+        _choices(f"{s}.algorithm", self.algorithm, literal_values(AllreduceAlgorithm))
+        if not self.bucket_mb > 0:
+            raise ConfigError(
+                f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a bucket must be > 0 MiB "
+                f"(use {s}.bucketing = \"per_param\" for one bucket per parameter)")
+        _choices(f"{s}.bucketing", self.bucketing, ("size", "per_param"))
+        _choices(f"{s}.init", self.init, ("verify", "broadcast"))
+        if self.check_every < 0:
+            raise ConfigError(f"{s}.check_every: {self.check_every} is out of range; allowed "
+                              "[0, inf) (0 switches the replica check off)")
+
+
+# -- ps ----------------------------------------------------------------------------
+
+UNBOUNDED_SPELLINGS = ("none", "unbounded", "inf")
+STALE_LR_RULES = ("relative", "inverse", "none")
+
+
+def parse_staleness(value, *, key: str = "parallel.ps.staleness") -> int | None:
+    """Validate a staleness bound: an int >= 0, or None / "none" / "unbounded" / "inf"."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() in UNBOUNDED_SPELLINGS:
+            return None
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{key}: {value!r} is not a staleness bound; use an integer k >= 0 "
+                             f"or \"none\" for unbounded") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key}: {value!r} is not a staleness bound; use an integer k >= 0 "
+                         f"or \"none\" for unbounded")
+    if value < 0:
+        raise ValueError(f"{key}: k = {value} is negative; use k >= 0 (0 = synchronous) "
+                         f"or \"none\" for unbounded")
+    return value
+
+
+def check_stale_lr(value, *, key: str = "parallel.ps.stale_lr") -> str:
+    """Validate the staleness-aware learning-rate rule (ps/staleness.py: stale_factors)."""
+    if value not in STALE_LR_RULES:
+        raise ValueError(f"{key}: {value!r} is not allowed; choose one of "
+                         + ", ".join(repr(r) for r in STALE_LR_RULES))
+    return value
+
+
+@dataclass(kw_only=True)
+class PSConfig:
+    """``[parallel.ps]``: parameter server (docs/parameter-server.md)."""
+
+    servers: int = 1
+    """S: the flat buffer's key space is split over S servers (shard rule)."""
+    colocated: bool = True
+    """Servers are also workers (true), or the last S ranks only serve."""
+    mode: Literal["sync", "async"] = "sync"
+    """"sync": a step completes when every worker's gradient is aggregated."""
+    staleness: int | str = 0
+    """Async bound k: an integer >= 0, or "none" (unbounded)."""
+    update: Literal["server", "worker"] = "server"
+    """Who applies the optimizer: the servers (state only there) or the workers."""
+    aggregate: str = "sum"
+    """"sum", "mean" or "module:function"."""
+    stale_lr: Literal["relative", "inverse", "none"] = "relative"
+    """Async: lr shares 1/max(1, staleness): "relative" | "inverse" | "none"."""
+
+    def __post_init__(self):
+        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
+            raise ConfigError(f"parallel.ps.servers: {self.servers!r} is out of range; allowed [1, inf)")
+        _choices("parallel.ps.mode", self.mode, ("sync", "async"))
+        _choices("parallel.ps.update", self.update, ("server", "worker"))
+        try:
+            k = parse_staleness(self.staleness)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.staleness = "none" if k is None else k  # one spelling in the resolved config
+        if not isinstance(self.aggregate, str) or not self.aggregate:
+            raise ConfigError("parallel.ps.aggregate: needs \"sum\", \"mean\" or \"module:function\"")
+        try:
+            check_stale_lr(self.stale_lr)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    @property
+    def k(self) -> int | None:
+        return parse_staleness(self.staleness)
+
+
+# -- registry --------------------------------------------------------------------------
+
+PARALLEL_OPTIONS: dict[str, type] = {"ddp": DDPConfig, "ps": PSConfig}
+"""Strategy name -> its options dataclass (``[parallel.<name>]``)."""
+
+
+__all__ = ["ConfigError", "DDPConfig", "PSConfig", "PARALLEL_OPTIONS", "MIB",
+           "parse_staleness", "check_stale_lr", "literal_values",
+           "UNBOUNDED_SPELLINGS", "STALE_LR_RULES"]
