@@ -16,6 +16,12 @@ Backward (``Tensor.backward``):
    on this), else assigned as a fresh copy.
 4. Each time a use of a leaf is processed its count drops by one; at zero the
    leaf's gradient is final and its grad-ready hooks fire.
+5. A non-leaf may carry pre-backward hooks (``register_pre_backward_hook``): they
+   run when backward reaches that node, just before its backward closure. Hooked
+   on a block's output, this is the moment before any of the block's backward ops
+   (FSDP2's ``_register_pre_backward_hook(output)``): a sharded strategy gathers
+   the block's parameters there. Backward closures read ``w.data`` when they run,
+   not at forward time, so storage re-bound in between is what they see.
 The graph is freed as it is consumed (saved arrays are released early), so a second
 backward through the same graph raises, unless ``retain_graph=True``.
 """
@@ -131,6 +137,18 @@ class Tensor:
         return self.data.shape[0]
 
     # -- backward ---------------------------------------------------------------
+    def register_pre_backward_hook(self, fn):
+        """Call ``fn(tensor)`` when backward reaches this (non-leaf) tensor, before
+        its backward closure runs; once per backward. Returns a handle with
+        ``.remove()``. Leaves take grad-ready hooks instead (Parameter)."""
+        if self._backward is None:
+            raise RuntimeError("register_pre_backward_hook needs a tensor produced by an op "
+                               "that requires grad (a leaf has no backward to precede)")
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(fn)
+        return _HookHandle(self, fn)
+
     def backward(self, grad=None, retain_graph=False):
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (see module doc)."""
         run_backward(self, grad, retain_graph)
@@ -253,6 +271,9 @@ def run_backward(root, grad=None, retain_graph=False):
     nodes.sort(key=lambda n: n._seq, reverse=True)
     grads = {id(root): grad}
     for node in nodes:
+        if node._hooks:  # pre-backward hooks of this non-leaf (e.g. a unit's output)
+            for fn in tuple(node._hooks):
+                fn(node)
         g = grads.pop(id(node), None)
         parents = node._parents
         pgrads = node._backward(g) if g is not None else (None,) * len(parents)
@@ -276,3 +297,4 @@ def run_backward(root, grad=None, retain_graph=False):
         if not retain_graph:
             node._backward = _freed
             node._parents = ()
+            node._hooks = None

@@ -1,8 +1,9 @@
 """GPT-style decoder: token + position embeddings, pre-LN blocks with causal
 attention and a GELU MLP, final LayerNorm, tied or untied LM head.
 
-Init (GPT-2): every weight ~ N(0, 0.02), biases 0, LayerNorm (1, 0); the two
-residual projections of each block (attn.c_proj, mlp.c_proj) use
+Layout: wte, wpe, ln_f, [lm_head], then the blocks h.0 ... h.{n_layer-1} (the root
+unit first, see hpcdp.nn.units). Init (GPT-2): every weight ~ N(0, 0.02), biases 0,
+LayerNorm (1, 0); the two residual projections of each block (attn.c_proj, mlp.c_proj) use
 0.02 / sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
 """
 
@@ -15,6 +16,7 @@ from ..autograd import ops
 from .layers import Block, Dropout, Embedding, LayerNorm, Linear
 from .module import Module
 from .params import ParamRegistry
+from .units import attach_units
 
 
 class GPT(Module):
@@ -33,17 +35,24 @@ class GPT(Module):
         self.tied_head = bool(tied_head)
         reg = ParamRegistry(seed=seed, dtype=dtype, device=device)
         proj_std = 0.02 / math.sqrt(2 * n_layer)
+        # The root unit's parameters first, then the blocks: each unit is one
+        # contiguous range of the flat buffer (hpcdp.nn.units).
         self.wte = Embedding(reg, "wte", vocab_size, n_embd)
         self.wpe = Embedding(reg, "wpe", block_size, n_embd)
         self.drop = Dropout(reg, dropout)
-        self.h = [Block(reg, f"h.{i}", n_embd, n_head, proj_std=proj_std, dropout=dropout)
-                  for i in range(n_layer)]
         self.ln_f = LayerNorm(reg, "ln_f", n_embd)
         self.lm_head = None if tied_head else Linear(reg, "lm_head", n_embd, vocab_size,
                                                      bias=False, std=0.02)
+        self.h = [Block(reg, f"h.{i}", n_embd, n_head, proj_std=proj_std, dropout=dropout)
+                  for i in range(n_layer)]
         self.flat = reg.finalize()
+        attach_units(self, self.flat)
         self.backend = self.flat.backend
         self.dtype = self.flat.dtype
+
+    def unit_modules(self):
+        """The blocks (units); embeddings, ln_f and the head form the root unit."""
+        return [(f"h.{i}", block) for i, block in enumerate(self.h)]
 
     def forward(self, ids):
         ids = self.backend.asarray(ids.data if hasattr(ids, "requires_grad") else ids, "int64")

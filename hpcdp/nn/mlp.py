@@ -7,6 +7,7 @@ from ..autograd import functional as F
 from .layers import Linear
 from .module import Module
 from .params import ParamRegistry
+from .units import attach_units
 
 ACTIVATIONS = ("relu", "gelu", "tanh")
 
@@ -28,8 +29,13 @@ class MLP(Module):
                               activation=activation if i < n - 1 else None)
                        for i in range(n)]
         self.flat = reg.finalize()
+        attach_units(self, self.flat)
         self.backend = self.flat.backend
         self.dtype = self.flat.dtype
+
+    def unit_modules(self):
+        """One unit per layer (there is no root unit: every parameter is in a layer)."""
+        return [(f"fc{i}", layer) for i, layer in enumerate(self.layers)]
 
     def forward(self, x):
         if not isinstance(x, Tensor):

@@ -7,8 +7,15 @@ need to know the model. Each ``Parameter``'s ``.data`` and ``.grad`` are views i
 the flat buffers, so writing into the flat buffer (allreduce result, optimizer
 update, checkpoint restore) is immediately what the model computes with.
 
-Never rebind ``flat.data`` or ``flat.grad``: copy into them (``backend.copy_``),
-otherwise the parameter views would point at the old buffers.
+Storage is bound explicitly. By default (a replicated strategy) ``flat.data`` and
+``flat.grad`` hold everything and the parameters are views of them: copy into them
+(``backend.copy_``) rather than assigning new arrays, and DDP reduces in place on
+views of ``flat.grad`` (zero copy). A sharded strategy instead binds the storage of
+one unit at a time: ``bind(offset, size, data=buf)`` points the parameters of that
+range at views of ``buf`` (a gathered unit), ``release(offset, size, data=True)``
+drops them (``.data`` becomes None), and likewise ``grad=`` for gradient storage.
+``flat.data`` / ``flat.grad`` are None while no full buffer exists
+(``drop_full_data()`` / ``drop_full_grad()``).
 
 :class:`ParamRegistry` is how models create parameters: layers ask it for
 initialized parameters (host NumPy RNG seeded once, draws in registration order),
@@ -79,6 +86,9 @@ class FlatParams:
             p.grad = be.flat_view(self.grad, spec.offset, spec.shape)
             p.name = spec.name
             self.params[spec.name] = p
+        # Units (hpcdp.nn.units): set by a model; plain FlatParams have none.
+        self.units = None
+        self.units_error = "built from plain arrays (no model), so it has no units"
 
     @classmethod
     def from_arrays(cls, named, *, dtype="float32", device="cpu"):
@@ -94,8 +104,58 @@ class FlatParams:
         return self.numel * self.dtype.itemsize
 
     def zero_grad(self) -> None:
-        """In place: views stay valid."""
-        self.backend.fill_(self.grad, 0.0)
+        """In place: views stay valid. No-op while no full grad buffer exists."""
+        if self.grad is not None:
+            self.backend.fill_(self.grad, 0.0)
+
+    # -- explicit storage binding (sharded strategies) -------------------------------
+    def specs_in(self, offset: int, size: int) -> list:
+        """Layout entries inside ``[offset, offset + size)``; a parameter that
+        straddles the range's edge is an error (bind whole parameters only)."""
+        end = offset + size
+        out = []
+        for spec in self.layout:
+            lo, hi = spec.offset, spec.offset + spec.size
+            if lo >= offset and hi <= end:
+                out.append(spec)
+            elif lo < end and hi > offset and spec.size:
+                raise ValueError(f"FlatParams: range [{offset}, {end}) cuts parameter "
+                                 f"{spec.name} [{lo}, {hi}); bind whole parameters (a unit)")
+        return out
+
+    def bind(self, offset: int, size: int, *, data=None, grad=None) -> None:
+        """Point the parameters in ``[offset, offset + size)`` at views of ``data``
+        and/or ``grad`` (1-D arrays of ``size`` elements holding that range)."""
+        be = self.backend
+        for buf, what in ((data, "data"), (grad, "grad")):
+            if buf is not None and int(buf.shape[0]) != size:
+                raise ValueError(f"FlatParams.bind: {what} has {buf.shape[0]} elements, range {size}")
+        for spec in self.specs_in(offset, size):
+            p = self.params[spec.name]
+            if data is not None:
+                p.data = be.flat_view(data, spec.offset - offset, spec.shape)
+            if grad is not None:
+                p.grad = be.flat_view(grad, spec.offset - offset, spec.shape)
+
+    def release(self, offset: int, size: int, *, data: bool = False, grad: bool = False) -> None:
+        """Drop the parameters' views of ``[offset, offset + size)`` (``.data`` and/or
+        ``.grad`` become None) so the storage they pointed at can be freed."""
+        for spec in self.specs_in(offset, size):
+            p = self.params[spec.name]
+            if data:
+                p.data = None
+            if grad:
+                p.grad = None
+
+    def drop_full_data(self) -> None:
+        """Forget the full data buffer and every view of it (sharded parameters)."""
+        self.release(0, self.numel, data=True)
+        self.data = None
+
+    def drop_full_grad(self) -> None:
+        """Forget the full grad buffer and every view of it (sharded gradients)."""
+        self.release(0, self.numel, grad=True)
+        self.grad = None
 
     def named_views(self):
         """``[(name, data_view, grad_view), ...]`` in layout order."""

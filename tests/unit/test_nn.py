@@ -134,7 +134,7 @@ def test_causal_gpt_future_tokens_do_not_change_past_logits():
 
 
 @pytest.mark.parametrize("model", ["mlp", "gpt_tied", "gpt_untied"])
-def test_hooks_once_per_param_after_final_grad_in_reverse_layout_order(model):
+def test_hooks_once_per_param_after_final_grad_in_reverse_order_of_use(model):
     if model == "mlp":
         m = MLP([6, 5, 4, 3], seed=0, dtype="float64")
         x, y = np.random.default_rng(0).standard_normal((4, 6)), np.array([0, 1, 2, 1])
@@ -146,7 +146,16 @@ def test_hooks_once_per_param_after_final_grad_in_reverse_layout_order(model):
         p.register_grad_ready_hook(lambda q, name=name: fired.append((name, q.grad.copy())))
     m.loss(x, y).backward()
     names = [n for n, _ in fired]
-    assert names == [s.name for s in reversed(m.flat.layout)]  # each exactly once
+    layout = [s.name for s in reversed(m.flat.layout)]
+    if model == "mlp":
+        want = layout  # layout order is the order of use
+    else:
+        # GPT's layout puts the root unit (wte, wpe, ln_f, head) first; its parameters
+        # are used at both ends of forward: the head and ln_f first in backward, the
+        # embeddings last (the tied wte is final only after its embedding use).
+        want = (["lm_head.weight"] if model == "gpt_untied" else []) + ["ln_f.bias", "ln_f.weight"]
+        want += [n for n in layout if n.startswith("h.")] + ["wpe.weight", "wte.weight"]
+    assert names == want  # each exactly once
     for name, g_at_hook in fired:  # final when fired (wte: embedding + tied head)
         np.testing.assert_array_equal(g_at_hook, m.flat.params[name].grad)
     m.loss(x, y).backward()
