@@ -1,20 +1,17 @@
-"""The training step and nothing else: wires data, model, strategy, optimizer, metrics.
+"""The training loop and nothing else: wires data, model, strategy, optimizer, metrics.
 
-The loop follows the sequence in :mod:`hpcdp.strategies.base` exactly::
+One optimizer step is :func:`hpcdp.step.train_step` (the strategy's moments, the
+loss weighting and the empty-slice rule live there)::
 
     strategy.setup(flat, optimizer, world)
     for each step:
-        flat.zero_grad()
-        for each micro-batch: strategy.begin_backward(last_micro); (loss * local/global).backward()
-        strategy.finish_gradients(); strategy.step(); metrics <- strategy.step_stats()
+        batch = this rank's slice of the global batch, cut into micro-batches
+        train_step(model, strategy, batch, fetch); metrics <- strategy.step_stats()
     strategy.close()
 
-Every rank takes its slice of the same global batch (the global sampler), and the
-loss it gives to backward is scaled by ``micro_samples / global_samples``: summing
-gradients over ranks then gives the gradient of the global mean loss, also for a
-short last batch. A rank whose slice (or micro-batch) is empty still runs one
-backward, on one sample with weight 0, so its grad-ready hooks fire like everyone
-else's (collectives started from hooks must be joined by every rank).
+Every rank takes its slice of the same global batch (the global sampler); the
+evaluation splits the test set by the shard rule and every worker runs the same
+number of forward passes (a sharded strategy communicates inside forward).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from hpcdp.data.sampler import GlobalSampler, micro_batches
 from hpcdp.metrics import MetricsWriter, StepGather
 from hpcdp.optim import build_optimizer, lr_at
 from hpcdp.shard import shard_range
+from hpcdp.step import LocalBatch, train_step
 from hpcdp.strategies import build_strategy
 
 
@@ -118,7 +116,10 @@ def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, b
             for b in range(n_batches):
                 lo, hi = off + min(b * batch, size), off + min((b + 1) * batch, size)
                 if hi == lo:
-                    continue  # this piece is shorter: nothing left here
+                    # This piece is shorter: run one sample and drop it, so a strategy
+                    # that gathers parameters inside forward meets every other rank.
+                    model(Tensor(ds.x_test[:1], backend=backend))
+                    continue
                 logits = model(Tensor(ds.x_test[lo:hi], backend=backend)).numpy().astype(np.float64)
                 y = ds.y_test[lo:hi]
                 logits = logits.reshape(-1, logits.shape[-1])
@@ -220,6 +221,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                        + f"  on {res['n']} {'tokens' if ds.task == 'sequence' else 'samples'}")
         return res
 
+    def fetch(idx):
+        return Tensor(ds.x_train[idx], backend=be), Tensor(ds.y_train[idx], backend=be)
+
     last_loss, last_eval = float("nan"), None
     pending: list = []  # writer: this rank's part of each step record until the next flush
     try:
@@ -228,20 +232,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             lr = lr_at(cfg.optim, step, total)
             optimizer.lr = lr
             local, global_n = sampler.local_indices(step - 1, strategy.dp_size, strategy.dp_rank)
-            flat.zero_grad()
-            loss_part = 0.0
-            for m, idx in enumerate(micro_batches(local, accum)):
-                strategy.begin_backward(last_micro=(m == accum - 1))
-                weight = len(idx) / global_n
-                if len(idx) == 0:  # keep the hooks firing: one sample, weight 0
-                    idx = sampler.global_indices(step - 1)[:1]
-                x = Tensor(ds.x_train[idx], backend=be)
-                y = Tensor(ds.y_train[idx], backend=be)
-                loss = model.loss(x, y)
-                loss_part += loss.item() * weight
-                (loss * weight).backward()
-            strategy.finish_gradients()
-            strategy.step()
+            batch = LocalBatch(micro_batches(local, accum), global_n,
+                               filler=sampler.global_indices(step - 1)[:1])
+            loss_part = train_step(model, strategy, batch, fetch).loss
             stats = strategy.step_stats()
             dt = time.perf_counter() - t0
             gather.add(loss_part, len(local), dt, stats)  # kept locally: no sync point

@@ -15,7 +15,8 @@ last 10 steps and the staleness (mean and max over every worker's steps) in
 ``bytes``: one ``mpiexec`` job trains a few steps with one-server PS, K-server PS
 (colocated) and DDP's ring allreduce, and reads every rank's ledger. The busiest
 link is the rank that sends + receives the most bytes per step; the analytic model
-(Phi = model bytes, N ranks, all workers):
+is the largest per-rank total by the exact formulas of ``hpcdp.comm.volume``; with
+Phi = model bytes and N ranks, all workers, it is about:
 
 - PS, one colocated server: the server moves 2 (N-1) Phi;
 - PS, K colocated servers: a server moves 2 (N-1) Phi / K for its shard plus
@@ -82,6 +83,7 @@ def child_staleness(args) -> None:
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
     from hpcdp.data.sampler import GlobalSampler
+    from hpcdp.step import LocalBatch, train_step
     from hpcdp.strategies import build_strategy
     from hpcdp.world import World
 
@@ -99,19 +101,14 @@ def child_staleness(args) -> None:
     slow = rng.integers(0, strategy.dp_size, steps)
     loss_part = np.zeros(steps)
     t_end = np.zeros(steps)
+    fetch = _fetcher(ds, be)
     world.comm.Barrier()
     t0 = time.perf_counter()
     for step in range(steps):
         local, gn = sampler.local_indices(step, strategy.dp_size, strategy.dp_rank)
-        model.flat.zero_grad()
-        strategy.begin_backward(True)
-        loss = model.loss(Tensor(ds.x_train[local], backend=be), Tensor(ds.y_train[local], backend=be))
-        loss_part[step] = loss.item() * len(local) / gn
-        (loss * (len(local) / gn)).backward()
-        if slow[step] == strategy.dp_rank:
-            time.sleep(args.delay)
-        strategy.finish_gradients()
-        strategy.step()
+        batch = LocalBatch([local], gn, sampler.global_indices(step)[:1])
+        straggle = (lambda m: time.sleep(args.delay)) if slow[step] == strategy.dp_rank else None
+        loss_part[step] = train_step(model, strategy, batch, fetch, after_backward=straggle).loss
         t_end[step] = time.perf_counter() - t0
     strategy.close()  # async: the final weights (every update applied)
     t_close = time.perf_counter() - t0
@@ -119,7 +116,9 @@ def child_staleness(args) -> None:
     t_max = np.zeros(steps)
     world.comm.Reduce(loss_part, loss_sum, op=MPI.SUM, root=0)
     world.comm.Reduce(t_end, t_max, op=MPI.MAX, root=0)
-    close_max = world.comm.reduce(t_close, op=MPI.MAX, root=0)
+    close_max = np.zeros(1)
+    world.comm.Reduce(np.array([t_close]), close_max, op=MPI.MAX, root=0)  # no pickle
+    close_max = float(close_max[0])
     # every applied gradient's staleness t - v, as the workers recorded them
     stale = np.array(strategy.worker.pushed_staleness, dtype=np.float64)
     stale_all = np.empty((world.size, steps)) if world.rank == 0 else None
@@ -142,17 +141,25 @@ def child_staleness(args) -> None:
              "staleness_mean_per_rank": [float(x) for x in stale_all.mean(axis=1)]}))
 
 
+def _fetcher(ds, be):
+    from hpcdp.autograd import Tensor
+
+    def fetch(idx):
+        return Tensor(ds.x_train[idx], backend=be), Tensor(ds.y_train[idx], backend=be)
+    return fetch
+
+
 def no_grad_ctx():
     from hpcdp.autograd import no_grad
     return no_grad()
 
 
 def child_bytes(args) -> None:
-    """Every layout in one job: bytes per step on every rank, from the ledger."""
-    from mpi4py import MPI
-
-    from hpcdp.autograd import Tensor
+    """Every layout in one job: bytes per step on every rank, from the ledger, beside
+    the exact formula of hpcdp.comm.volume for that rank."""
     from hpcdp.backend import get_backend
+    from hpcdp.shard import shard_range
+    from hpcdp.step import LocalBatch, train_step
     from hpcdp.strategies import build_strategy
     from hpcdp.world import World
 
@@ -169,35 +176,45 @@ def child_bytes(args) -> None:
         cfg, ds, model, opt = _load(args.config, [*over, *args.set])
         strategy = build_strategy(cfg.parallel, world, cfg.comm)
         strategy.setup(model.flat, opt, world)
+        fetch = _fetcher(ds, be)
         snap = world.ledger.snapshot()
         gb = cfg.train.global_batch
         for step in range(args.steps):
-            from hpcdp.shard import shard_range
             off, size = shard_range(gb, strategy.dp_size, strategy.dp_rank)
             idx = np.arange(off, off + size) + step * gb
-            model.flat.zero_grad()
-            strategy.begin_backward(True)
-            loss = model.loss(Tensor(ds.x_train[idx], backend=be), Tensor(ds.y_train[idx], backend=be))
-            (loss * (size / gb)).backward()
-            strategy.finish_gradients()
-            strategy.step()
+            train_step(model, strategy, LocalBatch([idx], gb, np.arange(1) + step * gb), fetch)
         strategy.close()
         delta = world.ledger.delta(snap)
-        sent = sum(d["sent_bytes"] for d in delta.values()) / args.steps
-        recv = sum(d["recv_bytes"] for d in delta.values()) / args.steps
-        per_rank = world.comm.gather((sent, recv), root=0)
+        mine = np.array([sum(d["sent_bytes"] for d in delta.values()) / args.steps,
+                         sum(d["recv_bytes"] for d in delta.values()) / args.steps,
+                         sum(_model_bytes(name, strategy, model.flat, world.rank, n, cfg.run.dtype))])
+        per_rank = np.empty((n, 3)) if world.rank == 0 else None
+        world.comm.Gather(mine, per_rank, root=0)  # plain numbers, no pickle
         if world.rank == 0:
             phi = model.flat.numel * np.dtype(cfg.run.dtype).itemsize
-            k = int(name.split("-")[1]) if name.startswith("ps") else 0
-            model_bytes = (2 * (n - 1) * phi / k + 2 * (k - 1) / k * phi) if k else 4 * (n - 1) / n * phi
-            busiest = max(range(n), key=lambda r: sum(per_rank[r]))
+            busiest = max(range(n), key=lambda r: per_rank[r, 0] + per_rank[r, 1])
             rows.append({"layout": name, "ranks": n, "phi_bytes": phi,
-                         "busiest_rank": busiest, "busiest_sent": per_rank[busiest][0],
-                         "busiest_recv": per_rank[busiest][1],
-                         "busiest_total": sum(per_rank[busiest]), "model_total": model_bytes,
-                         "per_rank_total": [sum(p) for p in per_rank]})
+                         "busiest_rank": busiest, "busiest_sent": per_rank[busiest, 0],
+                         "busiest_recv": per_rank[busiest, 1],
+                         "busiest_total": per_rank[busiest, 0] + per_rank[busiest, 1],
+                         "model_total": float(per_rank[:, 2].max()),
+                         "per_rank_total": [float(p[0] + p[1]) for p in per_rank]})
     if world.rank == 0:
         (Path(args.out) / "ps_bytes.json").write_text(json.dumps(rows, indent=1))
+
+
+def _model_bytes(layout, strategy, flat, rank, n, dtype) -> tuple[int, int]:
+    """(sent, received) bytes per step of ``rank`` by the formulas of hpcdp.comm.volume."""
+    from hpcdp.comm.volume import ps_pull_bytes, ps_push_bytes
+    from hpcdp.strategies.ddp import expected_step_bytes
+
+    itemsize = np.dtype(dtype).itemsize
+    if layout == "ring":
+        return expected_step_bytes(strategy.plan, n, rank, itemsize)
+    servers, workers = strategy.roles.servers, strategy.roles.workers
+    push = ps_push_bytes(flat.numel, rank, servers, workers, itemsize)
+    pull = ps_pull_bytes(flat.numel, rank, servers, workers, itemsize)
+    return push[0] + pull[0], push[1] + pull[1]
 
 
 # ---------------------------------------------------------------------------

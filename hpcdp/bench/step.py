@@ -54,17 +54,20 @@ def _mlp_batch(rng):
 
 
 def _train_step(model, opt, x, y):
-    """One hpcdp training step on a fixed batch: zero grads, loss, backward, update."""
+    """One hpcdp training step on a fixed batch: hpcdp.step.train_step on one rank
+    (strategy "none": zero grads, loss, backward, update)."""
     from hpcdp.autograd import Tensor
+    from hpcdp.step import LocalBatch, train_step
+    from hpcdp.strategies.base import SingleRank
+    from hpcdp.world import World
 
-    flat, xt, yt = model.flat, Tensor(x), Tensor(y)
+    xt, yt = Tensor(x), Tensor(y)
+    single = SingleRank()
+    single.setup(model.flat, opt, World(comm=None, rank=0, size=1))
+    batch = LocalBatch([np.arange(len(x))], len(x), filler=np.arange(1))
 
     def step():
-        flat.zero_grad()
-        loss = model.loss(xt, yt)
-        loss.backward()
-        opt.step(flat.data, flat.grad)
-        return loss.item()
+        return train_step(model, single, batch, lambda _idx: (xt, yt)).loss
 
     return step
 

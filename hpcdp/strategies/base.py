@@ -1,19 +1,23 @@
 """The strategy seam: how gradients (and parameters) move between ranks.
 
-A strategy sees the model only as a :class:`hpcdp.nn.params.FlatParams` (one flat
-data buffer, one flat grad buffer, and a layout name -> (offset, shape)) plus the
-per-parameter grad-ready hooks. Only ``train.py`` wires model, strategy and
-optimizer together. One training step drives a strategy like this::
+A strategy sees the model as a :class:`hpcdp.nn.params.FlatParams` (flat data and
+grad storage, a layout name -> (offset, shape), and ``flat.units``: one contiguous
+range per block, see :mod:`hpcdp.nn.units`) plus these moments, and acts only
+through them. Only ``train.py`` wires model, strategy and optimizer together, and one
+step is always :func:`hpcdp.step.train_step`::
 
     strategy.setup(flat, optimizer, world)          # once, before step 1
     if not strategy.is_worker:                       # dedicated server rank
         strategy.serve(); return
-    for each step:
-        flat.zero_grad()
+    for each step:                                   # hpcdp.step.train_step
+        strategy.zero_grad()                         # the strategy owns grad storage
         for micro in range(accum):
             strategy.begin_backward(last_micro=(micro == accum - 1))
             loss = model.loss(x, y) * (local_samples / global_samples)
-            loss.backward()                          # hooks fire per parameter
+            #   forward: unit pre-/post-forward hooks (Module.register_forward_*_hook)
+            loss.backward()
+            #   backward: a unit's pre-backward hook (on its output tensor), then the
+            #   grad-ready hook of each parameter when its gradient is final
         strategy.finish_gradients()                  # wait for communication
         strategy.step()                              # optimizer update(s)
         metrics.update(strategy.step_stats())
@@ -22,6 +26,13 @@ optimizer together. One training step drives a strategy like this::
 The loss given to backward is already scaled by ``local_samples / global_samples``,
 so summing gradients over ranks (op = sum) gives the gradient of the global mean
 loss, also when the last global batch is short.
+
+Storage: a replicated strategy (none, ddp, ps) keeps ``flat.data`` and ``flat.grad``
+whole and reduces in place on views of them. A sharded one binds and releases a
+unit's parameter and gradient storage explicitly (``FlatParams.bind`` /
+``release``), so no full-size buffer needs to exist. What a rank owns of the
+parameters, gradients and optimizer state is :meth:`Strategy.owned_ranges`
+(global flat coordinates, built on :func:`hpcdp.ownership.owned_ranges`).
 """
 
 from __future__ import annotations
@@ -48,9 +59,17 @@ class Strategy(ABC):
     def setup(self, flat, optimizer, world) -> None:
         """Make replicas identical (broadcast or verify) and register hooks."""
 
+    def zero_grad(self) -> None:
+        """Start a step with zero gradients (before the first micro-batch). The
+        default zeroes the full grad buffer in place; a strategy that shards
+        gradients zeroes what it holds."""
+        self.flat.zero_grad()
+
     def begin_backward(self, last_micro: bool = True) -> None:
-        """Called before each micro-batch's backward; communication may start only
-        during the last micro-batch's backward."""
+        """Called before each micro-batch's backward. A replicated strategy starts
+        communication only during the last micro-batch's backward (gradients
+        accumulate locally before); a strategy without a full gradient buffer may
+        reduce every micro-batch."""
 
     @abstractmethod
     def finish_gradients(self) -> None:
@@ -59,6 +78,13 @@ class Strategy(ABC):
     @abstractmethod
     def step(self) -> None:
         """Apply the optimizer (locally, sharded, or on a server)."""
+
+    def owned_ranges(self, kind: str) -> list[tuple[int, int]]:
+        """Global flat ``(offset, size)`` ranges of ``kind`` ("params", "grads" or
+        "optim") this rank holds; the optimizer's state buffers are those ranges
+        concatenated. The default is a full replica."""
+        from hpcdp.ownership import owned_ranges
+        return owned_ranges(kind, 0, [(0, self.flat.numel)], 1, 0)
 
     def step_stats(self) -> dict:
         """Per-step figures for metrics.jsonl (bytes, comm time, hidden time...)."""

@@ -8,6 +8,9 @@ nn = pytest.importorskip("hpcdp.nn")
 optim = pytest.importorskip("hpcdp.optim")
 from hpcdp.autograd import Tensor  # noqa: E402
 from hpcdp.backend import get_backend  # noqa: E402
+from hpcdp.step import LocalBatch, train_step  # noqa: E402
+from hpcdp.strategies.base import SingleRank  # noqa: E402
+from hpcdp.world import World  # noqa: E402
 
 
 def _curve(device, cfg, opt_kind, batches, dtype):
@@ -19,13 +22,13 @@ def _curve(device, cfg, opt_kind, batches, dtype):
     else:
         opt = optim.AdamW(flat.numel, lr=0.01, betas=(0.9, 0.99), weight_decay=0.01,
                           dtype=dtype, device=device)
+    single = SingleRank()
+    single.setup(flat, opt, World(comm=None, rank=0, size=1))
     losses = []
     for x, y in batches:
-        flat.zero_grad()
-        loss = model.loss(Tensor(x, backend=be), Tensor(y, backend=be))
-        loss.backward()
-        opt.step(flat.data, flat.grad)
-        losses.append(float(loss.item()))
+        batch = LocalBatch([np.arange(len(x))], len(x), filler=np.arange(1))
+        res = train_step(model, single, batch, lambda i: (Tensor(x[i], backend=be), Tensor(y[i], backend=be)))
+        losses.append(res.loss)
     return np.array(losses), be.to_numpy(flat.data)
 
 

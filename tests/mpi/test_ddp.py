@@ -57,39 +57,44 @@ def _optimizer(kind, dtype):
 
 def train(model_cfg, strategy, world, *, batches=(12, 12, 12), accum=1, optim="sgd",
           dtype="float64", seed=7, on_micro=None):
-    """The loop of hpcdp/strategies/base.py on synthetic data; returns (params, stats).
+    """hpcdp.step.train_step on synthetic data; returns (params, stats, flat).
 
     ``batches``: the global batch size of each step (a short one models
-    last_batch = "keep"). The loss is weighted by micro_samples / global_samples.
+    last_batch = "keep"). Each rank takes its shard_range slice, cut into ``accum``
+    micro-batches; ``on_micro(m)`` runs after micro-batch m's backward.
     """
     from hpcdp.autograd import Tensor
+    from hpcdp.data.sampler import micro_batches
     from hpcdp.nn import build_model
+    from hpcdp.step import LocalBatch, train_step
 
     model = build_model(model_cfg, dtype=dtype, seed=seed)
     flat = model.flat
     strategy.setup(flat, _optimizer(optim, dtype), world)
     X, Y = _data(model_cfg, sum(batches))
+
+    def fetch(idx):
+        x = X[idx].astype(dtype) if model_cfg["kind"] == "mlp" else X[idx]
+        return Tensor(x), Tensor(Y[idx])
+
     stats, start = [], 0
     for gb in batches:
         off, size = shard_range(gb, strategy.dp_size, strategy.dp_rank)
         local = np.arange(start + off, start + off + size)
-        flat.zero_grad()
-        for m in range(accum):
-            o, s = shard_range(size, accum, m)
-            idx, weight = local[o:o + s], s / gb
-            if s == 0:  # as train.py: one sample with weight 0 keeps the hooks firing
-                idx = np.arange(start, start + 1)
-            strategy.begin_backward(last_micro=(m == accum - 1))
-            x = Tensor(X[idx].astype(dtype) if model_cfg["kind"] == "mlp" else X[idx])
-            (model.loss(x, Tensor(Y[idx])) * weight).backward()
-            if on_micro is not None:
-                on_micro(m)
-        strategy.finish_gradients()
-        strategy.step()
+        batch = LocalBatch(micro_batches(local, accum), gb, filler=np.arange(start, start + 1))
+        train_step(model, strategy, batch, fetch, after_backward=on_micro)
         stats.append(strategy.step_stats())
         start += gb
     strategy.close()
-    return np.array(flat.data, dtype=np.float64), stats, flat
+    return full_params(strategy, flat), stats, flat
+
+
+def full_params(strategy, flat):
+    """The whole parameter vector as float64 (gathered from shards if the strategy
+    shards parameters)."""
+    if hasattr(strategy, "gather_full_params"):
+        return np.array(strategy.gather_full_params(), dtype=np.float64)
+    return np.array(flat.backend.to_numpy(flat.data), dtype=np.float64)
 
 
 def reference(model_cfg, **kw):

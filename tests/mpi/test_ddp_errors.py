@@ -35,14 +35,14 @@ def _setup(init="verify", check_every=0, seed_of_rank=lambda r: 0):
 
 
 def _step(model, strat, rng):
+    """One train_step on 4 random samples per rank (each rank its own: a global batch
+    of 4 * N)."""
     from hpcdp.autograd import Tensor
+    from hpcdp.step import LocalBatch, train_step
 
-    model.flat.zero_grad()
-    strat.begin_backward(last_micro=True)
-    x = Tensor(rng.normal(size=(4, 6)))
-    model.loss(x, Tensor(rng.integers(0, 4, size=4))).backward()
-    strat.finish_gradients()
-    strat.step()
+    x, y = rng.normal(size=(4, 6)), rng.integers(0, 4, size=4)
+    batch = LocalBatch([np.arange(4)], 4 * strat.dp_size, filler=np.arange(1))
+    train_step(model, strat, batch, lambda idx: (Tensor(x[idx]), Tensor(y[idx])))
     strat.step_stats()
 
 

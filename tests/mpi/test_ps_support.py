@@ -1,8 +1,6 @@
 """Helpers for the parameter-server MPI tests (no tests here): a tiny float64 MLP
 trained by the step sequence of hpcdp.strategies.base, and its one-rank reference."""
 
-import time
-
 import numpy as np
 
 from hpcdp.shard import shard_range
@@ -39,9 +37,13 @@ def lr_of(step):
 
 
 def train(strategy, world, steps=5, global_batch=12, optim="sgd", sleep=None):
-    """Run the strategy's step sequence; returns (final flat data, model) on workers,
-    (None, None) on dedicated servers. ``sleep(dp_rank, step)`` -> seconds (stragglers)."""
+    """hpcdp.step.train_step under ``strategy``; returns (final flat data, model) on
+    workers, (None, None) on dedicated servers. ``sleep(dp_rank, step)`` -> seconds
+    slept after backward (stragglers)."""
+    import time
+
     from hpcdp.autograd import Tensor
+    from hpcdp.step import LocalBatch, train_step
     x, y = data()
     model = make_model()
     opt = make_optimizer(optim)
@@ -56,34 +58,33 @@ def train(strategy, world, steps=5, global_batch=12, optim="sgd", sleep=None):
         for t in range(steps):
             idx = global_indices(t, global_batch)
             off, size = shard_range(global_batch, strategy.dp_size, strategy.dp_rank)
-            local = idx[off:off + size]
             opt.lr = lr_of(t) if optim == "sgd" else opt.lr
-            model.flat.zero_grad()
-            strategy.begin_backward(last_micro=True)
-            if size:
-                loss = model.loss(Tensor(x[local]), Tensor(y[local])) * (size / global_batch)
-                loss.backward()
-            if sleep is not None:
-                time.sleep(sleep(strategy.dp_rank, t))
-            strategy.finish_gradients()
-            strategy.step()
+            after = None if sleep is None else (lambda m, t=t: time.sleep(sleep(strategy.dp_rank, t)))
+            train_step(model, strategy, LocalBatch([idx[off:off + size]], global_batch, idx[:1]),
+                       lambda i: (Tensor(x[i]), Tensor(y[i])), after_backward=after)
     finally:
         strategy.close()
     return model.flat.data.copy(), model
 
 
 def reference(steps=5, global_batch=12, optim="sgd"):
-    """One rank, the whole global batch, plain optimizer."""
+    """One rank, the whole global batch, no strategy (SingleRank)."""
+    from mpi4py import MPI
+
     from hpcdp.autograd import Tensor
+    from hpcdp.step import LocalBatch, train_step
+    from hpcdp.strategies.base import SingleRank
+    from hpcdp.world import World
     x, y = data()
     model = make_model()
     opt = make_optimizer(optim)
+    single = SingleRank()
+    single.setup(model.flat, opt, World(comm=MPI.COMM_SELF, rank=0, size=1))
     for t in range(steps):
         idx = global_indices(t, global_batch)
         opt.lr = lr_of(t) if optim == "sgd" else opt.lr
-        model.flat.zero_grad()
-        model.loss(Tensor(x[idx]), Tensor(y[idx])).backward()
-        opt.step(model.flat.data, model.flat.grad)
+        train_step(model, single, LocalBatch([idx], global_batch, idx[:1]),
+                   lambda i: (Tensor(x[i]), Tensor(y[i])))
     return model.flat.data.copy()
 
 

@@ -1,0 +1,95 @@
+"""One training step: the only place that drives a strategy through its moments.
+
+``train.py``, the benchmarks and the tests all call :func:`train_step`, so a change
+to the protocol between model, strategy and optimizer is made here once::
+
+    strategy.zero_grad()                                # the strategy owns grad storage
+    for m, micro-batch in enumerate(batch.micro):
+        strategy.begin_backward(last_micro=(m == last))
+        loss = model.loss(x, y)                         # forward (unit hooks may gather)
+        (loss * samples / global_samples).backward()    # grad-ready hooks fire per parameter
+    strategy.finish_gradients()                         # wait for the step's communication
+    strategy.step()                                     # optimizer update (maybe sharded)
+
+Rules it owns:
+
+- The loss given to backward is weighted by ``micro_samples / global_samples``, so
+  summing gradients over ranks gives the gradient of the global mean loss, also for
+  a short last batch or uneven slices.
+- The empty-slice rule: a micro-batch with no samples on this rank still runs one
+  forward and backward, on ``batch.filler`` (one sample) with weight 0, so its
+  hooks fire like every other rank's (collectives started from hooks, or gathers
+  started from forward hooks, must be joined by every rank).
+- The returned ``loss`` is this rank's share of the global mean loss (the sum over
+  ranks is the global mean), computed from ``loss.item()`` per micro-batch (one
+  device sync per micro-batch on cuda).
+
+Where to add a call: ``after_backward(m)`` runs after micro-batch ``m``'s backward
+(tests use it to watch communication; a straggler benchmark sleeps there). Other
+additions (a non-finite guard, a data prefetcher, checkpoint hooks) go at the
+marked places below, not into callers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclass
+class LocalBatch:
+    """This rank's part of one global batch.
+
+    ``micro``: index arrays (into the dataset), one per micro-batch, in order; any
+    may be empty. ``global_samples``: samples in the global batch (all ranks).
+    ``filler``: indices of one sample that an empty micro-batch runs with weight 0.
+    """
+
+    micro: Sequence[np.ndarray]
+    global_samples: int
+    filler: np.ndarray
+
+    @property
+    def samples(self) -> int:
+        return int(sum(len(idx) for idx in self.micro))
+
+
+@dataclass
+class StepResult:
+    loss: float      # this rank's share of the global mean loss
+    samples: int     # samples this rank trained on (fillers not counted)
+
+
+def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
+               after_backward: Callable[[int], None] | None = None) -> StepResult:
+    """Run one optimizer step of ``model`` under ``strategy`` (see module docstring).
+
+    ``fetch(indices) -> (x, y)``: the inputs and targets of those samples, as
+    Tensors on the model's backend (or arrays ``model.loss`` accepts).
+    """
+    n_micro = len(batch.micro)
+    if n_micro < 1:
+        raise ValueError("train_step: a batch needs at least one micro-batch")
+    if batch.global_samples < 1:
+        raise ValueError(f"train_step: global_samples must be >= 1, got {batch.global_samples}")
+    strategy.zero_grad()
+    loss_part = 0.0
+    for m, idx in enumerate(batch.micro):
+        strategy.begin_backward(last_micro=(m == n_micro - 1))
+        weight = len(idx) / batch.global_samples
+        if len(idx) == 0:  # keep the hooks firing: one sample, weight 0
+            idx = batch.filler
+        x, y = fetch(idx)
+        loss = model.loss(x, y)
+        loss_part += loss.item() * weight
+        (loss * weight).backward()
+        if after_backward is not None:
+            after_backward(m)
+    strategy.finish_gradients()
+    strategy.step()
+    return StepResult(loss=loss_part, samples=batch.samples)
+
+
+__all__ = ["LocalBatch", "StepResult", "train_step"]
