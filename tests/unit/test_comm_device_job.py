@@ -52,7 +52,7 @@ def _job(mode):
 @pytest.mark.parametrize("mode", ["staged", "aware"])
 def test_device_buffers_on_simulator(mode):
     pytest.importorskip("numba.cuda")
-    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")  # this Python's MPI first
     env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_ENABLE_CUDASIM="1",
                NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
     proc = subprocess.run([mpiexec, "-n", "2", sys.executable, __file__, mode],
