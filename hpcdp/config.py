@@ -42,6 +42,11 @@ def _choice(section: str, key: str, value, allowed) -> None:
         raise ConfigError(f"{section}.{key}: {value!r} is not allowed; choose one of {options}")
 
 
+def _finite(section: str, key: str, value) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{section}.{key}: {value!r} is out of range; must be a finite number")
+
+
 def _range(section: str, key: str, value, lo=None, hi=None, lo_open=False, hi_open=False) -> None:
     bad = (
         (isinstance(value, float) and math.isnan(value))
@@ -131,6 +136,7 @@ class DataConfig:
     test_path: str = ""  # optional separate test file (same keys)
     x_key: str = "x"
     y_key: str = "y"
+    allow_external: bool = False  # hdf5: read datasets whose bytes live in other files (external / virtual)
     # synthetic datasets
     n_samples: int = 4096
     # synthetic_classification
@@ -176,6 +182,7 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per step on each rank
     last_batch: str = "drop"  # short last batch of an epoch: drop it or keep it
     eval_batch: int = 512  # samples per forward pass during evaluation (per rank)
+    on_nonfinite: str = "stop"  # non-finite loss / gradient norm: "stop" the run, or "skip" the update
 
     def __post_init__(self):
         s = self.SECTION
@@ -191,6 +198,7 @@ class TrainConfig:
             raise ConfigError(f"{s}.grad_accum: {self.grad_accum} is larger than {s}.global_batch = {self.global_batch}")
         _choice(s, "last_batch", self.last_batch, ("drop", "keep"))
         _range(s, "eval_batch", self.eval_batch, 1)
+        _choice(s, "on_nonfinite", self.on_nonfinite, ("stop", "skip"))
 
 
 @dataclass
@@ -211,10 +219,12 @@ class OptimConfig:
         s = self.SECTION
         _choice(s, "kind", self.kind, ("sgd", "adamw"))
         _range(s, "lr", self.lr, 0.0, lo_open=True)
+        _finite(s, "lr", self.lr)
         _range(s, "momentum", self.momentum, 0.0, 1.0, hi_open=True)
         if self.nesterov and self.momentum == 0.0:
             raise ConfigError(f"{s}.nesterov: needs {s}.momentum > 0")
         _range(s, "weight_decay", self.weight_decay, 0.0)
+        _finite(s, "weight_decay", self.weight_decay)
         if len(self.betas) != 2:
             raise ConfigError(f"{s}.betas: needs exactly 2 numbers [beta1, beta2], got {self.betas!r}")
         for i, b in enumerate(self.betas):
@@ -283,12 +293,14 @@ class CommConfig:
     algorithm: str = "auto"  # collective algorithm; strategies check the names they know
     debug: bool = False  # check that ranks agree on every collective (costs a message each)
     timeout: float = 300.0  # seconds a rank waits for its peers before raising
+    setup_timeout: float = 600.0  # seconds ranks wait for each other before training (loading data)
 
     def __post_init__(self):
         s = self.SECTION
         if not re.fullmatch(r"[a-z][a-z0-9_]*", self.algorithm):
             raise ConfigError(f"{s}.algorithm: {self.algorithm!r} is not an algorithm name")
         _range(s, "timeout", self.timeout, 0.0, lo_open=True)
+        _range(s, "setup_timeout", self.setup_timeout, 0.0, lo_open=True)
 
 
 SECTIONS: dict[str, type] = {
