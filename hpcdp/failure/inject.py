@@ -1,0 +1,77 @@
+"""``HPCDP_FAULT``: a test hook that injects a fault on one rank of a real job.
+
+The fault-injection tests (tests/faults) launch ``hpcdp train`` under ``mpiexec``
+with, e.g., ``HPCDP_FAULT=1:5:raise``: rank 1 raises at step 5. Format:
+``RANK:STEP:KIND`` (several separated by commas). STEP 0 means during setup
+(after the data is loaded, before any collective); a step k >= 1 fires after that
+step's backward, in the middle of the step (DDP's allreduces are in flight).
+
+KIND is one of:
+
+=========  ===========================================================
+raise      ``RuntimeError("injected fault ...")``
+memory     ``MemoryError`` (a rank running out of memory)
+exit       ``sys.exit(0)``: the rank's Python exits cleanly, mid-training
+kill       SIGKILL to itself (a rank killed by the OOM killer or a node loss)
+stop       SIGSTOP to itself (a rank stuck outright; it never continues)
+sigint     SIGINT to itself (Ctrl-C on one rank)
+sigterm    SIGTERM to itself
+nan        fills this rank's gradient with NaN (CPU arrays)
+=========  ===========================================================
+
+Not set (the normal case), the per-step cost is one truth test of an empty dict.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import numpy as np
+
+KINDS = ("raise", "memory", "exit", "kill", "stop", "sigint", "sigterm", "nan")
+ENV = "HPCDP_FAULT"
+
+
+def parse(spec: str) -> dict:
+    """``"1:5:raise,0:0:memory"`` -> ``{(1, 5): "raise", (0, 0): "memory"}``."""
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in KINDS:
+            raise ValueError(f"{ENV}: {item!r} is not RANK:STEP:KIND with KIND one of {', '.join(KINDS)}")
+        out[(int(parts[0]), int(parts[1]))] = parts[2]
+    return out
+
+
+class Faults:
+    """The faults ``HPCDP_FAULT`` asks of ``rank`` (read once, when the run starts)."""
+
+    def __init__(self, rank: int, spec: str | None = None):
+        spec = os.environ.get(ENV, "") if spec is None else spec
+        self.rank = rank
+        self.at = {step: kind for (r, step), kind in parse(spec).items() if r == rank}
+
+    def fire(self, step: int, grad=None) -> None:
+        if not self.at or step not in self.at:
+            return
+        kind = self.at[step]
+        what = f"injected fault ({ENV}: {kind} on rank {self.rank} at step {step})"
+        print(f"hpcdp: {what}", file=sys.stderr, flush=True)
+        if kind == "raise":
+            raise RuntimeError(what)
+        if kind == "memory":
+            raise MemoryError(what)
+        if kind == "exit":
+            sys.exit(0)
+        if kind == "nan":
+            if grad is not None:
+                np.asarray(grad)[...] = np.nan
+            return
+        sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "sigint": signal.SIGINT,
+               "sigterm": signal.SIGTERM}[kind]
+        os.kill(os.getpid(), sig)
+
+
+__all__ = ["Faults", "parse", "KINDS", "ENV"]

@@ -1,0 +1,133 @@
+"""The job's failure policy, applied by ``hpcdp train``: how a failure on any rank ends
+the job on every rank, within seconds, with one line saying which rank failed and why.
+
+- Agreed failures (:class:`~hpcdp.failure.agree.JobError`, before training: config,
+  data, memory, strategy setup, run directory): every rank raised the same error,
+  so every rank exits with status 2 together; rank 0 prints the one line. A failing
+  rank whose cause was a bug (not bad input) prints its own traceback once.
+- Everything else (mid-training: an exception on one rank, a timeout waiting for a
+  stuck or dead peer, SIGINT / SIGTERM / SIGUSR1, a non-finite loss): the ranks
+  cannot agree (a peer may be dead or stuck), so the rank that fails prints its
+  cause (and, for a bug, its traceback) once and calls ``MPI_Abort`` on
+  ``COMM_WORLD``: the launcher (mpiexec, srun) then ends every rank within seconds
+  and the job's exit status is non-zero (1; 128 + signal number for a signal).
+  ``sys.exit`` from inside the run counts as a failure too: one rank leaving early
+  would leave the others waiting.
+- One rank (no launcher): the same lines, exit status 2 for bad input, 1 otherwise,
+  130 for Ctrl-C.
+
+``HPCDP_TRACEBACK=1`` prints the traceback of every failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from .agree import USER_ERRORS, JobError, cause
+from .signals import Interrupted, handling_signals
+
+USAGE_ERROR = 2
+FAILED = 1
+
+
+def note_step(e: BaseException, step: int) -> None:
+    """Record on the exception the training step at which it left the loop."""
+    try:
+        e._hpcdp_step = int(step)
+    except (AttributeError, TypeError):
+        pass
+
+
+def step_of(e: BaseException):
+    return getattr(e, "_hpcdp_step", None)
+
+
+def _world():
+    """(rank, size) of COMM_WORLD if MPI is running, else (0, 1)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
+    return 0, 1
+
+
+def _clear(e: BaseException) -> bool:
+    """Does the message say everything (no traceback needed)?"""
+    from .nonfinite import NonFiniteError
+
+    known = USER_ERRORS + (NonFiniteError, KeyboardInterrupt)
+    comm_errors = sys.modules.get("hpcdp.comm.errors")
+    if comm_errors is not None:
+        known += (comm_errors.CommError,)
+    return isinstance(e, known)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return (f"the rank exited (sys.exit({e.code!r})) before the run finished; "
+                "the other ranks would wait for it")
+    if isinstance(e, Interrupted):
+        return str(e)
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (KeyboardInterrupt)"
+    if _clear(e) and not isinstance(e, MemoryError):
+        return str(e) or type(e).__name__  # the message says it all (timeouts, non-finite...)
+    return cause(e)
+
+
+def _exit_status(e: BaseException, size: int) -> int:
+    if isinstance(e, Interrupted):
+        return e.exit_status
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    if size == 1 and isinstance(e, USER_ERRORS):
+        return USAGE_ERROR
+    return FAILED
+
+
+def report_failure(e: BaseException) -> int:
+    """Print this rank's failure once; with several ranks, end the job (MPI_Abort).
+    Returns the exit status (one rank only: MPI_Abort does not return)."""
+    rank, size = _world()
+    if os.environ.get("HPCDP_TRACEBACK") or not _clear(e):
+        traceback.print_exception(e)
+    step = step_of(e)
+    where = f"rank {rank} of {size}" if size > 1 else ""
+    if step is not None:
+        where += (" " if where else "") + f"at step {step}"
+    print(f"hpcdp: error: {where + ': ' if where else ''}{_describe(e)}", file=sys.stderr, flush=True)
+    status = _exit_status(e, size)
+    if size > 1:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(status)
+    return status
+
+
+def report_agreed(e: JobError) -> int:
+    """Every rank holds the same error: rank 0 prints it; all exit with status 2."""
+    rank, _ = _world()
+    if os.environ.get("HPCDP_TRACEBACK"):
+        traceback.print_exception(e)
+    elif e.__cause__ is not None and not isinstance(e.__cause__, USER_ERRORS):
+        traceback.print_exception(e.__cause__)  # a bug on this rank: its traceback, once
+    if rank == 0:
+        print(f"hpcdp: error: {e}", file=sys.stderr, flush=True)
+    return USAGE_ERROR
+
+
+def run_job(fn) -> int:
+    """Run ``fn()`` (the whole command) under the policy above; returns the exit status."""
+    with handling_signals():
+        try:
+            fn()
+            return 0
+        except JobError as e:
+            return report_agreed(e)
+        except BaseException as e:  # noqa: BLE001 - every way out of a run is reported
+            if isinstance(e, SystemExit) and _world()[1] == 1:
+                raise
+            return report_failure(e)
+
+
+__all__ = ["run_job", "report_failure", "report_agreed", "note_step", "step_of"]

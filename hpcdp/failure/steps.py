@@ -1,0 +1,55 @@
+"""The calls the training loop makes into the failure policy, kept to a few lines there.
+
+::
+
+    checks = StepChecks(cfg.train.on_nonfinite, world.rank, optimizer)  # wraps optimizer.step
+    checks.setup()                                    # HPCDP_FAULT at step 0
+    for step ...:
+        ... backward ...
+        checks.after_backward(step, loss_part, flat.grad)
+        ... finish_gradients, step ...
+        stats.update(checks.stats())
+    except BaseException as e: release(strategy, e, step)
+"""
+
+from __future__ import annotations
+
+from .inject import Faults
+from .nonfinite import NonFiniteGuard
+from .policy import note_step
+
+
+class StepChecks:
+    """Per-rank checks of one run: the fault-injection hook and the non-finite guard."""
+
+    def __init__(self, on_nonfinite: str, rank: int, optimizer):
+        self.guard = NonFiniteGuard(on_nonfinite, rank)
+        self.guard.guard(optimizer)
+        self.faults = Faults(rank)
+
+    def setup(self) -> None:
+        """During setup (before any collective): faults injected at step 0."""
+        self.faults.fire(0)
+
+    def after_backward(self, step: int, loss: float, grad) -> None:
+        """Mid-step (DDP's allreduces in flight): injected faults, then the loss check."""
+        self.faults.fire(step, grad)
+        self.guard.check_loss(step, loss)
+
+    def stats(self) -> dict:
+        return self.guard.stats()
+
+
+def release(strategy, e: BaseException, step) -> None:
+    """The run is failing: note where, and let the strategy drop its requests without
+    waiting for any peer (``Strategy.abandon``), so the failure reaches the caller
+    now, not after another timeout."""
+    if step is not None:
+        note_step(e, step)
+    if strategy is not None:
+        abandon = getattr(strategy, "abandon", None)
+        if abandon is not None:
+            abandon()
+
+
+__all__ = ["StepChecks", "release"]
