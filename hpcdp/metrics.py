@@ -4,16 +4,20 @@ Each step, every worker packs a fixed-size float64 row
 ``[weighted loss, local samples, step time, *step_stats values]`` and keeps it
 (:meth:`StepGather.add`). Every ``log_every`` steps (and at the first, the last and
 evaluation steps) :meth:`StepGather.flush` moves the buffered rows of all ranks to
-the writer (rank 0 of the worker communicator) with one ``MPI_Igather``: plain
-numbers, no pickle. The writer waits for it (it needs the rows to log); every other
-rank leaves it in flight and completes it at its next flush (or :meth:`finish`), so
-a fast worker is not held back by the slowest, and asynchronous strategies keep
-their asynchrony in ``hpcdp train``. Cost: one small message per rank per flush
-instead of a collective per step; rows wait in memory until the next flush.
+the writer (rank 0 of the worker communicator): each other rank sends its block in
+one message (``Isend``, tag :data:`TAG_ROWS`), plain numbers, no pickle. The writer
+waits for every block (it needs the rows to log), polling with a deadline
+(``timeout``, comm.timeout in ``hpcdp train``): a rank whose block never comes is
+named. Every other rank leaves its send in flight and completes it at its next
+flush (or :meth:`finish`), so a fast worker is not held back by the slowest, and
+asynchronous strategies keep their asynchrony in ``hpcdp train``. Cost: one small
+message per rank per flush instead of a collective per step; rows wait in memory
+until the next flush.
 
 The writer appends one JSON object per step to ``metrics.jsonl`` (all of a block's
 steps at its flush) and prints one log line every ``log_every`` steps (and on the
-last) with an ETA.
+last) with an ETA. The file is strict JSON (RFC 8259): a non-finite number (a NaN
+loss) is written as ``null``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import time
 import numpy as np
 
 _HEADER = ("loss", "samples", "step_time_s")
+TAG_ROWS = 7301  # point-to-point tag of the row blocks (the communicator's only p2p traffic)
+DEFAULT_TIMEOUT_S = 300.0
 
 
 def _key_hash(keys) -> int:
@@ -36,8 +42,8 @@ def _key_hash(keys) -> int:
 class StepGather:
     """Buffers per-rank step figures and gathers them to rank 0 of ``comm`` in blocks."""
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, comm, timeout: float = DEFAULT_TIMEOUT_S):
+        self.comm, self.timeout = comm, float(timeout)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.keys: tuple[str, ...] | None = None
         self._rows: list = []        # this rank's rows since the last flush
@@ -47,9 +53,11 @@ class StepGather:
         keys = tuple(sorted(stats))
         if self.keys is None:
             # Once: every rank must report the same keys, or the row sizes would differ.
-            mine = np.array([_key_hash(keys), len(keys)], dtype=np.int64)
-            allk = np.empty((self.size, 2), dtype=np.int64)
-            self.comm.Allgather(mine, allk)
+            allk = np.zeros((self.size, 2), dtype=np.int64)
+            allk[self.rank] = (_key_hash(keys), len(keys))
+            if self.size > 1:
+                from hpcdp.comm import all_gather
+                all_gather(allk.reshape(-1), comm=self.comm, timeout=self.timeout)
             bad = [r for r in range(self.size) if tuple(allk[r]) != tuple(allk[0])]
             if bad:
                 raise RuntimeError(f"step_stats() keys differ between ranks 0 and {bad}: "
@@ -81,10 +89,15 @@ class StepGather:
         self._rows = []
         if self.rank != 0:
             self.finish()                 # the previous flush's send: long done, normally
-            self._inflight = (self.comm.Igather(block, None, root=0), block)
+            self._inflight = (self.comm.Isend(block, dest=0, tag=TAG_ROWS), block)
             return []
         recv = np.empty((self.size,) + block.shape, dtype=np.float64)
-        self.comm.Igather(block, recv, root=0).Wait()  # the writer needs every row now
+        recv[0] = block
+        if self.size > 1:                 # the writer needs every row now
+            from hpcdp.failure.deadline import wait
+            peers = range(1, self.size)
+            wait([self.comm.Irecv(recv[r], source=r, tag=TAG_ROWS) for r in peers], self.timeout,
+                 "the metrics of steps up to this flush from every worker", sources=list(peers))
         # Columnar: {"samples": [r0, r1, ...], "step_time_s": [...], <stat>: [...]}.
         names = ("samples", "step_time_s") + self.keys
         out = []
@@ -107,7 +120,9 @@ class StepGather:
     def finish(self) -> None:
         """Complete this rank's last gather (before the communicator is freed)."""
         if self._inflight is not None:
-            self._inflight[0].Wait()
+            from hpcdp.failure.deadline import wait
+            wait([self._inflight[0]], self.timeout, "the writer (rank 0) to take this rank's metrics",
+                 sources=[0])
             self._inflight = None
 
 
@@ -123,7 +138,7 @@ class MetricsWriter:
 
     def write(self, record: dict) -> None:
         if self.f is not None:
-            self.f.write(json.dumps(record, allow_nan=True) + "\n")
+            self.f.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
             self.f.flush()
 
     def log(self, text: str) -> None:
@@ -145,6 +160,17 @@ class MetricsWriter:
         if self.f is not None:
             self.f.close()
             self.f = None
+
+
+def strict_json(value):
+    """``value`` with every non-finite float replaced by None (JSON ``null``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
 
 
 def format_duration(seconds: float) -> str:
