@@ -93,6 +93,11 @@ class Strategy(ABC):
     def close(self) -> None:
         """Complete or cancel outstanding requests (clean shutdown)."""
 
+    def abandon(self) -> None:
+        """The job is failing (an exception is on its way out of the step loop): drop
+        outstanding requests and hooks WITHOUT waiting for any peer, which may be dead
+        or stuck; the caller then ends the job. Default: nothing to drop."""
+
 
 class SingleRank(Strategy):
     """No communication: plain one-rank training (world size must be 1)."""

@@ -125,12 +125,23 @@ class DDP(Strategy):
         if self.engine is not None:
             self.engine.close()
 
+    def abandon(self) -> None:
+        """The job is failing: drop the allreduces in flight without waiting for peers
+        (they may be dead or stuck), remove the hooks. close() is then a no-op."""
+        self._armed = False
+        self._inflight = []
+        self._busy_since = None
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
     def _broadcast_params(self) -> None:
-        """Copy rank 0's parameters to every rank (MPI_Bcast: one call at setup, not
-        a per-step cost). Recorded in the ledger as the bytes handed to MPI."""
+        """Copy rank 0's parameters to every rank (MPI's Ibcast, with a deadline: one call
+        at setup, not a per-step cost). Recorded in the ledger as the bytes handed to MPI."""
         data = self.flat.data
         host = data if isinstance(data, np.ndarray) else self.flat.backend.to_numpy(data)
-        self.comm.Bcast(host, root=0)
+        from hpcdp.failure.deadline import broadcast
+        broadcast(host, comm=self.comm, root=0, timeout=self._timeout(), what="rank 0's parameters")
         if host is not data:
             self.flat.backend.copy_(data, self.flat.backend.asarray(host, self.flat.dtype))
         if self.ledger is not None:
@@ -138,6 +149,9 @@ class DDP(Strategy):
             self.ledger.record("broadcast", sent_bytes=host.nbytes if root else 0,
                                recv_bytes=0 if root else host.nbytes,
                                sent_msgs=int(root), recv_msgs=int(not root), calls=1)
+
+    def _timeout(self) -> float:
+        return self._hcomm.get_context(self.comm).timeout if self.timeout is None else self.timeout
 
     # -- replica check ---------------------------------------------------------------
     def param_hash(self) -> int:
@@ -152,9 +166,9 @@ class DDP(Strategy):
         differ, naming the groups of ranks that agree. A sync point (small allgather)."""
         if self.world.size == 1:
             return
-        mine = np.array([self.flat.numel, self.param_hash()], dtype=np.uint64)
         every = np.zeros((self.world.size, 2), dtype=np.uint64)
-        self.comm.Allgather(mine, every)
+        every[self.world.rank] = (self.flat.numel, self.param_hash())
+        self._hcomm.all_gather(every.reshape(-1), comm=self.comm, timeout=self._timeout())  # in place
         groups: dict[tuple, list[int]] = {}
         for r in range(self.world.size):
             groups.setdefault((int(every[r, 0]), int(every[r, 1])), []).append(r)
