@@ -63,25 +63,35 @@ class ParameterServer(Strategy):
 
     # -- setup ------------------------------------------------------------
     def setup(self, flat, optimizer, world) -> None:
+        from hpcdp.failure.agree import agree
+        from hpcdp.failure.deadline import broadcast, idup
+
         cfg = self.cfg
-        self.roles = roles = assign_roles(world.size, cfg.servers, cfg.colocated)
         self.flat, self.optimizer, self.ledger = flat, optimizer, getattr(world, "ledger", None)
+        numel = flat.data.shape[0]
+        dtype = np.dtype(flat.data.dtype)
+        # Local checks first, then every rank agrees before the first message: an error
+        # on one rank (e.g. its aggregation misbehaves) stops all of them now.
+        error = None
+        try:
+            self.roles = roles = assign_roles(world.size, cfg.servers, cfg.colocated)
+            if not isinstance(flat.data, np.ndarray):
+                raise ValueError("parallel.strategy = 'ps' runs on host (numpy) buffers; set run.device = 'cpu'")
+            # Probe the aggregation with every server's shard size, before any step (a
+            # wrong shape is an error here, not mid-run).
+            for s in range(roles.num_servers):
+                probe(self.aggregate, roles.num_workers, roles.shard(numel, s)[1], dtype)
+        except ValueError as e:
+            error = e
+        agree(world.comm, error, what="parameter-server setup", timeout=self.timeout)
         rank = world.rank
         s_idx, w_idx = roles.server_index(rank), roles.worker_index(rank)
         self.is_worker = w_idx is not None
         self.dp_rank, self.dp_size = (w_idx or 0), roles.num_workers
-        numel = flat.data.shape[0]
-        dtype = np.dtype(flat.data.dtype)
-        if not isinstance(flat.data, np.ndarray):
-            raise ValueError("parallel.strategy = 'ps' runs on host (numpy) buffers; set run.device = 'cpu'")
-        # Probe the aggregation on every rank, with every server's shard size, before
-        # any step (a wrong shape is an error here, not mid-run).
-        for s in range(roles.num_servers):
-            probe(self.aggregate, roles.num_workers, roles.shard(numel, s)[1], dtype)
-        self.comm = world.comm.Dup()  # PS traffic never matches anyone else's messages
+        # PS traffic never matches anyone else's messages
+        self.comm = idup(world.comm, self.timeout, "the parameter server's communicator")
         # Identical start: rank 0's parameters everywhere (setup traffic, not a step's).
-        if world.size > 1:
-            self.comm.Bcast(flat.data, root=0)
+        broadcast(flat.data, comm=world.comm, root=0, timeout=self.timeout, what="rank 0's parameters")
         server_update = cfg.update == "server"
         local_w = w_idx if (s_idx is not None and self.is_worker) else None
         if s_idx is not None:
@@ -90,7 +100,8 @@ class ParameterServer(Strategy):
             opt = optimizer if server_update else None
             if cfg.mode == "sync":
                 self.server = SyncServerPart(self.comm, s_idx, params, workers=roles.workers, local_worker=local_w,
-                                             aggregate=self.aggregate, optimizer=opt, ledger=self.ledger)
+                                             aggregate=self.aggregate, optimizer=opt, ledger=self.ledger,
+                                             timeout=self.timeout)
             else:
                 self.server = ShardServer(self.comm, s_idx, off, params, workers=roles.workers,
                                           local_worker=local_w, bound=self.bound, aggregate=self.aggregate,
@@ -99,7 +110,8 @@ class ParameterServer(Strategy):
         if self.is_worker:
             if cfg.mode == "sync":
                 self.worker = SyncWorkerPart(self.comm, w_idx, flat, roles=roles, server_update=server_update,
-                                             optimizer=optimizer, local_server=self.server, ledger=self.ledger)
+                                             optimizer=optimizer, local_server=self.server, ledger=self.ledger,
+                                             timeout=self.timeout)
             else:
                 self.worker = Worker(self.comm, w_idx, flat, roles=roles, bound=self.bound,
                                      server_update=server_update, optimizer=optimizer,
@@ -175,9 +187,18 @@ class ParameterServer(Strategy):
             tp.finish_together(self.comm, boxes, self.timeout)
         self.comm.Free()
 
+    def abandon(self) -> None:
+        """The job is failing: stop serving from hooks and wait for no peer (no done
+        messages, no draining); close() is then a no-op."""
+        self.closed = True
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
+        self._hooks = []
+
     @property
     def applied(self):
-        """Async: this rank's server's record of every applied gradient (Applied)."""
+        """Async: this rank's server's record of each applied gradient (Applied; the
+        most recent ``staleness.HISTORY`` .. twice that, so long runs stay bounded)."""
         return self.server.clock.applied if isinstance(self.server, ShardServer) else []
 
 

@@ -7,6 +7,14 @@ the loss is already scaled by ``local / global`` samples, so the sum is the grad
 of the global mean loss) and ``"mean"``. Anything else is ``"module:function"``, an
 importable callable, or a callable passed from Python.
 
+What ``"module:function"`` may name (a config file is data; importing a module runs
+its code): a module of hpcdp itself, or a module installed in the environment or
+found on an explicit ``PYTHONPATH``. Refused: a module that would be imported from
+the current directory or the launched script's directory, which Python searches
+implicitly (``python -m hpcdp.cli`` puts the current directory first on
+``sys.path``, so a stray ``numpy.py`` or a planted ``evil.py`` there would run).
+The check looks the top-level name up without importing anything.
+
 :func:`probe` runs the callable once on zeros at setup, so a wrong shape is a clear
 error before the first training step, not a crash (or silent broadcast) mid-run.
 """
@@ -14,6 +22,9 @@ error before the first training step, not a crash (or silent broadcast) mid-run.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 
 import numpy as np
 
@@ -49,6 +60,7 @@ def resolve_aggregate(spec):
     if not sep or not module or not name:
         raise ValueError(f"parallel.ps.aggregate: {spec!r} is not \"sum\", \"mean\" or "
                          f"\"module:function\" (e.g. \"mypkg.aggr:trimmed_mean\")")
+    check_module_origin(module)
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
@@ -57,6 +69,44 @@ def resolve_aggregate(spec):
     if not callable(fn):
         raise ValueError(f"parallel.ps.aggregate: {module!r} has no callable {name!r}")
     return fn
+
+
+def _implicit_dirs() -> set:
+    """Directories Python searches without being asked: the current directory and the
+    main script's, minus any listed explicitly in PYTHONPATH."""
+    dirs = {os.path.realpath(os.getcwd())}
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main:
+        dirs.add(os.path.realpath(os.path.dirname(main)))
+    explicit = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    return dirs - explicit
+
+
+def check_module_origin(module: str) -> None:
+    """Raise ValueError if ``module``'s top-level package would come from an implicitly
+    searched directory (see the module docstring). Imports nothing."""
+    top = module.split(".")[0]
+    if top == "hpcdp" or top in sys.builtin_module_names:
+        return
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        return  # the import below reports "cannot import"
+    if found.origin and found.origin not in ("built-in", "frozen"):
+        where = os.path.dirname(found.origin)
+        if found.submodule_search_locations:  # a package: its directory's parent
+            where = os.path.dirname(where)
+    elif found.submodule_search_locations:   # a namespace package
+        where = os.path.dirname(list(found.submodule_search_locations)[0])
+    else:
+        return
+    if os.path.realpath(where) in _implicit_dirs():
+        raise ValueError(f"parallel.ps.aggregate: module {top!r} would be imported from {where}, the "
+                         "current or script directory, which Python searches implicitly; hpcdp imports "
+                         "aggregations only from hpcdp, installed modules or an explicit PYTHONPATH: "
+                         "install the module (pip install -e ...) or add its directory to PYTHONPATH")
 
 
 def check_result(result, size: int, dtype, where: str = "aggregate"):

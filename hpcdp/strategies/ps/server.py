@@ -17,8 +17,6 @@ enforced by the workers; the server checks it on every gradient.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from . import transport as tp
@@ -42,7 +40,6 @@ class ShardServer:
         self.stale_lr = check_stale_lr(stale_lr)
         self.outbox = tp.Outbox()
         self.local_results: list = []            # (update, result) for the colocated worker
-        self.apply_times: list = []               # wall time at which each update was applied
         self._hdr: dict = {}
         self._grad: dict = {}
         for w in self.remote:
@@ -120,7 +117,6 @@ class ShardServer:
                 result = self.params.copy()       # the send owns a snapshot
             else:
                 result = agg
-            self.apply_times.append(time.perf_counter())
             for w in self.remote:
                 self.outbox.send(self.comm, result, self.workers[w], tp.TAG_REPLY)
                 self._record("ps_pull", sent=result.nbytes)
@@ -142,13 +138,22 @@ class ShardServer:
 
     def serve_until_done(self) -> None:
         """Dedicated server loop: poll until every worker is done, then close."""
-        waiter = tp.Waiter(self.timeout, f"workers of server {self.index}")
+        def waiter():
+            return tp.Waiter(self.timeout, f"workers of server {self.index}", missing=self.missing_workers)
+        w = waiter()
         while not self.finished:
             if not self.poll():
-                waiter.idle(self.describe_waiting)
+                w.idle(self.describe_waiting)
             else:
-                waiter = tp.Waiter(self.timeout, f"workers of server {self.index}")
+                w = waiter()
         self.close()
+
+    def missing_workers(self) -> list:
+        """World ranks of the workers whose gradient of the next update (or whose done)
+        has not arrived: the ones this server waits for."""
+        c = self.clock
+        return [self.workers[w] for w in range(len(self.workers))
+                if c.done_at[w] is None and c.clock[w] <= c.version]
 
     def describe_waiting(self) -> str:
         c = self.clock

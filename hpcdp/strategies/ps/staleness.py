@@ -28,6 +28,8 @@ from hpcdp.config_parallel import (  # noqa: F401  (re-exported)
     STALE_LR_RULES, UNBOUNDED_SPELLINGS, check_stale_lr, parse_staleness,
 )
 
+HISTORY = 10_000  # per-update / per-step records kept for inspection (the most recent)
+
 
 class StalenessError(RuntimeError):
     """A gradient arrived that violates the protocol (order, version or bound)."""
@@ -96,7 +98,23 @@ class StalenessBound:
         return staleness >= 0 and (self.k is None or staleness <= self.k)
 
 
-@dataclass
+class Recent(list):
+    """A list that keeps only its most recent ``keep`` .. ``2 * keep`` items: older ones
+    are dropped ``keep`` at a time (amortized O(1) per append), so per-step records
+    cost bounded memory however long a run is. ``total`` counts every append."""
+
+    def __init__(self, keep: int = HISTORY):
+        super().__init__()
+        self.keep, self.total = keep, 0
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.total += 1
+        if len(self) >= 2 * self.keep:
+            del self[:len(self) - self.keep]
+
+
+@dataclass(slots=True)
 class Applied:
     """One worker's gradient inside one applied update (what metrics record)."""
 
@@ -124,7 +142,7 @@ class ServerClock:
     clock: list = field(default_factory=list)       # next step expected from each worker
     done_at: list = field(default_factory=list)     # steps a finished worker pushed, else None
     pending: dict = field(default_factory=dict)     # step -> {worker: (version, payload)}
-    applied: list = field(default_factory=list)     # Applied records, in apply order
+    applied: list = field(default_factory=Recent)   # Applied records, in apply order (recent ones)
 
     def __post_init__(self):
         if self.num_workers < 1:

@@ -13,12 +13,16 @@ reproduce bit for bit. Per step, on every rank:
    aggregated gradient with its own optimizer).
 
 A dedicated server runs step 2 in a loop until every worker sends DONE.
+
+Every wait polls with a deadline (``timeout``, comm.timeout in ``hpcdp train``) and
+names the ranks whose message never came (:func:`hpcdp.failure.deadline.wait`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
+
+from hpcdp.failure.deadline import wait
 
 from . import transport as tp
 from .aggregate import check_result
@@ -27,8 +31,9 @@ from .aggregate import check_result
 class SyncServerPart:
     """Step 2 for one shard."""
 
-    def __init__(self, comm, index, params, *, workers, local_worker, aggregate, optimizer, ledger):
-        self.comm, self.index, self.params = comm, index, params
+    def __init__(self, comm, index, params, *, workers, local_worker, aggregate, optimizer, ledger,
+                 timeout: float = 300.0):
+        self.comm, self.index, self.params, self.timeout = comm, index, params, timeout
         self.size, self.dtype = params.size, params.dtype
         self.workers, self.local_worker = tuple(workers), local_worker
         self.remote = [w for w in range(len(self.workers)) if w != local_worker]
@@ -38,9 +43,12 @@ class SyncServerPart:
     def receive_headers(self) -> tuple[bool, float]:
         """Blocking: one header per remote worker. Returns (all done?, lr)."""
         kinds, lr = set(), 0.0
+        heads = {w: np.empty(4, dtype=np.float64) for w in self.remote}
+        ranks = [self.workers[w] for w in self.remote]
+        wait([self.comm.Irecv(heads[w], source=self.workers[w], tag=tp.TAG_HEADER) for w in self.remote],
+             self.timeout, f"the workers' step {self.updates} (sync PS server {self.index})", sources=ranks)
         for w in self.remote:
-            h = np.empty(4, dtype=np.float64)
-            self.comm.Recv(h, source=self.workers[w], tag=tp.TAG_HEADER)
+            h = heads[w]
             kinds.add(h[0])
             if h[0] == tp.DONE and int(h[1]) != self.updates:
                 raise RuntimeError(f"sync PS server {self.index}: worker {w} finished after "
@@ -58,7 +66,9 @@ class SyncServerPart:
         for w in self.remote:
             grads[w] = np.empty(self.size, dtype=self.dtype)
             reqs.append(self.comm.Irecv(grads[w], source=self.workers[w], tag=tp.TAG_GRAD))
-        MPI.Request.Waitall(reqs)
+        ranks = [self.workers[w] for w in self.remote]
+        wait(reqs, self.timeout, f"the gradients of update {self.updates} (sync PS server {self.index})",
+             sources=ranks)
         if self.ledger is not None and self.remote:
             self.ledger.record("ps_push", recv_bytes=self.size * self.dtype.itemsize * len(self.remote),
                                recv_msgs=len(self.remote))
@@ -74,7 +84,7 @@ class SyncServerPart:
             result = agg
         # Blocking sends: a worker posts its receives before waiting on anything.
         sends = [self.comm.Isend(result, dest=self.workers[w], tag=tp.TAG_REPLY) for w in self.remote]
-        MPI.Request.Waitall(sends)
+        wait(sends, self.timeout, f"the workers to take update {self.updates}", sources=ranks)
         if self.ledger is not None and self.remote:
             self.ledger.record("ps_pull", sent_bytes=result.nbytes * len(self.remote),
                                sent_msgs=len(self.remote))
@@ -92,8 +102,9 @@ class SyncServerPart:
 class SyncWorkerPart:
     """Steps 1 and 3 on a worker (with step 2 for its colocated shard in between)."""
 
-    def __init__(self, comm, index, flat, *, roles, server_update, optimizer, local_server, ledger):
-        self.comm, self.index, self.flat = comm, index, flat
+    def __init__(self, comm, index, flat, *, roles, server_update, optimizer, local_server, ledger,
+                 timeout: float = 300.0):
+        self.comm, self.index, self.flat, self.timeout = comm, index, flat, timeout
         self.roles, self.server_update = roles, server_update
         self.optimizer, self.local_server, self.ledger = optimizer, local_server, ledger
         numel = flat.data.shape[0]
@@ -106,12 +117,13 @@ class SyncWorkerPart:
         grad, data = self.flat.grad, self.flat.data
         dtype = data.dtype
         # post the result receives first, then push (no ordering deadlock)
-        recvs, bufs = [], {}
+        recvs, bufs, remote = [], {}, []
         for s, (off, size) in enumerate(self.shards):
             if s == self.local_s:
                 continue
             bufs[s] = np.empty(size, dtype=dtype)
             recvs.append(self.comm.Irecv(bufs[s], source=self.roles.servers[s], tag=tp.TAG_REPLY))
+            remote.append(self.roles.servers[s])
         sends = []
         for s, (off, size) in enumerate(self.shards):
             if s == self.local_s:
@@ -125,8 +137,9 @@ class SyncWorkerPart:
             off, size = self.shards[self.local_s]
             self.local_server.receive_headers()
             bufs[self.local_s] = self.local_server.serve_step(grad[off:off + size].copy(), lr)
-        MPI.Request.Waitall(recvs)
-        MPI.Request.Waitall(sends)
+        wait(recvs, self.timeout, f"the servers' results of step {self.steps}", sources=remote)
+        wait(sends, self.timeout, f"the servers to take step {self.steps}'s gradients",
+             sources=[r for r in remote for _ in range(2)])
         if self.ledger is not None:
             for s in bufs:
                 if s != self.local_s:
@@ -139,10 +152,10 @@ class SyncWorkerPart:
         self.steps += 1
 
     def close(self) -> None:
-        sends = [self.comm.Isend(tp.header(tp.DONE, self.steps, 0, 0.0), self.roles.servers[s], tp.TAG_HEADER)
-                 for s in range(len(self.shards)) if s != self.local_s]
+        dests = [self.roles.servers[s] for s in range(len(self.shards)) if s != self.local_s]
+        sends = [self.comm.Isend(tp.header(tp.DONE, self.steps, 0, 0.0), d, tp.TAG_HEADER) for d in dests]
         if self.local_server is not None:
             done, _ = self.local_server.receive_headers()
             if not done and self.local_server.remote:
                 raise RuntimeError("sync PS: a worker pushed after this colocated server's worker finished")
-        MPI.Request.Waitall(sends)
+        wait(sends, self.timeout, "the servers to take this worker's done", sources=dests)

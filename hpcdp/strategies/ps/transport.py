@@ -45,36 +45,49 @@ class Outbox:
     so every send owns a private copy (cost: one shard copy per message)."""
 
     def __init__(self):
-        self._items: list = []  # (request, buffer)
+        self._items: list = []  # (request, buffer, destination)
 
     def send(self, comm, buf: np.ndarray, dest: int, tag: int) -> None:
-        self._items.append((comm.Isend(buf, dest=dest, tag=tag), buf))
+        self._items.append((comm.Isend(buf, dest=dest, tag=tag), buf, dest))
 
     def poll(self) -> None:
         """Drop completed sends (also progresses them)."""
         if self._items:
-            self._items = [(r, b) for r, b in self._items if not r.Test()]
+            self._items = [item for item in self._items if not item[0].Test()]
+
+    def pending_dests(self) -> list:
+        """Ranks that still have to take one of these sends."""
+        return sorted({dest for _, _, dest in self._items})
 
     def __len__(self) -> int:
         return len(self._items)
 
 
 class Waiter:
-    """Poll loop helper: yields the core now and then, raises after ``timeout`` s with
-    a message that says what this rank was waiting for (a hang becomes an error)."""
+    """Poll loop helper: yields the core now and then, raises
+    :class:`~hpcdp.failure.deadline.DeadlineExceeded` after ``timeout`` s with a message
+    that says what this rank was waiting for and, from ``missing() -> [ranks]``, which
+    ranks still owe it a message (a hang becomes an error naming the peer)."""
 
-    def __init__(self, timeout: float, what: str):
+    def __init__(self, timeout: float, what: str, missing=None):
         self.deadline = time.monotonic() + timeout
         self.timeout, self.what, self.n = timeout, what, 0
+        self.missing = missing
 
     def idle(self, detail=lambda: "") -> None:
         self.n += 1
         if self.n % 16 == 0:
             os.sched_yield()  # ranks may share cores: give it away
         if self.n % 1024 == 0 and time.monotonic() > self.deadline:
+            from hpcdp.failure.deadline import DeadlineExceeded
+            from hpcdp.failure.ranks import fmt_ranks
+
             rank = MPI.COMM_WORLD.Get_rank()
-            raise TimeoutError(f"parameter server: rank {rank} waited {self.timeout:g}s for "
-                               f"{self.what} ({detail()}); a peer died or stopped early")
+            ranks = self.missing() if self.missing is not None else []
+            owed = f"; still waiting for {fmt_ranks(ranks)}" if ranks else ""
+            raise DeadlineExceeded(f"parameter server: rank {rank} waited {self.timeout:g}s for "
+                                   f"{self.what} ({detail()}){owed}; a peer is stuck, died or "
+                                   "stopped early", missing=ranks)
 
 
 def finish_together(comm, outboxes, timeout: float) -> None:
@@ -84,7 +97,8 @@ def finish_together(comm, outboxes, timeout: float) -> None:
     more (rendezvous acknowledgements), so no rank may stop progressing while a peer
     still has sends in flight. Each rank keeps polling its outboxes; once they are
     empty it joins an ``Ibarrier`` and keeps progressing until every rank has joined."""
-    waiter = Waiter(timeout, "every rank's parameter-server sends to complete")
+    waiter = Waiter(timeout, "every rank's parameter-server sends to complete",
+                    missing=lambda: sorted({d for o in outboxes for d in o.pending_dests()}))
     barrier = None
     while True:
         for o in outboxes:

@@ -24,7 +24,7 @@ from collections import deque
 import numpy as np
 
 from . import transport as tp
-from .staleness import StalenessError
+from .staleness import Recent, StalenessError
 
 
 class Worker:
@@ -43,10 +43,10 @@ class Worker:
         self.received = [0] * roles.num_servers        # replies received per shard
         self.newest: list = [None] * roles.num_servers # server-side: newest reply buffer
         self.queue = [deque() for _ in range(roles.num_servers)]  # worker-side replies
-        self.lr_of_step: dict = {}
+        self.lr_of_step: dict = {}                     # worker-side update: lr of each step not yet applied
         self.outbox = tp.Outbox()
         self._reply: dict = {}
-        self.pushed_staleness: list = []               # per step: max over shards of t - v
+        self.pushed_staleness = Recent()               # per step: max over shards of t - v (recent steps)
         self._scratch = np.empty_like(flat.data) if not server_update else None
         for s in range(roles.num_servers):
             if s != self.local_s:
@@ -62,7 +62,8 @@ class Worker:
         """Send this step's gradient shards (copies: the grad buffer is reused)."""
         t = self.step_t
         grad = self.flat.grad
-        self.lr_of_step[t] = lr
+        if not self.server_update:
+            self.lr_of_step[t] = lr  # popped when update t is applied here
         self.pushed_staleness.append(max(t - v for v in self.version))
         for s, (off, size) in enumerate(self.shards):
             piece = np.array(grad[off:off + size], copy=True)
@@ -79,7 +80,7 @@ class Worker:
     def wait_for(self, min_version: int, what: str) -> None:
         """Poll (serving the colocated shard meanwhile) until every shard's installed
         version is ``>= min_version``; install the newest results available."""
-        waiter = tp.Waiter(self.timeout, what)
+        waiter = tp.Waiter(self.timeout, what, missing=lambda: self.missing_for(min_version))
         while True:
             progressed = self.poll()
             self._install()
@@ -87,6 +88,15 @@ class Worker:
                 return
             if not progressed:
                 waiter.idle(lambda: f"shard versions {self.version}, need {min_version}")
+
+    def missing_for(self, min_version: int) -> list:
+        """World ranks this worker waits for to reach ``min_version``: remote servers whose
+        reply is missing, and, for its own colocated shard, the workers behind."""
+        ranks = [self.server_ranks[s] for s in range(len(self.shards))
+                 if self.received[s] < min_version and s != self.local_s]
+        if self.local_server is not None and self.received[self.local_s] < min_version:
+            ranks += self.local_server.missing_workers()
+        return sorted(set(ranks))
 
     def poll(self) -> bool:
         progressed = False
@@ -149,7 +159,8 @@ class Worker:
         # every reply of every update (none lost), then the final weights
         self.wait_for(steps, f"the last replies (update {steps - 1}) from every server")
         if self.local_server is not None:
-            waiter = tp.Waiter(self.timeout, "the other workers to finish")
+            waiter = tp.Waiter(self.timeout, "the other workers to finish",
+                               missing=self.local_server.missing_workers)
             while not self.local_server.finished:
                 if not self.poll():
                     waiter.idle(self.local_server.describe_waiting)
