@@ -89,8 +89,8 @@ def load_dataset(data_cfg, task: str, dtype: str = "float32") -> Dataset:
     if ds.task != task:
         raise DataError(f"data.kind = {kind!r} gives a {ds.task} dataset but the model needs {task} data")
     if ds.task == "classification":
-        ds.x_train = np.ascontiguousarray(ds.x_train, dtype=dtype)
-        ds.x_test = np.ascontiguousarray(ds.x_test, dtype=dtype)
+        from .cast import cast_features
+        cast_features(ds, dtype)  # to run.dtype; values that overflow it are a DataError
     return ds
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import DataError, Dataset, split_indices
+from .external import refuse_external
 
 
 def _read_npz(path: Path, keys: dict[str, str]) -> dict[str, np.ndarray]:
@@ -115,6 +116,7 @@ def _load_one(path_str: str, kind: str, keys: dict[str, str], task: str, cfg_key
 
 
 def load_file_dataset(cfg, task: str) -> Dataset:
+    refuse_external(cfg)  # HDF5 data stored outside the file: only with data.allow_external
     keys = {"x_key": cfg.x_key, "y_key": cfg.y_key}
     x, y = _load_one(cfg.path, cfg.kind, keys, task, "path")
     if cfg.test_path:
