@@ -3,10 +3,13 @@
     hpcdp train [--config FILE.toml] [--set section.key=value ...]
     hpcdp bench step [options]          training-step time vs hand-written NumPy / PyTorch
     hpcdp bench collectives [options]   OSU-style table of the collectives (under mpiexec)
+    hpcdp bench faults [options]        fault-injection table: how jobs end when a rank fails
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
 
 Bad input (config, data files, a launch without a strategy) prints one error line
-on rank 0, without a traceback, and exits with status 2 on every rank. Set
+on rank 0, without a traceback, and exits with status 2 on every rank. A failure on
+any rank during training ends every rank within seconds, the failing rank printing
+one line (hpcdp.failure.policy; docs/user-guide.md, "When things go wrong"). Set
 ``HPCDP_TRACEBACK=1`` to see the traceback.
 """
 
@@ -45,16 +48,20 @@ def _train(argv) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key; the value is TOML (e.g. 0.05, true, [64, 10], \"s\")")
     args = p.parse_args(argv)
-    from hpcdp.train import main_train
+    from hpcdp.failure.policy import run_job
 
-    main_train(args.config, args.set)
-    return 0
+    def train():
+        from hpcdp.train import main_train
+        main_train(args.config, args.set)
+
+    return run_job(train)
 
 
 def _bench(argv) -> int:
-    commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives"}
+    commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives",
+                "faults": "hpcdp.bench.faults"}
     if not argv or argv[0] not in commands:
-        print("usage: hpcdp bench {step,collectives} [options]", file=sys.stderr)
+        print("usage: hpcdp bench {step,collectives,faults} [options]", file=sys.stderr)
         return USAGE_ERROR
     import importlib
 

@@ -63,11 +63,13 @@ class StepResult:
 
 
 def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
-               after_backward: Callable[[int], None] | None = None) -> StepResult:
+               after_backward: Callable[[int], None] | None = None, checks=None) -> StepResult:
     """Run one optimizer step of ``model`` under ``strategy`` (see module docstring).
 
     ``fetch(indices) -> (x, y)``: the inputs and targets of those samples, as
     Tensors on the model's backend (or arrays ``model.loss`` accepts).
+    ``checks``: a :class:`hpcdp.failure.steps.StepChecks` (the non-finite loss check
+    and the fault-injection hook), called once the step's backward is done.
     """
     n_micro = len(batch.micro)
     if n_micro < 1:
@@ -87,6 +89,8 @@ def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
         (loss * weight).backward()
         if after_backward is not None:
             after_backward(m)
+    if checks is not None:  # mid-step: DDP's allreduces are in flight
+        checks.after_backward(loss_part, model.flat)
     strategy.finish_gradients()
     strategy.step()
     return StepResult(loss=loss_part, samples=batch.samples)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.sampler import GlobalSampler, micro_batches
 from hpcdp.metrics import MetricsWriter, StepGather
 from hpcdp.optim import build_optimizer, lr_at
+from hpcdp.rundir import new_run_dir
 from hpcdp.shard import shard_range
 from hpcdp.step import LocalBatch, train_step
 from hpcdp.strategies import build_strategy
@@ -56,48 +56,8 @@ def check_model_fits_data(model_cfg, ds: Dataset) -> None:
                               f"needs >= {ds.x_train.shape[1]}, found {model_cfg.block_size}")
 
 
-def _on_root_then_bcast(comm, fn, root: int = 0) -> str:
-    """Run ``fn() -> str`` on ``root`` and broadcast its result as bytes (no pickle).
-
-    If ``fn`` raises a user error on the root, every rank raises it: no rank is left
-    waiting in a collective the root never reaches.
-    """
-    text, failed = None, False
-    if comm.Get_rank() == root:
-        try:
-            text = fn()
-        except (ValueError, OSError) as e:
-            text, failed = f"{e}", True
-    if comm.Get_size() > 1:
-        data = text.encode() if comm.Get_rank() == root else b""
-        head = np.array([len(data), int(failed)], dtype=np.int64)
-        comm.Bcast(head, root=root)
-        buf = np.frombuffer(data, dtype=np.uint8).copy() if comm.Get_rank() == root else np.empty(head[0], np.uint8)
-        comm.Bcast(buf, root=root)
-        text, failed = buf.tobytes().decode(), bool(head[1])
-    if failed:
-        raise ConfigError(text)
-    return text
-
-
-def _new_run_dir(run_cfg) -> str:
-    if run_cfg.out_dir:
-        path = Path(run_cfg.out_dir)
-        if (path / "metrics.jsonl").exists():
-            raise ConfigError(f"run.out_dir: {str(path)!r} already holds a run (metrics.jsonl); "
-                              "choose another directory or leave run.out_dir empty")
-    else:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        base = Path("runs") / f"{run_cfg.name}-{stamp}"
-        path, k = base, 1
-        while path.exists():
-            k += 1
-            path = Path(f"{base}-{k}")
-    path.mkdir(parents=True, exist_ok=True)
-    return str(path)
-
-
-def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, backend) -> dict:
+def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, backend,
+             timeout: float | None = None) -> dict:
     """Test loss and accuracy; workers split the test set (shard rule) and sum.
 
     Every worker runs the same number of forward passes (computed from the largest
@@ -132,9 +92,8 @@ def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, b
         if hasattr(model, "train"):
             model.train()
     if comm is not None and comm.Get_size() > 1:
-        total = np.empty_like(sums)
-        comm.Allreduce(sums, total)  # sum over workers
-        sums = total
+        from hpcdp.comm import allreduce
+        allreduce(sums, comm=comm, op="sum", timeout=timeout)  # sum over workers (deadline: timeout)
     count = max(sums[2], 1.0)
     return {"loss": sums[0] / count, "accuracy": sums[1] / count, "n": int(sums[2])}
 
@@ -146,59 +105,73 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
     """
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
+    from hpcdp.failure.agree import on_root, stage
+    from hpcdp.failure.skew import schedule_differences, schedule_text
+    from hpcdp.failure.steps import StepChecks, release
 
     if world is None:
         from hpcdp.world import World
         world = World.from_mpi(device=cfg.run.device)
-    try:
-        if cfg.run.device == "cuda":  # one GPU per rank on a node: GPU = local rank % GPUs
-            from hpcdp.backend.cuda import select_device
-            select_device(world.local_rank)
-        be = get_backend(cfg.run.device)
-    except (RuntimeError, ImportError) as e:  # e.g. no GPU on this node
-        raise ConfigError(f"run.device = {cfg.run.device!r}: {e}") from None
-    ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
-    check_model_fits_data(cfg.model, ds)
-    if model is None:
-        from hpcdp.nn import build_model
-        model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device)
-    flat = model.flat
-    optimizer = build_optimizer(cfg.optim, dtype=cfg.run.dtype, device=cfg.run.device)
-    strategy = build_strategy(cfg.parallel, world, cfg.comm)
-    strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
-
-    # Checks every rank makes alike (so all of them stop together).
-    sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
-    total = cfg.train.steps or cfg.train.epochs * sampler.batches_per_epoch
-    accum = cfg.train.grad_accum
-    if cfg.train.global_batch < strategy.dp_size * accum:
-        raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
-                          f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
+    # Each setup stage ends with every rank agreeing (hpcdp.failure.agree): an error on
+    # any rank (config, data, memory...) raises the same JobError on every rank.
+    setup_s = cfg.comm.setup_timeout
+    with stage(world.comm, "setup", timeout=setup_s):
+        try:
+            if cfg.run.device == "cuda":  # one GPU per rank on a node: GPU = local rank % GPUs
+                from hpcdp.backend.cuda import select_device
+                select_device(world.local_rank)
+            be = get_backend(cfg.run.device)
+        except (RuntimeError, ImportError) as e:  # e.g. no GPU on this node
+            raise ConfigError(f"run.device = {cfg.run.device!r}: {e}") from None
+        ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
+        check_model_fits_data(cfg.model, ds)
+        if model is None:
+            from hpcdp.nn import build_model
+            model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device)
+        flat = model.flat
+        optimizer = build_optimizer(cfg.optim, dtype=cfg.run.dtype, device=cfg.run.device)
+        checks = StepChecks(cfg.train.on_nonfinite, world.rank, optimizer)  # non-finite guard
+        strategy = build_strategy(cfg.parallel, world, cfg.comm)
+        checks.setup()
+    with stage(world.comm, "strategy setup", timeout=setup_s, skew=schedule_differences) as agreed:
+        strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
+        sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
+        total = cfg.train.steps or cfg.train.epochs * sampler.batches_per_epoch
+        accum = cfg.train.grad_accum
+        if cfg.train.global_batch < strategy.dp_size * accum:
+            raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
+                              f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
+        agreed.fingerprint = schedule_text(ds, total, sampler.batches_per_epoch)  # same data everywhere
 
     # The run directory: named on world rank 0, known to every rank.
     def make_run_dir():
-        path = _new_run_dir(cfg.run)
+        path = new_run_dir(cfg.run)
         resolved = cfg.to_dict()
         resolved["run"]["out_dir"] = path
         (Path(path) / "config.toml").write_text(dump_toml(resolved))
         return path
 
-    run_dir = _on_root_then_bcast(world.comm, make_run_dir)
+    run_dir = on_root(world.comm, make_run_dir, what="the run directory", timeout=setup_s)
 
     # Workers get their own communicator for metrics; server ranks only serve.
     comm = world.comm
     if world.size > 1:
         from mpi4py import MPI
-        comm = world.comm.Split(0 if strategy.is_worker else MPI.UNDEFINED, world.rank)
+
+        from hpcdp.failure.deadline import watchdog
+        with watchdog(cfg.comm.timeout, "splitting off the workers' communicator"):
+            comm = world.comm.Split(0 if strategy.is_worker else MPI.UNDEFINED, world.rank)
     if not strategy.is_worker:
         try:
             strategy.serve()
-        finally:
             strategy.close()
+        except BaseException as e:
+            release(strategy, e, None)  # failing: drop requests, wait for no peer
+            raise
         return {"run_dir": run_dir, "role": "server"}
 
     writer_rank = comm.Get_rank() == 0
-    gather = StepGather(comm)
+    gather = StepGather(comm, timeout=cfg.comm.timeout)
     writer = MetricsWriter(Path(run_dir) / "metrics.jsonl" if writer_rank else None,
                            total, cfg.run.log_every, out=out)
     floor = ds.info.get("loss_floor")
@@ -211,7 +184,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                    f"{total} steps of {cfg.train.global_batch} samples ({sampler.batches_per_epoch} per epoch)")
 
     def run_eval(step):
-        res = evaluate(model, ds, cfg.train.eval_batch, strategy.dp_rank, strategy.dp_size, comm, be)
+        res = evaluate(model, ds, cfg.train.eval_batch, strategy.dp_rank, strategy.dp_size, comm, be,
+                       timeout=cfg.comm.timeout)
         if floor is not None:
             res["loss_floor"] = floor
         if writer_rank:
@@ -226,6 +200,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
 
     last_loss, last_eval = float("nan"), None
     pending: list = []  # writer: this rank's part of each step record until the next flush
+    step = None
     try:
         for step in range(1, total + 1):
             t0 = time.perf_counter()
@@ -234,8 +209,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             local, global_n = sampler.local_indices(step - 1, strategy.dp_size, strategy.dp_rank)
             batch = LocalBatch(micro_batches(local, accum), global_n,
                                filler=sampler.global_indices(step - 1)[:1])
-            loss_part = train_step(model, strategy, batch, fetch).loss
-            stats = strategy.step_stats()
+            # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
+            loss_part = train_step(model, strategy, batch, fetch, checks=checks.at(step)).loss
+            stats = {**strategy.step_stats(), **checks.stats()}
             dt = time.perf_counter() - t0
             gather.add(loss_part, len(local), dt, stats)  # kept locally: no sync point
             if writer_rank:
@@ -258,8 +234,10 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         strategy.close()
         last_eval = run_eval(total)
         gather.finish()
+    except BaseException as e:
+        release(strategy, e, step)  # failing: note the step, drop requests, wait for no peer
+        raise
     finally:
-        strategy.close()
         writer.close()
         if comm is not world.comm:
             comm.Free()
@@ -267,11 +245,19 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
 
 
 def main_train(config_path=None, overrides=(), out=None) -> dict:
-    """``hpcdp train``: load the config (None: built-in default) and train."""
-    from hpcdp.config import load_config
+    """``hpcdp train``: load the config (None: built-in default) and train. Every rank
+    loads its own config; they must agree (hpcdp.failure.skew) before anything else."""
+    from hpcdp.config import CommConfig, load_config
+    from hpcdp.failure.agree import stage
+    from hpcdp.failure.skew import config_differences, config_text
+    from hpcdp.world import World
 
-    cfg = load_config(config_path, overrides)
-    return run_training(cfg, out=out)
+    world = World.from_mpi()
+    with stage(world.comm, "config", timeout=CommConfig().setup_timeout, skew=config_differences) as agreed:
+        cfg = load_config(config_path, overrides)
+        agreed.timeout, agreed.fingerprint = cfg.comm.setup_timeout, config_text(cfg)
+    world.device = cfg.run.device
+    return run_training(cfg, world=world, out=out)
 
 
 __all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train"]

@@ -5,9 +5,7 @@
     checks = StepChecks(cfg.train.on_nonfinite, world.rank, optimizer)  # wraps optimizer.step
     checks.setup()                                    # HPCDP_FAULT at step 0
     for step ...:
-        ... backward ...
-        checks.after_backward(step, loss_part, flat.grad)
-        ... finish_gradients, step ...
+        train_step(..., checks=checks.at(step))       # calls checks.after_backward(loss, flat)
         stats.update(checks.stats())
     except BaseException as e: release(strategy, e, step)
 """
@@ -26,15 +24,21 @@ class StepChecks:
         self.guard = NonFiniteGuard(on_nonfinite, rank)
         self.guard.guard(optimizer)
         self.faults = Faults(rank)
+        self.step = 0
+
+    def at(self, step: int) -> "StepChecks":
+        """The training step about to run (its number goes into messages); returns self."""
+        self.step = step
+        return self
 
     def setup(self) -> None:
         """During setup (before any collective): faults injected at step 0."""
         self.faults.fire(0)
 
-    def after_backward(self, step: int, loss: float, grad) -> None:
+    def after_backward(self, loss: float, flat=None) -> None:
         """Mid-step (DDP's allreduces in flight): injected faults, then the loss check."""
-        self.faults.fire(step, grad)
-        self.guard.check_loss(step, loss)
+        self.faults.fire(self.step, getattr(flat, "grad", None))
+        self.guard.check_loss(self.step, loss)
 
     def stats(self) -> dict:
         return self.guard.stats()

@@ -33,7 +33,7 @@ def test_an_error_found_on_rank_0_only_stops_every_rank(tmp_path_factory):
     """The run directory is checked on rank 0 alone; its error must reach all ranks."""
     pytest.importorskip("hpcdp.strategies.ddp")
     from hpcdp.config import ConfigError
-    from hpcdp.train import _on_root_then_bcast
+    from hpcdp.failure.agree import on_root
 
     comm = MPI.COMM_WORLD
 
@@ -42,7 +42,7 @@ def test_an_error_found_on_rank_0_only_stops_every_rank(tmp_path_factory):
         (d / "metrics.jsonl").write_text("")
         return str(d)
 
-    taken = _on_root_then_bcast(comm, occupied_dir)  # rank 0's path, known to all
+    taken = on_root(comm, occupied_dir, what="test", timeout=60)  # rank 0's path, known to all
     cfg = load_config(None, ["train.steps=2", "parallel.strategy=ddp", f'run.out_dir="{taken}"'])
     with pytest.raises(ConfigError, match="already holds a run"):
         run_training(cfg, world=World.from_mpi(), out=io.StringIO())
