@@ -27,6 +27,8 @@ fi
 echo "== MPI tests (2, 3, 4 ranks)"
 PYTHON="$PY" bash tests/run_mpi.sh || failed+=(mpi)
 
+echo "== fault injection (real mpiexec jobs, one rank broken)"; timeout 900 "$PY" -m pytest tests/faults -q -p no:cacheprovider || failed+=(faults)
+
 echo "== Slurm job-script tests (a local one-node Slurm)"
 PYTHON="$PY" bash tests/run_slurm.sh || failed+=(slurm)
 
