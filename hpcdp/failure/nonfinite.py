@@ -41,7 +41,8 @@ def grad_sq_norm(grad, backend=None) -> float:
     """Squared L2 norm of a flat gradient (NaN/inf if any element is, or if it overflows
     the gradient's dtype: a gradient that large is as unusable)."""
     if isinstance(grad, np.ndarray):
-        return float(np.dot(grad, grad))
+        with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN is the answer, not a warning
+            return float(np.dot(grad, grad))
     be = backend
     return float(np.asarray(be.to_numpy(be.sum(be.mul(grad, grad)))))
 

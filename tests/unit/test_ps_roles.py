@@ -70,3 +70,46 @@ def test_probe_reports_a_raising_aggregation():
 def test_bad_aggregation_specs(spec, msg):
     with pytest.raises(ValueError, match=msg):
         resolve_aggregate(spec)
+
+
+EVIL = """
+import pathlib
+pathlib.Path(__file__).with_name("IMPORTED").write_text("ran")
+def f(grads):
+    return grads[0]
+"""
+
+
+def test_aggregate_from_the_current_directory_is_refused_without_importing_it(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "evil_agg_q.py").write_text(EVIL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # what `python -m` does with the current directory
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    with pytest.raises(ValueError, match=r"module 'evil_agg_q' would be imported from .*current or script "
+                                         r"directory.*PYTHONPATH"):
+        resolve_aggregate("evil_agg_q:f")
+    assert not (tmp_path / "IMPORTED").exists() and "evil_agg_q" not in sys.modules
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # named explicitly: the user's choice
+    assert callable(resolve_aggregate("evil_agg_q:f"))
+    assert (tmp_path / "IMPORTED").exists()
+    assert callable(resolve_aggregate("hpcdp.strategies.ps.aggregate:agg_mean"))  # hpcdp's own
+    assert callable(resolve_aggregate("numpy:sum"))                               # installed
+
+
+def test_hpcdp_train_does_not_run_a_planted_module(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "evil_agg_q.py").write_text(EVIL)
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "train", "--set", "parallel.strategy=ps",
+                           "--set", "parallel.ps.aggregate=evil_agg_q:f", "--set", "train.steps=2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr
+    assert "hpcdp: error: parallel.ps.aggregate: module 'evil_agg_q' would be imported from" in proc.stderr
+    assert not (tmp_path / "IMPORTED").exists()

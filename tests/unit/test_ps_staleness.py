@@ -171,3 +171,19 @@ def test_check_stale_lr_names_the_key_and_choices(raw):
     from hpcdp.strategies.ps.staleness import check_stale_lr
     with pytest.raises(ValueError, match="parallel.ps.stale_lr: .* choose one of 'relative', 'inverse', 'none'"):
         check_stale_lr(raw)
+
+
+def test_records_stay_bounded_however_long_the_run():
+    from hpcdp.strategies.ps.staleness import Recent
+
+    r = Recent(keep=5)
+    for i in range(23):
+        r.append(i)
+    assert r.total == 23 and 5 <= len(r) < 10 and r[-1] == 22 and r == list(range(23 - len(r), 23))
+    c = ServerClock(2, StalenessBound(0))
+    c.applied = Recent(keep=3)
+    for t in range(50):
+        c.push(0, t, t, None)
+        c.push(1, t, t, None)
+        c.pop_ready()
+    assert c.version == 50 and len(c.applied) < 6 and c.applied[-1].update == 49

@@ -1,0 +1,80 @@
+"""Agreement before training on real ranks: an error on one rank becomes the same
+JobError on every rank, naming that rank; skewed fingerprints name the ranks; waits
+with a deadline name the rank that never sent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcdp.config import ConfigError
+from hpcdp.failure.agree import JobError, agree, on_root, stage
+from hpcdp.failure.deadline import DeadlineExceeded, broadcast, wait
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_error_on_the_last_rank_stops_every_rank_with_its_cause():
+    last = SIZE - 1
+    with pytest.raises(JobError) as e:
+        with stage(COMM, "data", timeout=60):
+            if RANK == last:
+                raise ConfigError("data.path: file not found: 'x.npz'")
+    assert str(e.value) == f"rank {last}: data.path: file not found: 'x.npz'"
+    assert e.value.failed == {last: "data.path: file not found: 'x.npz'"}
+    assert isinstance(e.value.__cause__, ConfigError) == (RANK == last)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_same_error_everywhere_reads_as_one_and_different_ones_are_grouped():
+    with pytest.raises(JobError, match=r"^train\.global_batch: too small$"):
+        agree(COMM, ValueError("train.global_batch: too small"), what="x", timeout=60)
+    err = MemoryError() if RANK == 0 else (ValueError("bad") if RANK == 1 else None)
+    with pytest.raises(JobError) as e:
+        agree(COMM, err, what="x", timeout=60)
+    assert str(e.value) == "rank 0: out of memory (MemoryError); rank 1: bad"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_skewed_fingerprints_are_named_and_equal_ones_pass():
+    assert agree(COMM, None, what="config", timeout=60, fingerprint="steps = 30") == []
+    with pytest.raises(JobError, match=r"config differs across ranks: .*rank 1: steps = 40"):
+        agree(COMM, None, what="config", timeout=60, fingerprint="steps = 40" if RANK == 1 else "steps = 30")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_on_root_shares_the_result_or_the_roots_error():
+    assert on_root(COMM, lambda: "runs/x-1", what="run dir", timeout=60) == "runs/x-1"
+
+    def fails():
+        raise OSError("run.out_dir: read-only file system")
+    with pytest.raises(JobError, match=r"^rank 0: run\.out_dir: read-only file system$"):
+        on_root(COMM, fails, what="run dir", timeout=60)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_wait_past_its_deadline_names_the_rank_that_never_sent():
+    buf = np.zeros(1)
+    if RANK == 0:
+        req = COMM.Irecv(buf, source=1, tag=4242)  # rank 1 sends only after rank 0 gave up
+        with pytest.raises(DeadlineExceeded, match=r"rank 0 waited .*for the test message: still waiting "
+                                                   r"for rank 1 ") as e:
+            wait([req], 0.5, "the test message", sources=[1])
+        assert e.value.missing == [1]
+        COMM.Barrier()
+        req.Wait()  # now it comes
+    else:
+        COMM.Barrier()
+        if RANK == 1:
+            COMM.Send(np.ones(1), dest=0, tag=4242)
+    COMM.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_with_deadline_copies_the_root():
+    buf = np.full(5, float(RANK))
+    broadcast(buf, comm=COMM, root=1, timeout=60)
+    assert np.array_equal(buf, np.ones(5))
