@@ -4,6 +4,7 @@
     hpcdp bench step [options]          training-step time vs hand-written NumPy / PyTorch
     hpcdp bench collectives [options]   OSU-style table of the collectives (under mpiexec)
     hpcdp bench faults [options]        fault-injection table: how jobs end when a rank fails
+    hpcdp bench soak --config FILE      resident memory of every rank over a long run
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
 
 Bad input (config, data files, a launch without a strategy) prints one error line
@@ -59,9 +60,9 @@ def _train(argv) -> int:
 
 def _bench(argv) -> int:
     commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives",
-                "faults": "hpcdp.bench.faults"}
+                "faults": "hpcdp.bench.faults", "soak": "hpcdp.bench.soak"}
     if not argv or argv[0] not in commands:
-        print("usage: hpcdp bench {step,collectives,faults} [options]", file=sys.stderr)
+        print("usage: hpcdp bench {step,collectives,faults,soak} [options]", file=sys.stderr)
         return USAGE_ERROR
     import importlib
 

@@ -28,7 +28,7 @@ from hpcdp.config_parallel import (  # noqa: F401  (re-exported)
     STALE_LR_RULES, UNBOUNDED_SPELLINGS, check_stale_lr, parse_staleness,
 )
 
-HISTORY = 10_000  # per-update / per-step records kept for inspection (the most recent)
+HISTORY = 1024  # per-update / per-step records kept for inspection: the most recent 1024 .. 2047
 
 
 class StalenessError(RuntimeError):
