@@ -359,7 +359,7 @@ def main(argv=None) -> int:
                "exit_after_fault_s": None if took is None else round(took, 2), "job_s": round(whole, 2),
                "message": message_of(res), "problems": bad}
         rows.append(row)
-        shown = f"{took:.1f} s" if took is not None else f"{whole:.1f} s (whole job)"
+        shown = f"{took:.2f} s" if took is not None else f"{whole:.1f} s (whole job)"
         msg = row["message"].replace("|", "\\|")
         print(f"| {sc.what} | {sc.strategy} | {sc.ranks} | {sc.timeout:g} s | {res.status} | {shown} | "
               f"`{msg[:160]}` | {'yes' if not bad else 'NO: ' + '; '.join(bad)} |", flush=True)

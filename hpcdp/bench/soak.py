@@ -4,7 +4,9 @@ Launches ``mpiexec -n RANKS hpcdp train --config CONFIG --set train.steps=STEPS`
 samples every rank's resident set size (``VmRSS`` in ``/proc/<pid>/status``) twice
 a second, with the number of steps done (lines in metrics.jsonl). The baseline is
 the first sample after ``--warmup`` of the steps (compilation and first touches are
-over); the growth of each rank is its last sample minus its baseline. Per-step
+over); the growth of each rank is its last sample minus its baseline, and the slope
+a least-squares fit of RSS against steps over all samples from the baseline on
+(steady growth stands out from the allocator's ups and downs). Per-step
 records that are never trimmed show up as growth proportional to the steps (the
 asynchronous parameter server's used to add 22 MB over 60k steps).
 
@@ -85,12 +87,22 @@ def soak(config: str, steps: int, ranks: int, sets=(), warmup: float = 0.1, peri
     if base is None or last is None or base is last:
         raise RuntimeError("soak: too few samples (raise --steps)")
     growth = {r: (last[2][r] - base[2][r]) / 1024 for r in range(ranks)}
+    # least-squares slope of RSS over steps after the warmup: steady growth per 1000 steps
+    import numpy as np
+    after = [x for x in samples if x[1] >= base[1]]
+    steps_done = np.array([x[1] for x in after], dtype=float)
+    slope = {}
+    for r in range(ranks):
+        rss = np.array([x[2][r] / 1024 for x in after])
+        slope[r] = float(np.polyfit(steps_done, rss, 1)[0] * 1000) if np.ptp(steps_done) > 0 else 0.0
     return {"config": config, "steps": steps, "ranks": ranks, "sets": list(sets), "tree": tree,
             "baseline_step": base[1], "last_step": last[1], "seconds": round(last[0], 1),
             "baseline_mib": {r: round(base[2][r] / 1024, 1) for r in range(ranks)},
             "last_mib": {r: round(last[2][r] / 1024, 1) for r in range(ranks)},
             "growth_mib": {r: round(g, 2) for r, g in growth.items()},
-            "max_growth_mib": round(max(growth.values()), 2)}
+            "max_growth_mib": round(max(growth.values()), 2),
+            "slope_mib_per_1000_steps": {r: round(v, 3) for r, v in slope.items()},
+            "samples": len(after)}
 
 
 def main(argv=None) -> int:

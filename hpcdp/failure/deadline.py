@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 
 from hpcdp.comm.errors import CommError
 
-from .ranks import fmt_ranks
+from .ranks import fmt_ranks, say
 
 
 class DeadlineExceeded(CommError):
@@ -91,8 +90,8 @@ def watchdog(timeout: float, what: str):
     ``MPI_Abort`` from a timer thread (mpi4py releases the GIL inside MPI calls)."""
     def expire():
         rank = _world_rank()
-        print(f"hpcdp: error: rank {rank}: {what} did not complete within {timeout:g}s "
-              "(a rank is stuck, died or never got here); ending the job", file=sys.stderr, flush=True)
+        say(f"hpcdp: error: rank {rank}: {what} did not complete within {timeout:g}s "
+            "(a rank is stuck, died or never got here); ending the job")
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(1)
 

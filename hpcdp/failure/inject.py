@@ -30,6 +30,8 @@ import sys
 
 import numpy as np
 
+from .ranks import say
+
 KINDS = ("raise", "memory", "exit", "kill", "stop", "sigint", "sigterm", "nan")
 ENV = "HPCDP_FAULT"
 
@@ -58,7 +60,7 @@ class Faults:
             return
         kind = self.at[step]
         what = f"injected fault ({ENV}: {kind} on rank {self.rank} at step {step})"
-        print(f"hpcdp: {what}", file=sys.stderr, flush=True)
+        say(f"hpcdp: {what}")
         if kind == "raise":
             raise RuntimeError(what)
         if kind == "memory":

@@ -26,6 +26,7 @@ import sys
 import traceback
 
 from .agree import USER_ERRORS, JobError, cause
+from .ranks import say
 from .signals import Interrupted, handling_signals
 
 USAGE_ERROR = 2
@@ -96,7 +97,7 @@ def report_failure(e: BaseException) -> int:
     where = f"rank {rank} of {size}" if size > 1 else ""
     if step is not None:
         where += (" " if where else "") + f"at step {step}"
-    print(f"hpcdp: error: {where + ': ' if where else ''}{_describe(e)}", file=sys.stderr, flush=True)
+    say(f"hpcdp: error: {where + ': ' if where else ''}{_describe(e)}")
     status = _exit_status(e, size)
     if size > 1:
         from mpi4py import MPI
@@ -112,7 +113,7 @@ def report_agreed(e: JobError) -> int:
     elif e.__cause__ is not None and not isinstance(e.__cause__, USER_ERRORS):
         traceback.print_exception(e.__cause__)  # a bug on this rank: its traceback, once
     if rank == 0:
-        print(f"hpcdp: error: {e}", file=sys.stderr, flush=True)
+        say(f"hpcdp: error: {e}")
     return USAGE_ERROR
 
 

@@ -1,4 +1,4 @@
-"""How failure messages write sets of ranks (pure text, no MPI)."""
+"""How failure messages write sets of ranks, and how they are printed (no MPI)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,12 @@ def fmt_ranks(ranks) -> str:
             parts.append(str(start) if start == r else f"{start}-{r}")
             start = None
     return "ranks " + ", ".join(parts)
+
+
+def say(line: str) -> None:
+    """Write one line to stderr in ONE write call, flushed: lines of ranks that share a
+    launcher's output stream stay whole (print() writes the newline separately, which
+    interleaves when stderr is unbuffered)."""
+    import sys
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
