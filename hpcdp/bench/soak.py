@@ -55,7 +55,8 @@ def soak(config: str, steps: int, ranks: int, sets=(), warmup: float = 0.1, peri
     marker = f"soak{uuid.uuid4().hex[:10]}"
     with tempfile.TemporaryDirectory(prefix="hpcdp-soak-") as tmp:
         run = Path(tmp) / "run"
-        cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "hpcdp.cli", "train", "--config", config,
+        cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "hpcdp.cli", "train",
+               "--config", str(Path(config).resolve()),
                "--set", f"train.steps={steps}", "--set", f'run.out_dir="{run}"', "--set", f"run.name={marker}",
                "--set", "run.eval_every=0", "--set", "run.log_every=100"]
         for s in sets:
@@ -63,7 +64,10 @@ def soak(config: str, steps: int, ranks: int, sets=(), warmup: float = 0.1, peri
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
         if tree:
             env["PYTHONPATH"] = str(Path(tree).resolve())
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # cwd: the temporary directory, since `python -m` puts the cwd first on sys.path
+        # (from a checkout it would shadow --tree)
+        proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
         samples = []  # (seconds, steps done, {rank: rss kB})
         t0 = time.monotonic()
         while proc.poll() is None:
