@@ -128,12 +128,8 @@ class DDP(Strategy):
     def abandon(self) -> None:
         """The job is failing: drop the allreduces in flight without waiting for peers
         (they may be dead or stuck), remove the hooks. close() is then a no-op."""
-        self._armed = False
-        self._inflight = []
-        self._busy_since = None
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        if self.engine is not None:
+            self.engine.abandon()
 
     def _broadcast_params(self) -> None:
         """Copy rank 0's parameters to every rank (MPI's Ibcast, with a deadline: one call
@@ -151,7 +147,8 @@ class DDP(Strategy):
                                sent_msgs=int(root), recv_msgs=int(not root), calls=1)
 
     def _timeout(self) -> float:
-        return self._hcomm.get_context(self.comm).timeout if self.timeout is None else self.timeout
+        from hpcdp.comm import get_context
+        return get_context(self.comm).timeout if self.timeout is None else self.timeout
 
     # -- replica check ---------------------------------------------------------------
     def param_hash(self) -> int:
@@ -168,7 +165,8 @@ class DDP(Strategy):
             return
         every = np.zeros((self.world.size, 2), dtype=np.uint64)
         every[self.world.rank] = (self.flat.numel, self.param_hash())
-        self._hcomm.all_gather(every.reshape(-1), comm=self.comm, timeout=self._timeout())  # in place
+        from hpcdp.comm import all_gather
+        all_gather(every.reshape(-1), comm=self.comm, timeout=self._timeout())  # in place
         groups: dict[tuple, list[int]] = {}
         for r in range(self.world.size):
             groups.setdefault((int(every[r, 0]), int(every[r, 1])), []).append(r)

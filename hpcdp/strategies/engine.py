@@ -161,6 +161,17 @@ class BucketEngine:
             h.remove()
         self._handles = []
 
+    def abandon(self) -> None:
+        """The job is failing: forget the requests in flight without waiting (their
+        peers may be dead or stuck: draining would add a full timeout) and remove the
+        hooks. close() is then a no-op."""
+        self.armed = False
+        self._inflight = []
+        self._busy_since = None
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
 
 def ledger_bytes(ledger, snap, grad_prefixes=("allreduce",)) -> tuple[dict, object]:
     """Bytes moved since ``snap`` (a ledger snapshot): ``bytes_sent/recv`` over every
