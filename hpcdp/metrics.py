@@ -142,7 +142,10 @@ class MetricsWriter:
             self.f.flush()
 
     def log(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        # one write per line (print() writes the newline separately): a signal or
+        # another rank's line cannot land in the middle of it
+        self.out.write(text + "\n")
+        self.out.flush()
 
     def step(self, record: dict) -> None:
         self.write(record)
