@@ -122,7 +122,8 @@ class ModelConfig:
         _range(s, "dropout", self.dropout, 0.0, 1.0, hi_open=True)
 
 
-DATA_KINDS = ("digits", "synthetic_classification", "synthetic_sequence", "npz", "hdf5")
+DATA_KINDS = ("digits", "synthetic_classification", "synthetic_sequence", "npz", "hdf5", "npy", "tokens")
+FILE_KINDS = ("npz", "hdf5", "npy", "tokens")  # data.path names a file (npy: a directory of .npy files)
 
 
 @dataclass
@@ -131,12 +132,15 @@ class DataConfig:
     kind: str = "digits"
     seed: int = -1  # -1: use run.seed (resolved by Config); decides generation and split
     test_fraction: float = 0.2  # share held out for evaluation (unless test_path is set)
-    # npz / hdf5 files
+    # npz / hdf5 / npy files, tokens corpora (hpcdp data prepare)
     path: str = ""
     test_path: str = ""  # optional separate test file (same keys)
     x_key: str = "x"
     y_key: str = "y"
     allow_external: bool = False  # hdf5: read datasets whose bytes live in other files (external / virtual)
+    storage: str = "auto"  # disk: read each step's samples; memory: read whole; auto: disk unless npz
+    prefetch: bool = True  # on-disk data: read the next step's batch while this step computes
+    eval_windows: int = 256  # tokens: validation windows per evaluation; 0: every non-overlapping one
     # synthetic datasets
     n_samples: int = 4096
     # synthetic_classification
@@ -155,8 +159,15 @@ class DataConfig:
         _choice(s, "kind", self.kind, DATA_KINDS)
         _range(s, "seed", self.seed, -1)
         _range(s, "test_fraction", self.test_fraction, 0.0, 1.0, hi_open=True)
-        if self.kind in ("npz", "hdf5") and not self.path:
-            raise ConfigError(f"{s}.path: required for data.kind = {self.kind!r} (a .npz or .h5 file)")
+        if self.kind in FILE_KINDS and not self.path:
+            what = {"npz": "a .npz file", "hdf5": "an .h5 file", "npy": "a directory of .npy files",
+                    "tokens": "a corpus .h5 from hpcdp data prepare"}[self.kind]
+            raise ConfigError(f"{s}.path: required for data.kind = {self.kind!r} ({what})")
+        _choice(s, "storage", self.storage, ("auto", "disk", "memory"))
+        if self.storage == "disk" and self.kind not in ("hdf5", "npy", "tokens"):
+            raise ConfigError(f"{s}.storage: 'disk' works for data.kind 'hdf5', 'npy' and 'tokens'; "
+                              f"{self.kind!r} is read whole (use 'auto' or 'memory')")
+        _range(s, "eval_windows", self.eval_windows, 0)
         for key in ("x_key", "y_key"):
             if not getattr(self, key):
                 raise ConfigError(f"{s}.{key}: must be a non-empty dataset name")
@@ -171,6 +182,24 @@ class DataConfig:
         if self.markov_order == 2 and self.vocab_size > 256:
             raise ConfigError(f"{s}.vocab_size: {self.vocab_size} too large for markov_order = 2; allowed [2, 256]")
         _range(s, "concentration", self.concentration, 0.0, lo_open=True)
+
+
+@dataclass
+class SampleConfig:
+    """Text generated at the end of training on a token corpus (data.kind = "tokens")."""
+    SECTION: ClassVar[str] = "sample"
+    length: int = 200  # tokens to generate; 0: none
+    prompt: str = ""  # "" starts from a newline
+    temperature: float = 0.8  # 0: greedy (argmax)
+    top_k: int = 0  # sample among the k most likely tokens; 0: all
+    seed: int = -1  # -1: run.seed
+
+    def __post_init__(self):
+        s = self.SECTION
+        _range(s, "length", self.length, 0)
+        _range(s, "temperature", self.temperature, 0.0)
+        _range(s, "top_k", self.top_k, 0)
+        _range(s, "seed", self.seed, -1)
 
 
 @dataclass
@@ -305,7 +334,7 @@ class CommConfig:
 
 SECTIONS: dict[str, type] = {
     "run": RunConfig, "model": ModelConfig, "data": DataConfig, "train": TrainConfig,
-    "optim": OptimConfig, "parallel": ParallelConfig, "comm": CommConfig,
+    "optim": OptimConfig, "parallel": ParallelConfig, "comm": CommConfig, "sample": SampleConfig,
 }
 
 
@@ -318,6 +347,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
 
     def __post_init__(self):
         # Seeds left at -1 follow run.seed, so one number reproduces a run.
@@ -325,11 +355,13 @@ class Config:
             self.model.seed = self.run.seed
         if self.data.seed < 0:
             self.data.seed = self.run.seed
+        if self.sample.seed < 0:
+            self.sample.seed = self.run.seed
         if self.model.kind == "gpt" and self.data.kind in ("digits", "synthetic_classification"):
             raise ConfigError(f"data.kind: {self.data.kind!r} is a classification set; model.kind = 'gpt' "
-                              "needs 'synthetic_sequence', 'npz' or 'hdf5' (token sequences)")
-        if self.model.kind == "mlp" and self.data.kind == "synthetic_sequence":
-            raise ConfigError("data.kind: 'synthetic_sequence' needs model.kind = 'gpt'")
+                              "needs 'synthetic_sequence', 'tokens', 'npz', 'hdf5' or 'npy' (token sequences)")
+        if self.model.kind == "mlp" and self.data.kind in ("synthetic_sequence", "tokens"):
+            raise ConfigError(f"data.kind: {self.data.kind!r} needs model.kind = 'gpt'")
 
     def to_dict(self) -> dict:
         return {name: _section_to_dict(getattr(self, name)) for name in SECTIONS}

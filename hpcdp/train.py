@@ -24,12 +24,13 @@ import numpy as np
 
 from hpcdp.config import Config, ConfigError, dump_toml
 from hpcdp.data import Dataset, load_dataset
-from hpcdp.data.sampler import GlobalSampler, micro_batches
+from hpcdp.data.batches import BatchSource
+from hpcdp.generate import sample_at_end
 from hpcdp.metrics import MetricsWriter, StepGather
 from hpcdp.optim import build_optimizer, lr_at
 from hpcdp.rundir import new_run_dir
 from hpcdp.shard import shard_range
-from hpcdp.step import LocalBatch, train_step
+from hpcdp.step import train_step
 from hpcdp.strategies import build_strategy
 
 
@@ -123,7 +124,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             be = get_backend(cfg.run.device)
         except (RuntimeError, ImportError) as e:  # e.g. no GPU on this node
             raise ConfigError(f"run.device = {cfg.run.device!r}: {e}") from None
-        ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
+        ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype, comm=world.comm,
+                          timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
         if model is None:
             from hpcdp.nn import build_model
@@ -135,13 +137,13 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         checks.setup()
     with stage(world.comm, "strategy setup", timeout=setup_s, skew=schedule_differences) as agreed:
         strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
-        sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
-        total = cfg.train.steps or cfg.train.epochs * sampler.batches_per_epoch
+        batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank)
+        total = batches.total
         accum = cfg.train.grad_accum
         if cfg.train.global_batch < strategy.dp_size * accum:
             raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
                               f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
-        agreed.fingerprint = schedule_text(ds, total, sampler.batches_per_epoch)  # same data everywhere
+        agreed.fingerprint = schedule_text(ds, total, batches.batches_per_epoch)  # same data everywhere
 
     # The run directory: named on world rank 0, known to every rank.
     def make_run_dir():
@@ -181,7 +183,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                                                f"{floor:.4f} nats" if floor is not None else ""))
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
                    f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
-                   f"{total} steps of {cfg.train.global_batch} samples ({sampler.batches_per_epoch} per epoch)")
+                   f"{total} steps of {cfg.train.global_batch} samples ({batches.batches_per_epoch} per epoch)")
 
     def run_eval(step):
         res = evaluate(model, ds, cfg.train.eval_batch, strategy.dp_rank, strategy.dp_size, comm, be,
@@ -195,8 +197,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                        + f"  on {res['n']} {'tokens' if ds.task == 'sequence' else 'samples'}")
         return res
 
-    def fetch(idx):
-        return Tensor(ds.x_train[idx], backend=be), Tensor(ds.y_train[idx], backend=be)
+    def fetch(batch, idx):  # samples of this step's batch, already read, as Tensors
+        x, y = batch.fetch(idx)
+        return Tensor(x, backend=be), Tensor(y, backend=be)
 
     last_loss, last_eval = float("nan"), None
     pending: list = []  # writer: this rank's part of each step record until the next flush
@@ -206,16 +209,16 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             t0 = time.perf_counter()
             lr = lr_at(cfg.optim, step, total)
             optimizer.lr = lr
-            local, global_n = sampler.local_indices(step - 1, strategy.dp_size, strategy.dp_rank)
-            batch = LocalBatch(micro_batches(local, accum), global_n,
-                               filler=sampler.global_indices(step - 1)[:1])
+            batch = batches.get(step - 1)  # this rank's samples of the step, read (prefetched)
+            global_n = batch.n_global
             # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
-            loss_part = train_step(model, strategy, batch, fetch, checks=checks.at(step)).loss
+            loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
+                                   checks=checks.at(step)).loss
             stats = {**strategy.step_stats(), **checks.stats()}
             dt = time.perf_counter() - t0
-            gather.add(loss_part, len(local), dt, stats)  # kept locally: no sync point
+            gather.add(loss_part, batch.n_local, dt, {**stats, "data_wait_s": batch.wait_s})
             if writer_rank:
-                epoch, _ = sampler.position(step - 1)
+                epoch, _ = batches.position(step - 1)
                 pending.append({"step": step, "epoch": epoch, "lr": lr, "global_batch": global_n,
                                 "samples_per_s": global_n / dt, "step_time_s": dt})
             evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
@@ -233,11 +236,13 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         # applies its outstanding updates in close(). close() is idempotent.
         strategy.close()
         last_eval = run_eval(total)
+        sample_at_end(model, ds, cfg.sample, writer if writer_rank else None, run_dir)
         gather.finish()
     except BaseException as e:
         release(strategy, e, step)  # failing: note the step, drop requests, wait for no peer
         raise
     finally:
+        batches.close()
         writer.close()
         if comm is not world.comm:
             comm.Free()

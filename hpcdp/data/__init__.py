@@ -7,8 +7,11 @@ into train and test deterministically (from ``data.seed``):
 - sequences (``task = "sequence"``): ``x`` int64 (n, T) tokens, ``y`` int64 (n, T) next tokens
 
 Sources: built-in synthetic sets (:mod:`.synthetic`), the 8x8 digits shipped inside
-scikit-learn (:mod:`.digits`), and user files (:mod:`.files`: ``.npz`` and HDF5).
-Which rank reads which samples is decided by :mod:`.sampler`, not here.
+scikit-learn (:mod:`.digits`), user files (:mod:`.files`: HDF5, ``.npy``, ``.npz``)
+and token corpora made by ``hpcdp data prepare`` (:mod:`.corpus`). File data stays
+on disk by default: the four arrays are then array-like views that read the rows
+they are indexed with (:mod:`.views`). Which rank reads which samples is decided
+by :mod:`.sampler`, and :mod:`.batches` reads each step's micro-batches.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     n_classes: int  # classes, or vocabulary size for sequences
-    # Extra facts, e.g. {"loss_floor": ...} for the synthetic Markov-chain sequences.
+    # Extra facts, e.g. {"loss_floor": ...} for the synthetic Markov-chain sequences,
+    # {"storage": "disk"} for views, {"tokenizer": ...} for a token corpus.
     info: dict = field(default_factory=dict)
 
     @property
@@ -45,9 +49,10 @@ class Dataset:
 
     def describe(self) -> str:
         shape = "x".join(str(d) for d in self.x_train.shape[1:])
+        where = ", on disk (read per step)" if self.info.get("storage") == "disk" else ""
         return (f"{self.name}: {self.n_train} train / {self.n_test} test samples, "
                 f"x {shape} {self.x_train.dtype}, {self.n_classes} "
-                f"{'classes' if self.task == 'classification' else 'tokens'}")
+                f"{'classes' if self.task == 'classification' else 'tokens'}{where}")
 
 
 def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -63,11 +68,16 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def load_dataset(data_cfg, task: str, dtype: str = "float32") -> Dataset:
+def load_dataset(data_cfg, task: str, dtype: str = "float32", *, comm=None, timeout=None,
+                 block_size: int | None = None) -> Dataset:
     """Build the dataset that ``data_cfg`` (a :class:`hpcdp.config.DataConfig`) describes.
 
     ``task`` comes from the model ("classification" for mlp, "sequence" for gpt) and
     decides which shapes a file must hold. Float features are cast to ``dtype``.
+    With ``comm`` (every rank calls this), file checks are collective: a file that is
+    missing or different on some ranks, or a bad value found by any rank, raises the
+    same DataError on every rank (collectives bounded by ``timeout`` seconds).
+    ``block_size``: the model's context, the window length of a token corpus.
     """
     if data_cfg.seed < 0:  # -1 means "follow run.seed"; Config resolves it, a bare DataConfig gets 0
         data_cfg = dataclasses.replace(data_cfg, seed=0)
@@ -81,14 +91,17 @@ def load_dataset(data_cfg, task: str, dtype: str = "float32") -> Dataset:
     elif kind == "synthetic_sequence":
         from .synthetic import make_markov_sequences
         ds = make_markov_sequences(data_cfg)
-    elif kind in ("npz", "hdf5"):
+    elif kind in ("npz", "hdf5", "npy"):
         from .files import load_file_dataset
-        ds = load_file_dataset(data_cfg, task)
+        ds = load_file_dataset(data_cfg, task, dtype, comm, timeout)
+    elif kind == "tokens":
+        from .corpus import load_corpus_dataset
+        ds = load_corpus_dataset(data_cfg, block_size or data_cfg.seq_len, comm, timeout)
     else:  # config validation lists the kinds; this guards new ones
         raise DataError(f"data.kind: unknown dataset kind {kind!r}")
     if ds.task != task:
         raise DataError(f"data.kind = {kind!r} gives a {ds.task} dataset but the model needs {task} data")
-    if ds.task == "classification":
+    if ds.task == "classification" and isinstance(ds.x_train, np.ndarray):  # views cast as they read
         from .cast import cast_features
         cast_features(ds, dtype)  # to run.dtype; values that overflow it are a DataError
     return ds

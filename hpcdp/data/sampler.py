@@ -10,6 +10,11 @@ slices of ranks 0..N-1, concatenated, are the global batch for every N.
 Short last batch of an epoch (``n % global_batch`` samples): ``"drop"`` (default)
 skips it; ``"keep"`` uses it, and the caller weights each rank's loss by
 ``local_samples / global_samples`` with the actual (smaller) global count.
+
+Token streams (:class:`WindowSampler`): sample ``j`` of the global batch of step
+``s`` is the window starting at ``hash(seed, s, j) mod n_windows`` (SplitMix64),
+so any rank computes any sample's window alone, in O(1) memory, and the same
+``shard_range`` slicing gives every rank count the same global batch.
 """
 
 from __future__ import annotations
@@ -36,14 +41,15 @@ class GlobalSampler:
             raise DataError(f"train.global_batch = {global_batch} is larger than the {n} training samples "
                             "and train.last_batch = 'drop' leaves no batch: lower train.global_batch or "
                             "set train.last_batch = 'keep'")
-        self._epoch, self._perm = -1, None
+        self._cached = (-1, None)  # (epoch, permutation): one attribute, safe for a prefetch thread
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The sample order of ``epoch`` (cached for the current epoch)."""
-        if epoch != self._epoch:
-            self._perm = np.random.default_rng([self.seed, epoch, 0x5A3B1E]).permutation(self.n)
-            self._epoch = epoch
-        return self._perm
+        cached = self._cached
+        if cached[0] != epoch:
+            cached = (epoch, np.random.default_rng([self.seed, epoch, 0x5A3B1E]).permutation(self.n))
+            self._cached = cached
+        return cached[1]
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, batch within epoch) of 0-based optimizer step ``step``."""
@@ -72,3 +78,56 @@ def micro_batches(local: np.ndarray, accum: int) -> list[np.ndarray]:
         off, size = shard_range(len(local), accum, m)
         out.append(local[off:off + size])
     return out
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on uint64 arrays (wrapping arithmetic): a well-mixed hash."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def window_starts(seed: int, step: int, j: np.ndarray, n_windows: int) -> np.ndarray:
+    """Start of the window of global sample ``j`` (array) in step ``step``: a pure function."""
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.array([seed], dtype=np.uint64) * _GOLDEN + np.uint64(step))
+        h = _splitmix64(key ^ (np.asarray(j, dtype=np.uint64) * _GOLDEN + np.uint64(0x5A3B1E)))
+    return (h % np.uint64(n_windows)).astype(np.int64)
+
+
+class WindowSampler:
+    """Random windows of a token stream; the GlobalSampler interface (indices = window starts).
+
+    An "epoch" is ``n_tokens // (global_batch * T)`` steps (at least 1): as many
+    tokens as the stream holds, drawn with replacement.
+    """
+
+    def __init__(self, n_windows: int, global_batch: int, seed: int, tokens_per_window: int):
+        if n_windows < 1:
+            raise DataError("the token stream is shorter than one window")
+        if global_batch < 1:
+            raise ValueError(f"train.global_batch: must be >= 1, got {global_batch}")
+        self.n, self.global_batch, self.seed = n_windows, global_batch, seed
+        n_tokens = n_windows + tokens_per_window
+        self.batches_per_epoch = max(1, n_tokens // (global_batch * tokens_per_window))
+
+    def position(self, step: int) -> tuple[int, int]:
+        return divmod(step, self.batches_per_epoch)
+
+    def global_indices(self, step: int) -> np.ndarray:
+        return window_starts(self.seed, step, np.arange(self.global_batch), self.n)
+
+    def local_indices(self, step: int, dp_size: int = 1, dp_rank: int = 0) -> tuple[np.ndarray, int]:
+        off, size = shard_range(self.global_batch, dp_size, dp_rank)
+        return window_starts(self.seed, step, np.arange(off, off + size), self.n), self.global_batch
+
+
+def make_sampler(ds, global_batch: int, seed: int, last_batch: str = "drop"):
+    """The sampler a dataset asks for: windows of a token stream, else a permutation of samples."""
+    if ds.info.get("sampling") == "windows":
+        return WindowSampler(ds.n_train, global_batch, seed, ds.x_train.shape[1])
+    return GlobalSampler(ds.n_train, global_batch, seed, last_batch)
