@@ -5,7 +5,10 @@
     hpcdp bench collectives [options]   OSU-style table of the collectives (under mpiexec)
     hpcdp bench faults [options]        fault-injection table: how jobs end when a rank fails
     hpcdp bench soak --config FILE      resident memory of every rank over a long run
+    hpcdp bench data [options]          on-disk loader throughput and time waiting for data
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
+    hpcdp data prepare --text PATH... --out corpus.h5   tokenize text for data.kind = "tokens"
+    hpcdp data info corpus.h5           describe a token corpus
 
 Bad input (config, data files, a launch without a strategy) prints one error line
 on rank 0, without a traceback, and exits with status 2 on every rank. A failure on
@@ -60,13 +63,19 @@ def _train(argv) -> int:
 
 def _bench(argv) -> int:
     commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives",
-                "faults": "hpcdp.bench.faults", "soak": "hpcdp.bench.soak"}
+                "faults": "hpcdp.bench.faults", "soak": "hpcdp.bench.soak", "data": "hpcdp.bench.data"}
     if not argv or argv[0] not in commands:
-        print("usage: hpcdp bench {step,collectives,faults,soak} [options]", file=sys.stderr)
+        print("usage: hpcdp bench {step,collectives,faults,soak,data} [options]", file=sys.stderr)
         return USAGE_ERROR
     import importlib
 
     return importlib.import_module(commands[argv[0]]).main(argv[1:]) or 0
+
+
+def _data(argv) -> int:
+    from hpcdp.data.command import main as data_main
+
+    return data_main(argv)
 
 
 def _scale(argv) -> int:
@@ -89,7 +98,7 @@ def _one_thread_per_rank_under_a_launcher() -> None:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
-    commands = {"train": _train, "bench": _bench, "scale": _scale}
+    commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR

@@ -1,0 +1,170 @@
+"""``hpcdp data prepare``: text files -> a tokenized HDF5 corpus (the format ``data.kind = "tokens"`` reads).
+
+Format (HDF5, readable with plain h5py; version 1)::
+
+    /                 attrs: format = "hpcdp-tokens", format_version = 1, tokenizer ("byte" | "char"),
+                             vocab_size, val_fraction, seed, n_files
+    /vocab            int64 (vocab_size,): byte value (byte) or code point (char) of each token id
+    /train/tokens     uint8 | uint16 | uint32 (n,): the training files' tokens, concatenated
+    /train/doc_starts int64 (files,): where each file's tokens start in /train/tokens
+    /train/doc_names  UTF-8 strings (files,): each file's path, relative to the folder it was found in
+    /val/...          the same for the validation split
+
+Token arrays are stored contiguously without filters, so a reader fetches a window
+with one ``pread`` (:mod:`.arrays`). Files are read in sorted path order. The split
+is by whole files (no file is cut in two, so validation text is unseen): the files
+are shuffled with ``seed`` and taken into validation until it holds
+``val_fraction`` of the tokens; each split keeps sorted path order. A single file
+is cut instead: its last ``val_fraction`` of tokens are the validation split.
+
+The corpus is written to a temporary file beside ``out`` and renamed into place
+at the end: an interrupted run leaves no half-written corpus.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import DataError
+from .tokenizer import TOKENIZERS, Tokenizer
+
+FORMAT, FORMAT_VERSION = "hpcdp-tokens", 1
+
+
+def stdlib_dir() -> Path:
+    """The Python standard library's source folder: a corpus every machine has."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def collect_files(texts, pattern: str = "*", exclude=()) -> list[tuple[Path, str]]:
+    """(path, name) of every file named in ``texts`` or found under a folder in it.
+
+    Folders are walked recursively for files matching ``pattern``; entries whose
+    name matches an ``exclude`` pattern, or starts with ".", are skipped.
+    """
+    found: dict[Path, str] = {}
+    for text in texts:
+        root = Path(text)
+        if root.is_file():
+            found.setdefault(root.resolve(), root.name)
+        elif root.is_dir():
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = sorted(d for d in dirnames if not _skip(d, exclude))
+                for name in filenames:
+                    if fnmatch.fnmatch(name, pattern) and not _skip(name, exclude):
+                        p = Path(dirpath) / name
+                        found.setdefault(p.resolve(), p.relative_to(root).as_posix())
+        else:
+            raise DataError(f"--text: {text!r} is neither a file nor a folder")
+    files = sorted(found.items(), key=lambda kv: (kv[1], str(kv[0])))
+    if not files:
+        raise DataError(f"--text: no files matching {pattern!r} under {', '.join(map(str, texts))}")
+    return files
+
+
+def _skip(name: str, exclude) -> bool:
+    return name.startswith(".") or any(fnmatch.fnmatch(name, pat) for pat in exclude)
+
+
+def _split_files(lengths: list[int], val_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask: which files go to validation (see the module docstring)."""
+    val = np.zeros(len(lengths), dtype=bool)
+    if val_fraction <= 0 or len(lengths) < 2:
+        return val
+    target, total = val_fraction * sum(lengths), 0
+    for i in np.random.default_rng([seed, 0x7A1]).permutation(len(lengths)):
+        if total >= target or val.sum() == len(lengths) - 1:
+            break
+        val[i] = True
+        total += lengths[i]
+    return val
+
+
+def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
+                   val_fraction: float = 0.1, seed: int = 0, log=None) -> dict:
+    """Tokenize ``files`` into the corpus ``out`` (see the module docstring); returns a summary."""
+    import h5py
+
+    if tokenizer not in TOKENIZERS:
+        raise DataError(f"--tokenizer: {tokenizer!r} is not allowed; choose one of {', '.join(TOKENIZERS)}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise DataError(f"--val-fraction: {val_fraction} is out of range; allowed [0, 1)")
+    t0 = time.perf_counter()
+    out = Path(out)
+    # Pass 1: sizes (and the character set for char), so datasets are contiguous and exact.
+    if tokenizer == "byte":
+        tok = Tokenizer.byte()
+        lengths = [p.stat().st_size for p, _ in files]
+    else:
+        chars: set[str] = set()
+        lengths = []
+        for p, name in files:
+            text = _read_utf8(p, name)
+            chars.update(text)
+            lengths.append(len(text))
+        if len(chars) < 2:
+            raise DataError(f"--text: the files use {len(chars)} distinct character(s); a corpus needs at least 2")
+        tok = Tokenizer.char_from_text(chars)
+    keep = [i for i, n in enumerate(lengths) if n > 0]
+    files, lengths = [files[i] for i in keep], [lengths[i] for i in keep]
+    if not files:
+        raise DataError("--text: every file is empty")
+    val = _split_files(lengths, val_fraction, seed)
+    one_file_cut = len(files) == 1 and val_fraction > 0
+    n_cut = int(lengths[0] * (1 - val_fraction)) if one_file_cut else 0
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, "tokenizer": tokenizer,
+                            "vocab_size": tok.vocab_size, "val_fraction": float(val_fraction),
+                            "seed": int(seed), "n_files": len(files)})
+            f.create_dataset("vocab", data=tok.vocab)
+            for split, is_val in (("train", False), ("val", True)):
+                if one_file_cut:
+                    idx, n_tok = [0], (lengths[0] - n_cut if is_val else n_cut)
+                else:
+                    idx = [i for i in range(len(files)) if bool(val[i]) == is_val]
+                    n_tok = sum(lengths[i] for i in idx)
+                ds = f.create_dataset(f"{split}/tokens", shape=(n_tok,), dtype=tok.token_dtype())
+                starts, names, pos = [], [], 0
+                for i in idx:
+                    path, name = files[i]
+                    ids = (tok.encode_bytes(path.read_bytes(), name) if tokenizer == "byte"
+                           else tok.encode(_read_utf8(path, name), name))
+                    if one_file_cut:
+                        ids = ids[n_cut:] if is_val else ids[:n_cut]
+                    if len(ids) != (n_tok if one_file_cut else lengths[i]):
+                        raise DataError(f"--text: {name} changed while it was being read; run again")
+                    ds[pos:pos + len(ids)] = ids
+                    starts.append(pos)
+                    names.append(name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
+                    pos += len(ids)
+                f.create_dataset(f"{split}/doc_starts", data=np.array(starts, dtype=np.int64))
+                f.create_dataset(f"{split}/doc_names", data=np.array(names, dtype=object),
+                                 dtype=h5py.string_dtype())
+                if log:
+                    log(f"{split}: {len(idx)} file(s), {n_tok:,} tokens")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    n_val = sum(lengths[i] for i in range(len(files)) if val[i]) if not one_file_cut else lengths[0] - n_cut
+    return {"out": str(out), "files": len(files), "tokenizer": tokenizer, "vocab_size": tok.vocab_size,
+            "train_tokens": sum(lengths) - n_val, "val_tokens": n_val,
+            "seconds": time.perf_counter() - t0}
+
+
+def _read_utf8(path: Path, name: str) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--text: {name} is not UTF-8 ({e}); the char tokenizer needs UTF-8 text, "
+                        "the byte tokenizer takes any file (--tokenizer byte)") from None
