@@ -33,19 +33,22 @@ def test_runs_of_consecutive_rows():
     assert [a.tolist() for a in runs(np.array([], dtype=np.int64))] == [[], []]
 
 
+def _open(tmp_path, layout, name, a):
+    """``a`` stored as ``layout`` and opened as a DiskArray."""
+    if layout == "npy":
+        np.save(tmp_path / f"{name}.npy", a)
+        return open_npy(tmp_path / f"{name}.npy", f"{name}.npy")
+    chunks = 64 if layout != "contiguous" else None
+    _h5(tmp_path / f"{name}.h5", chunks=chunks, compression="gzip" if layout == "gzip" else None, x=a)
+    return open_h5_dataset(h5py.File(tmp_path / f"{name}.h5", "r"), "x", "x_key", tmp_path / f"{name}.h5")
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "chunked", "gzip", "npy"])
 @pytest.mark.parametrize("sieve_gap", [0, 1 << 20])
 def test_disk_reads_equal_numpy_indexing(tmp_path, layout, sieve_gap):
     x, _ = _arrays(n=1000)
-    if layout == "npy":
-        np.save(tmp_path / "x.npy", x)
-        arr = open_npy(tmp_path / "x.npy", "x.npy")
-        assert arr.method == "pread"
-    else:
-        chunks = 64 if layout != "contiguous" else None
-        _h5(tmp_path / "d.h5", chunks=chunks, compression="gzip" if layout == "gzip" else None, x=x)
-        arr = open_h5_dataset(h5py.File(tmp_path / "d.h5", "r"), "x", "x_key", tmp_path / "d.h5")
-        assert arr.method == ("pread" if layout == "contiguous" else "h5py")
+    arr = _open(tmp_path, layout, "rows", x)
+    assert arr.method == ("pread" if layout in ("contiguous", "npy") else "h5py")
     arr.sieve_gap = sieve_gap
     rng = np.random.default_rng(1)
     for idx in (rng.permutation(1000)[:77], np.array([5, 5, 3, 999, 0]), np.arange(10, 60),
@@ -55,6 +58,12 @@ def test_disk_reads_equal_numpy_indexing(tmp_path, layout, sieve_gap):
     np.testing.assert_array_equal(arr.read(slice(None, None, 7)), x[::7])
     with pytest.raises(IndexError, match="row 1000 is out of range for 1000 rows"):
         arr.read([3, 1000])
+    flat = rng.integers(0, 256, 4000).astype(np.uint8)  # a token stream
+    tokens = _open(tmp_path, layout, "tokens", flat)
+    w = tokens.read_windows([7, 0, 3990, 7], 10)
+    np.testing.assert_array_equal(w, np.stack([flat[s:s + 10] for s in (7, 0, 3990, 7)]))
+    with pytest.raises(IndexError, match="a window of 10 at 3991 is out of range"):
+        tokens.read_windows([3991], 10)
 
 
 def test_sieving_reads_a_dense_batch_in_one_call_and_a_sparse_one_row_by_row(tmp_path, monkeypatch):
