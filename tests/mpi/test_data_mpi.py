@@ -64,10 +64,10 @@ def test_every_rank_reads_its_slice_of_the_one_rank_global_batch(comm, tmp_path_
     ref = BatchSource(loaded["memory"], DataConfig(seed=4, prefetch=False), train, 1, 0)
     for step in range(9):
         b, whole = mine.get(step), ref.get(step)
-        x_all = np.concatenate([m[0] for m in whole.micro])
+        x_all = np.concatenate([whole.fetch(i)[0] for i in whole.local.micro])
         off, size = shard_range(13, n, r)
         assert b.n_local == size
-        x_mine = np.concatenate([m[0] for m in b.micro if m[2] > 0])  # weight-0 fillers left out
+        x_mine = np.concatenate([b.fetch(i)[0] for i in b.local.micro if len(i)])
         np.testing.assert_array_equal(x_mine, x_all[off:off + size])
         assert b.n_global == 13
     mine.close()

@@ -130,6 +130,10 @@ def test_views_equal_the_in_memory_dataset(tmp_path, kind):
     assert "on disk" in disk.describe()
 
 
+def mem_pair(mem, idx):
+    return mem.x_train[idx], mem.y_train[idx]
+
+
 def test_batches_from_disk_equal_batches_from_memory_with_and_without_prefetch(tmp_path):
     x, y = _arrays(n=203)
     _h5(tmp_path / "d.h5", chunks=16, x=x, y=y)  # chunked: the h5py path
@@ -143,12 +147,17 @@ def test_batches_from_disk_equal_batches_from_memory_with_and_without_prefetch(t
             assert srcs[0].total == 3 * 7  # 162 train samples: 6 full batches + a short one (keep)
             for step in range(srcs[0].total):
                 got = [s.get(step) for s in srcs]
-                for b in got[1:]:
-                    assert (b.n_local, b.n_global) == (got[0].n_local, got[0].n_global)
-                    for (xa, ya, wa), (xb, yb, wb) in zip(got[0].micro, b.micro):
-                        np.testing.assert_array_equal(xa, xb)
-                        np.testing.assert_array_equal(ya, yb)
-                        assert wa == wb
+                ref = got[0]
+                np.testing.assert_array_equal(np.concatenate(ref.local.micro),
+                                              srcs[0].sampler.local_indices(step, ranks, r)[0])
+                for b in got:
+                    assert (b.n_local, b.n_global) == (ref.n_local, ref.n_global)
+                    for ia, ib in zip(ref.local.micro, b.local.micro):
+                        np.testing.assert_array_equal(ia, ib)
+                        if len(ia):
+                            for a, c in zip(mem_pair(mem, ia), b.fetch(ib)):  # the in-memory arrays
+                                np.testing.assert_array_equal(a, c)
+                    np.testing.assert_array_equal(b.fetch(b.local.filler)[0], mem.x_train[ref.local.filler])
             for s in srcs:
                 s.close()
 
@@ -159,9 +168,13 @@ def test_empty_micro_batch_gets_one_sample_with_weight_zero(tmp_path):
     disk, mem = _dataset_pair(tmp_path, "hdf5")
     src = BatchSource(disk, DataConfig(seed=3), TrainConfig(steps=5, epochs=0, global_batch=4, grad_accum=2), 4, 3)
     b = src.get(0)
-    assert b.n_local == 1 and [len(m[0]) for m in b.micro] == [1, 1] and [m[2] for m in b.micro] == [0.25, 0.0]
+    assert b.n_local == 1 and [len(i) for i in b.local.micro] == [1, 0] and b.n_global == 4
     first = src.sampler.global_indices(0)[:1]
-    np.testing.assert_array_equal(b.micro[1][0], mem.x_train[first])
+    np.testing.assert_array_equal(b.local.filler, first)
+    np.testing.assert_array_equal(b.fetch(b.local.filler)[0], mem.x_train[first])
+    np.testing.assert_array_equal(b.fetch(b.local.micro[0])[1], mem.y_train[b.local.micro[0]])
+    with pytest.raises(KeyError, match="were not read for this step"):
+        b.fetch(np.array([int(np.setdiff1d(np.arange(80), b.indices)[0])]))
     src.close()
 
 
