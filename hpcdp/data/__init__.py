@@ -50,6 +50,11 @@ class Dataset:
     def describe(self) -> str:
         shape = "x".join(str(d) for d in self.x_train.shape[1:])
         where = ", on disk (read per step)" if self.info.get("storage") == "disk" else ""
+        if "train_tokens" in self.info:  # a token corpus: samples are windows
+            tok = self.info["tokenizer"]
+            return (f"{self.name}: {self.info['train_tokens']:,} train / {self.info['val_tokens']:,} val "
+                    f"tokens ({tok.kind} tokenizer, vocabulary {tok.vocab_size}), windows of "
+                    f"{self.x_train.shape[1]} + 1 tokens, {self.n_test} evaluation windows{where}")
         return (f"{self.name}: {self.n_train} train / {self.n_test} test samples, "
                 f"x {shape} {self.x_train.dtype}, {self.n_classes} "
                 f"{'classes' if self.task == 'classification' else 'tokens'}{where}")
