@@ -20,8 +20,10 @@ before every batch of every contender.
 
 Part 2, waiting (``--ranks 1,2``): ``hpcdp train`` runs with ``data.prefetch`` true and
 false on the digits-sized rows (MLP 64-128-10) and on the corpus (the
-jobs/gpt_pysource.toml model, ``--gpt-steps`` steps); each rank's
-``sum(data_wait_s) / sum(step_time_s)`` over steps 2.. from metrics.jsonl, averaged over ranks.
+jobs/gpt_pysource.toml model, ``--gpt-steps`` steps); from metrics.jsonl, steps 2..:
+each rank's ``sum(data_wait_s) / sum(step_time_s)`` averaged over ranks ("wait/step",
+sensitive to a few long waits on a loaded machine), the median wait over the
+median step time ("median"), and the median and 90th percentile wait in ms.
 """
 
 from __future__ import annotations
@@ -155,7 +157,9 @@ def _wait_fraction(folder: Path, job: list[str], ranks: int, prefetch: bool, nam
     step = np.array([s["ranks"]["step_time_s"] for s in steps])
     return {"case": name, "ranks": ranks, "prefetch": prefetch, "steps": len(steps) + 1,
             "wait_fraction": float(np.mean(wait.sum(0) / step.sum(0))),
-            "wait_ms_median": 1e3 * float(np.median(wait)), "step_ms_median": 1e3 * float(np.median(step))}
+            "wait_fraction_median": float(np.median(wait) / np.median(step)),
+            "wait_ms_median": 1e3 * float(np.median(wait)), "wait_ms_p90": 1e3 * float(np.percentile(wait, 90)),
+            "step_ms_median": 1e3 * float(np.median(step))}
 
 
 def _parser():
@@ -205,7 +209,8 @@ def main(argv=None) -> int:
                                      "--set", f'data.path="{corpus}"', "--set", f"train.steps={args.gpt_steps}",
                                      "--set", "sample.length=0", "--set", "run.eval_every=0",
                                      "--set", "data.eval_windows=16"]}
-            print(f"\n{'case':<20}{'ranks':>6}{'prefetch':>9}{'wait/step':>11}{'wait ms':>9}{'step ms':>9}")
+            print(f"\n{'case':<20}{'ranks':>6}{'prefetch':>9}{'wait/step':>11}{'median':>9}"
+                  f"{'wait ms':>9}{'p90':>8}{'step ms':>9}")
             for name, job in jobs.items():
                 for n in ranks:
                     for pf in (False, True):
@@ -213,7 +218,8 @@ def main(argv=None) -> int:
                         w["case"] = name
                         result["waits"].append(w)
                         print(f"{name:<20}{n:>6}{str(pf):>9}{100 * w['wait_fraction']:>10.2f}%"
-                              f"{w['wait_ms_median']:>9.3f}{w['step_ms_median']:>9.2f}", flush=True)
+                              f"{100 * w['wait_fraction_median']:>8.2f}%{w['wait_ms_median']:>9.3f}"
+                              f"{w['wait_ms_p90']:>8.3f}{w['step_ms_median']:>9.2f}", flush=True)
         result["env"]["load_end"] = os.getloadavg()
         print(f"\nload average: start {result['env']['load_start']}, end {result['env']['load_end']}")
         if args.json:
