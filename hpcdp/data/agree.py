@@ -4,17 +4,23 @@ On a cluster every rank opens the data files on its own node. A file missing on
 some nodes, or a different copy (an older version, a half-finished copy), would
 otherwise surface as one rank's error while the others wait in a collective, or
 worse, as silently different batches. :func:`check_same_files` compares, for every
-file, whether it exists, its size and a CRC32 of its first 64 KiB on every rank,
-with one all-gather under hpcdp.comm's deadline (``comm.timeout``), and raises
-the same :class:`DataError` on every rank, naming the config key and the ranks.
+file, whether it exists, its size and a CRC32 of its first 64 KiB across the ranks
+and raises the same error on every rank, naming the config key and the ranks.
 
-:func:`reduce_max` combines value checks made on each rank's share of a file
-(label ranges, NaN counts) the same way, so a bad value found by one rank stops
-every rank with the same message. Both cost one small collective at startup.
+:func:`combine_max` combines value checks made on each rank's share of a file
+(label ranges, NaN counts), and reports an error that one rank met while opening
+or scanning its share, the same way, so every rank stops with the same message.
+
+Both go through :func:`hpcdp.failure.agree.agree` (a deadline-bounded hpcdp.comm
+all-gather on the job's agreement channel; bounded by ``comm.setup_timeout`` in
+``hpcdp train``): one small exchange each at startup; texts move only when ranks
+differ or a rank failed. A disagreement is a :class:`~hpcdp.failure.agree.JobError`
+(a ConfigError: ``hpcdp train`` exits with status 2 on every rank).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from pathlib import Path
@@ -61,35 +67,54 @@ def compare_facts(files: list[tuple[str, str]], facts: np.ndarray) -> None:
         for r in range(n_ranks):
             groups.setdefault((int(col[r, 1]), int(col[r, 2])), []).append(r)
         if len(groups) > 1:
-            seen = "; ".join(f"{_ranks(rs)} see {size:,} bytes, header CRC32 {crc:08x}"
+            seen = "; ".join(f"{_ranks(rs)} {'sees' if len(rs) == 1 else 'see'} {size:,} bytes, "
+                             f"header CRC32 {crc:08x}"
                              for (size, crc), rs in groups.items())
             raise DataError(f"{key}: file {path!r} differs between ranks ({seen}); every rank must "
                             "read the same file: copy it again to every node or use a shared file system")
 
 
+def _timeout(timeout):
+    from hpcdp.comm.context import default_timeout
+    return default_timeout() if timeout is None else float(timeout)
+
+
 def check_same_files(files: list[tuple[str, str]], comm=None, timeout: float | None = None) -> None:
     """Every rank: the files ``[(config key, path), ...]`` exist and are the same everywhere.
 
-    Collective over ``comm`` (every rank calls it with the same list); without a
-    communicator, or on one rank, it checks that the files exist.
+    Collective over ``comm`` (every rank calls it with the same keys; the paths may
+    differ, e.g. node-local copies); without a communicator, or on one rank, it
+    checks that the files exist.
     """
-    mine = np.array([file_facts(p) for _, p in files], dtype=np.int64).reshape(-1)
+    mine = [file_facts(p) for _, p in files]
+    if comm is not None and comm.Get_size() > 1:
+        from hpcdp.failure.agree import agree
+
+        def differences(texts):
+            try:
+                compare_facts(files, np.array([json.loads(t) for t in texts], dtype=np.int64))
+            except DataError as e:
+                return str(e)
+            return "the data files differ across ranks"
+
+        agree(comm, None, what="the data files", timeout=_timeout(timeout), fingerprint=json.dumps(mine),
+              skew=differences)
+    compare_facts(files, np.array([mine], dtype=np.int64).reshape(1, len(files), 3))
+
+
+def combine_max(values, comm=None, timeout: float | None = None, error: BaseException | None = None) -> np.ndarray:
+    """Elementwise max of this rank's int ``values`` over the ranks of ``comm`` (collective).
+
+    ``error``: what went wrong on this rank instead (then ``values`` is ignored):
+    every rank raises the same JobError naming it. Without ``comm``: ``values``,
+    or ``error`` raised.
+    """
     if comm is None or comm.Get_size() == 1:
-        compare_facts(files, mine.reshape(1, len(files), 3))
-        return
-    from hpcdp.comm import all_gather
+        if error is not None:
+            raise error
+        return np.array(values, dtype=np.int64)
+    from hpcdp.failure.agree import agree
 
-    n = comm.Get_size()
-    full = np.empty(n * mine.size, dtype=np.int64)
-    all_gather(mine, full, comm=comm, timeout=timeout)
-    compare_facts(files, full.reshape(n, len(files), 3))
-
-
-def reduce_max(values: np.ndarray, comm=None, timeout: float | None = None) -> np.ndarray:
-    """Elementwise max of int64 ``values`` over the ranks of ``comm`` (a copy; local without comm)."""
-    out = np.array(values, dtype=np.int64)
-    if comm is None or comm.Get_size() == 1:
-        return out
-    from hpcdp.comm import allreduce
-
-    return allreduce(out, comm=comm, op="max", timeout=timeout)
+    share = None if error is not None else json.dumps([int(v) for v in values])
+    shares = agree(comm, error, what="the data check", timeout=_timeout(timeout), share=share)
+    return np.array([json.loads(t) for t in shares], dtype=np.int64).max(axis=0)

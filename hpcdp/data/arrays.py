@@ -226,8 +226,9 @@ def open_h5_dataset(f, name: str, cfg_key: str, path: Path) -> DiskArray:
         raise DataError(f"data.{cfg_key}: {name!r} in {path} is a group, expected a dataset")
     if obj.shape is None or len(obj.shape) == 0:
         raise DataError(f"{path}: {name!r} is a scalar; expected an array of samples (n, ...)")
-    return DiskArray(path, obj.shape, obj.dtype, offset=contiguous_offset(obj), dataset=obj,
-                     where=f"{path}:{name}")
+    # pread from the file that holds the bytes: an external link (data.allow_external) names another
+    return DiskArray(Path(obj.file.filename), obj.shape, obj.dtype, offset=contiguous_offset(obj),
+                     dataset=obj, where=f"{path}:{name}")
 
 
 class MemoryArray:

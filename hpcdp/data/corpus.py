@@ -23,7 +23,7 @@ import numpy as np
 from hpcdp.shard import shard_range
 
 from . import DataError, Dataset
-from .agree import check_same_files, reduce_max
+from .agree import check_same_files, combine_max
 from .arrays import MemoryArray, open_h5_dataset
 from .prepare import FORMAT, FORMAT_VERSION
 from .tokenizer import Tokenizer
@@ -94,7 +94,12 @@ def load_corpus_dataset(cfg, T: int, comm=None, timeout=None) -> Dataset:
                             f"fewer than one window of block_size + 1 = {T + 1}: {what}")
         splits[split] = arr
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
-    top = reduce_max(np.array([_max_id(a, rank, size) for a in splits.values()]), comm, timeout).max()
+    ids, error = None, None
+    try:
+        ids = [_max_id(a, rank, size) for a in splits.values()]
+    except Exception as e:  # noqa: BLE001 - agreed on: every rank raises it
+        error = e
+    top = combine_max(ids, comm, timeout, error).max()
     if top >= tok.vocab_size:
         raise DataError(f"data.path: {path} holds token id {top}, outside its vocabulary of "
                         f"{tok.vocab_size}: the file is damaged; prepare it again")

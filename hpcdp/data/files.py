@@ -30,7 +30,7 @@ import numpy as np
 from hpcdp.shard import shard_range
 
 from . import DataError, Dataset, split_indices
-from .agree import check_same_files, reduce_max
+from .agree import check_same_files, combine_max
 from .arrays import open_h5_dataset, open_npy
 from .external import refuse_external
 from .views import RowView
@@ -117,14 +117,16 @@ def _read_rows(a, lo: int, hi: int) -> np.ndarray:
     return a[lo:hi] if isinstance(a, np.ndarray) else a.read(slice(lo, hi))
 
 
-def _scan(x, y, task: str, rank: int, size: int) -> np.ndarray:
-    """This rank's share of the value checks, as maxima: [-min y, max y, -min x, max x, nonfinite x]."""
+def _scan(x, y, task: str, rank: int, size: int, dtype) -> np.ndarray:
+    """This rank's share of the value checks, as maxima: [-min y, max y, -min x, max x,
+    nonfinite x, x values beyond ``dtype``'s range (None: not checked here)]."""
     big = np.iinfo(np.int64).max
-    acc = np.array([-big, -big, -big, -big, 0], dtype=np.int64)  # neutral for max
+    acc = np.array([-big, -big, -big, -big, 0, 0], dtype=np.int64)  # neutral for max
     n = x.shape[0]
     off, count = shard_range(n, size, rank)
     row_bytes = max(1, int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize)
     piece = max(1, SCAN_BYTES // row_bytes)
+    limit = np.finfo(dtype).max if dtype is not None and task == "classification" else None
     for lo in range(off, off + count, piece):
         hi = min(lo + piece, off + count)
         yv = _read_rows(y, lo, hi)
@@ -135,11 +137,14 @@ def _scan(x, y, task: str, rank: int, size: int) -> np.ndarray:
             acc[2] = max(acc[2], -int(xv.min()))
             acc[3] = max(acc[3], int(xv.max()))
         elif xv.dtype.kind == "f":
-            acc[4] += int(xv.size - np.count_nonzero(np.isfinite(xv)))
+            finite = np.isfinite(xv)
+            acc[4] += int(xv.size - np.count_nonzero(finite))
+            if limit is not None and xv.dtype.itemsize > np.dtype(dtype).itemsize:
+                acc[5] += int(np.count_nonzero(np.abs(xv[finite]) > limit))
     return acc
 
 
-def _check_values(where: Path, stats: np.ndarray, task: str, keys: dict[str, str]) -> None:
+def _check_values(where: Path, stats: np.ndarray, task: str, keys: dict[str, str], dtype) -> None:
     xk, yk = keys["x_key"], keys["y_key"]
     if -stats[0] < 0:
         raise DataError(f"{where}: {yk!r} must be >= 0 (class or token ids), found minimum {-stats[0]}")
@@ -147,21 +152,33 @@ def _check_values(where: Path, stats: np.ndarray, task: str, keys: dict[str, str
         raise DataError(f"{where}: {xk!r} must be >= 0 (class or token ids), found minimum {-stats[2]}")
     if stats[4] > 0:
         raise DataError(f"{where}: {xk!r} contains NaN or infinite values")
+    if stats[5] > 0:
+        raise DataError(f"{where}: feature values of {xk!r} overflow run.dtype = {str(np.dtype(dtype))!r} "
+                        f"({np.dtype(dtype)} holds up to {float(np.finfo(dtype).max):.3g}): rescale the data or "
+                        'set run.dtype = "float64"')
 
 
-def _open_one(kind: str, path: Path, keys: dict[str, str], task: str, comm, timeout):
-    """(x, y, stats) of one file: arrays or DiskArrays, checked; stats as :func:`_scan`."""
-    if kind == "npz":
-        arrays = _read_npz(path, keys)
-    elif kind == "npy":
-        arrays = _open_npy(path, keys)
-    else:
-        arrays = _open_hdf5(path, keys)
-    x, y = arrays["x_key"], arrays["y_key"]
-    _check_meta(path, x, y, task, keys)
+def _open_one(kind: str, path: Path, keys: dict[str, str], task: str, dtype, comm, timeout):
+    """(x, y, stats) of one file: arrays or DiskArrays, checked; stats as :func:`_scan`.
+
+    Opening and scanning are local; the ranks then combine their scans (and any
+    rank's error) in one agreement, so every rank decides alike."""
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
-    stats = reduce_max(_scan(x, y, task, rank, size), comm, timeout)
-    _check_values(path, stats, task, keys)
+    x = y = acc = error = None
+    try:
+        if kind == "npz":
+            arrays = _read_npz(path, keys)
+        elif kind == "npy":
+            arrays = _open_npy(path, keys)
+        else:
+            arrays = _open_hdf5(path, keys)
+        x, y = arrays["x_key"], arrays["y_key"]
+        _check_meta(path, x, y, task, keys)
+        acc = _scan(x, y, task, rank, size, dtype)
+    except Exception as e:  # noqa: BLE001 - agreed on below: every rank raises it
+        error = e
+    stats = combine_max(acc, comm, timeout, error)
+    _check_values(path, stats, task, keys, dtype)
     return x, y, stats
 
 
@@ -183,10 +200,11 @@ def load_file_dataset(cfg, task: str, dtype: str = "float32", comm=None, timeout
     refuse_external(cfg)  # HDF5 data stored outside the file: only with data.allow_external
     on_disk = cfg.kind in ("hdf5", "npy") and cfg.storage in ("auto", "disk")
 
-    x, y, st = _open_one(cfg.kind, Path(cfg.path), keys, task, comm, timeout)
+    cast = dtype if on_disk else None  # in memory: hpcdp.data.cast checks the cast instead
+    x, y, st = _open_one(cfg.kind, Path(cfg.path), keys, task, cast, comm, timeout)
     stats = [st]
     if cfg.test_path:
-        x_te, y_te, st_te = _open_one(cfg.kind, Path(cfg.test_path), keys, task, comm, timeout)
+        x_te, y_te, st_te = _open_one(cfg.kind, Path(cfg.test_path), keys, task, cast, comm, timeout)
         stats.append(st_te)
         if tuple(x_te.shape[1:]) != tuple(x.shape[1:]):
             raise DataError(f"data.test_path: {cfg.test_path}: samples have shape {tuple(x_te.shape[1:])}, "

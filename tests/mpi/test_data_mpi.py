@@ -18,14 +18,15 @@ from hpcdp.config import DataConfig, TrainConfig, load_config
 from hpcdp.data import DataError, load_dataset
 from hpcdp.data.batches import BatchSource
 from hpcdp.shard import shard_range
-from hpcdp.train import _on_root_then_bcast
+from hpcdp.failure.agree import on_root
 
 TIMEOUT = 20.0
 
 
 def _shared_dir(comm, tmp_path_factory) -> Path:
     """A folder made on rank 0, known to every rank (one node: a shared file system)."""
-    return Path(_on_root_then_bcast(comm, lambda: str(tmp_path_factory.mktemp("shared"))))
+    return Path(on_root(comm, lambda: str(tmp_path_factory.mktemp("shared")), what="a test folder",
+                        timeout=TIMEOUT))
 
 
 def _rows_file(comm, folder: Path) -> Path:
@@ -123,7 +124,7 @@ def test_a_file_missing_on_some_ranks_is_named_on_every_rank(comm):
     def test(folder):
         if comm.Get_rank() == 0:
             _write(folder)
-        with pytest.raises(DataError) as err:
+        with pytest.raises(ValueError) as err:  # a JobError: the same on every rank
             _load_here(comm)
         others = list(range(1, comm.Get_size()))
         want = f"rank {others[0]}" if len(others) == 1 else f"ranks {others}"
@@ -136,7 +137,7 @@ def test_a_file_missing_on_some_ranks_is_named_on_every_rank(comm):
 def test_a_file_that_differs_between_ranks_is_named_on_every_rank(comm):
     def test(folder):
         _write(folder, n_rows=40 if comm.Get_rank() != 1 else 41)
-        with pytest.raises(DataError, match=r"data\.path: file 'data\.h5' differs between ranks \(.*rank 1 see"):
+        with pytest.raises(ValueError, match=r"data\.path: file 'data\.h5' differs between ranks \(.*rank 1 see"):
             _load_here(comm)
     _in_own_folder(test)
 

@@ -249,3 +249,23 @@ def test_storage_disk_is_refused_for_data_read_whole():
     from hpcdp.config import ConfigError
     with pytest.raises(ConfigError, match=r"data\.storage: 'disk' works for data\.kind 'hdf5', 'npy' and 'tokens'"):
         DataConfig(kind="npz", path="a.npz", storage="disk")
+
+
+def test_on_disk_features_that_overflow_run_dtype_and_external_links(tmp_path):
+    x, y = _arrays(n=60, d=(4,))
+    big = x.astype(np.float64)
+    big[17, 2] = 1e300  # finite in float64, inf in float32
+    _h5(tmp_path / "big.h5", x=big, y=y)
+    cfg = DataConfig(kind="hdf5", path=str(tmp_path / "big.h5"))
+    with pytest.raises(DataError, match=r"feature values of 'x' overflow run\.dtype = 'float32'.*float64"):
+        load_dataset(cfg, "classification", "float32")
+    assert load_dataset(cfg, "classification", "float64").info["storage"] == "disk"
+    # data reached through an external link (allowed explicitly) is read from the linked file
+    _h5(tmp_path / "other.h5", x=x, y=y)
+    with h5py.File(tmp_path / "link.h5", "w") as f:
+        f["x"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "x")
+        f["y"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "y")
+    ds = load_dataset(DataConfig(kind="hdf5", path=str(tmp_path / "link.h5"), allow_external=True,
+                                 test_fraction=0.0), "classification")
+    assert ds.x_train.array.method == "pread"
+    np.testing.assert_array_equal(ds.x_train[np.arange(60)], x)
