@@ -72,7 +72,7 @@ def scenarios() -> list[Scenario]:
     out = [
         # -- before training: every rank agrees, exit status 2, rank 0 prints one line
         S("missing-file-one-rank", "ddp", data_on=(0,), status=2, one_line=True, tracebacks=0,
-          patterns=(r"hpcdp: error: rank 1: data\.path: file not found: 'data\.npz'",),
+          patterns=(r"hpcdp: error: data\.path: file 'data\.npz' is missing on rank 1 of 2 \(found on rank 0\)",),
           what="data file missing on one rank's node"),
         S("bad-value-one-rank", "ps-sync", rank_sets={1: ["optim.lr=-1"]}, status=2, one_line=True,
           tracebacks=0, patterns=(r"hpcdp: error: rank 1: optim\.lr: -1\.0 is out of range",),
