@@ -7,7 +7,8 @@ round, rounds interleaved, median of ``--rounds``):
   hpcdp's view (``ds.x_train[idx]``: sorted, coalesced, sieved ``pread``s, rows put
   back in the sampler's order), by plain h5py (``dset[np.sort(idx)]``, sorted: h5py
   needs increasing indices, and the reorder is not charged to it) and by NumPy
-  (``np.load(mmap_mode="r")[idx]`` on a ``.npy`` copy of the same array);
+  (``np.load(mmap_mode="r")[idx]`` on a ``.npy`` copy of the same array, mapped per
+  batch so that its resident pages do not pile up over the run);
 - windows: batches of random windows of ``T + 1`` tokens of the stdlib corpus, read by
   hpcdp (``Windows.pairs``), by nanoGPT's pattern (a fresh ``np.memmap`` of the raw
   tokens each batch, ``np.stack([m[i:i + T + 1] for i in ix])``) and by h5py slices.
