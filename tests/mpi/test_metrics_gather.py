@@ -75,7 +75,12 @@ def test_async_ps_run_writes_each_ranks_figures_for_every_step(tmp_path_factory)
         assert all(0 <= s <= k for s in ranks["ps_staleness"])
         assert len(ranks["step_time_s"]) == n and rec["step_time_s"] == ranks["step_time_s"][0]
         assert np.isfinite(rec["loss"])
-    # the server received every remote worker's gradient of every step
-    assert sum(sum(r["ranks"]["ps_push_recv_bytes"]) for r in recs) == steps * (n - 1) * phi
+    # Within the steps the server received every remote worker's gradient of every step
+    # up to the staleness bound: the server's own worker starts its last step only once
+    # every shard holds versions >= steps - k. The last k steps' pushes may arrive while
+    # the server drains in close(), after the last step record (asynchronous by design).
+    got = sum(sum(r["ranks"]["ps_push_recv_bytes"]) for r in recs)
+    assert got % phi == 0
+    assert (steps - k) * (n - 1) * phi <= got <= steps * (n - 1) * phi
     if comm.rank == 0:  # the writer knows the global loss
         assert summary["loss"] == pytest.approx(recs[-1]["loss"])
