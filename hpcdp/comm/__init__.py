@@ -2,8 +2,8 @@
 
 Ring reduce-scatter / all-gather / allreduce (pipelined), recursive doubling for
 small messages, MPI's own collectives as a baseline, parameter-server push/pull,
-a byte ledger, arrival tokens + timeouts on every collective, and a debug-mode
-fingerprint check. See docs/collectives.md.
+a byte ledger, timeouts on every collective that name the ranks that never
+arrived (found lazily, once a deadline passed), and a debug-mode fingerprint check. See docs/collectives.md.
 """
 
 from hpcdp.comm.collectives import (

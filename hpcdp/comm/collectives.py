@@ -23,7 +23,7 @@ import numpy as np
 
 from hpcdp.comm.auto import choose_allreduce, choose_scatter_gather
 from hpcdp.comm.context import get_context
-from hpcdp.comm.debug import Arrival, fingerprint
+from hpcdp.comm.debug import debug_check
 from hpcdp.comm.native import native_all_gather, native_allreduce, native_reduce_scatter
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.recursive import recursive_doubling
@@ -76,11 +76,15 @@ def _pair(sendbuf, recvbuf, what):
 
 
 def _arrive(ctx, name, dtype, n, root, algorithm, op, timeout):
-    seq = ctx.next_seq()
-    arrival = Arrival(ctx, fingerprint(seq, name, dtype, n, root, algorithm, op))
+    """Take the next sequence number; return the call tuple (its fingerprint, sent
+    only by a diagnosis or the debug check). Nothing goes on the wire here unless
+    debug mode is on."""
+    if ctx.failed is not None:
+        raise ctx.failed
+    call = (ctx.next_seq(), name, dtype, n, root, algorithm, op)
     if ctx.debug:
-        arrival.check(name, ctx.timeout if timeout is None else timeout)
-    return arrival
+        debug_check(ctx, call, ctx.timeout if timeout is None else timeout)
+    return call
 
 
 def _staged(fn, sendbuf, recvbuf, comm, kwargs):
@@ -106,13 +110,13 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
     if work.size != src.size:
         raise ValueError(f"allreduce: recvbuf has {work.size} elements, sendbuf {src.size}; they must match")
     algo = choose_allreduce(work.size * work.dtype.itemsize, ctx.size, algorithm)
-    arrival = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
+    call = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
     if ctx.size == 1 or work.size == 0:
         if src is not work:
             work[...] = src
-        return DoneRequest(ctx, "allreduce", arrival, ledger, result)
+        return DoneRequest(ctx, "allreduce", call, ledger, result)
     if algo == "ring":
-        return RingRequest(ctx, "allreduce", arrival, ledger, timeout, work=work, src=src, op=op,
+        return RingRequest(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
                            phases=("rs", "ag"), segment_bytes=segment_bytes,
                            max_message_bytes=max_message_bytes, result=result)
     if algo == "native":
@@ -125,7 +129,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
             tmp = req.scratch(work.size, work.dtype) if isinstance(work, np.ndarray) else \
                 _device_scratch(ctx, work)
             return (yield from recursive_doubling(req, work, op, tmp))
-    req = GenRequest(ctx, "allreduce", arrival, ledger, timeout, body, max_message_bytes)
+    req = GenRequest(ctx, "allreduce", call, ledger, timeout, body, max_message_bytes)
     req.result = result
     return req
 
@@ -172,11 +176,11 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
             raise ValueError(f"reduce_scatter: recvbuf must hold this rank's chunk, "
                              f"shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; got {out.size}")
         result = recvbuf
-    arrival = _arrive(ctx, "reduce_scatter", src.dtype, n, -1, algo, op.name, timeout)
+    call = _arrive(ctx, "reduce_scatter", src.dtype, n, -1, algo, op.name, timeout)
     if ctx.size == 1 or n == 0:
         if not in_place:
             out[...] = src
-        return DoneRequest(ctx, "reduce_scatter", arrival, ledger, result)
+        return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
     if algo == "native":
         if in_place:
             tmp_out = np.empty(size, dtype=src.dtype) if isinstance(src, np.ndarray) else \
@@ -187,14 +191,14 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
                 out[...] = tmp_out
         else:
             body = lambda req: native_reduce_scatter(req, src, out, op)  # noqa: E731
-        req = GenRequest(ctx, "reduce_scatter", arrival, ledger, timeout, body, max_message_bytes)
+        req = GenRequest(ctx, "reduce_scatter", call, ledger, timeout, body, max_message_bytes)
         req.result = result
         return req
     if in_place:
-        return RingRequest(ctx, "reduce_scatter", arrival, ledger, timeout, work=src, src=src,
+        return RingRequest(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
                            op=op, phases=("rs",), segment_bytes=segment_bytes,
                            max_message_bytes=max_message_bytes, result=result)
-    req = RingRequest(ctx, "reduce_scatter", arrival, ledger, timeout, work=None,
+    req = RingRequest(ctx, "reduce_scatter", call, ledger, timeout, work=None,
                       src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
                       max_message_bytes=max_message_bytes, result=result)
     req._final_copy = (out, req.work[off:off + size])
@@ -239,17 +243,17 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         raise ValueError(f"all_gather: sendbuf must hold this rank's chunk of the {n}-element "
                          f"result, shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; "
                          f"got {chunk.size}")
-    arrival = _arrive(ctx, "all_gather", full.dtype, n, -1, algo, "", timeout)
+    call = _arrive(ctx, "all_gather", full.dtype, n, -1, algo, "", timeout)
     if algo == "native" and ctx.size > 1 and n > 0:
         body = lambda req: native_all_gather(req, chunk, full, in_place)  # noqa: E731
-        req = GenRequest(ctx, "all_gather", arrival, ledger, timeout, body, max_message_bytes)
+        req = GenRequest(ctx, "all_gather", call, ledger, timeout, body, max_message_bytes)
         req.result = result
         return req
     if chunk is not None:
         full[off:off + size] = chunk
     if ctx.size == 1 or n == 0:
-        return DoneRequest(ctx, "all_gather", arrival, ledger, result)
-    return RingRequest(ctx, "all_gather", arrival, ledger, timeout, work=full, src=full,
+        return DoneRequest(ctx, "all_gather", call, ledger, result)
+    return RingRequest(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
                        op=None, phases=("ag",), segment_bytes=segment_bytes,
                        max_message_bytes=max_message_bytes, result=result)
 

@@ -4,8 +4,9 @@ numbers, tags, reusable buffers and settings.
 The state is cached on the user's communicator as an MPI attribute (the MPI way to
 hang library state on a communicator, no module-level communicator). It holds two
 ``Idup`` copies of the user's communicator: ``data`` carries payload, ``ctrl``
-carries arrival tokens and debug fingerprints, so neither ever matches the other
-or the user's own messages.
+carries debug fingerprints and, once a deadline has passed, the missing-rank
+diagnosis (hpcdp.comm.diagnose), so neither ever matches the other or the user's
+own messages.
 
 Every collective call takes the next sequence number; all ranks call collectives
 on a communicator in the same order (MPI's rule), so sequence numbers agree and
@@ -98,12 +99,22 @@ class CommContext:
         # tag = (seq mod seq_mod) * step_space + step; step < step_space
         self.step_space = 1 << max(4, (4 * self.size).bit_length())
         self.seq_mod = max(1, (tag_ub - 1) // self.step_space)
-        self.ctrl_tag_mod = tag_ub - 1
+        # ctrl tags: debug fingerprints use 0 .. tag_ub-3, the diagnosis the top two
+        self.ctrl_tag_mod = tag_ub - 2
+        self.status_tag, self.view_tag = tag_ub, tag_ub - 1
+        self.failed = None  # the CollectiveTimeout a diagnosis ended with: the comm is unusable
         self.pool = BufferPool()
-        self.pending_tokens: list = []  # arrival-token requests still completing
+        self.shard_cache: dict = {}  # n -> counts/displacements for MPI's v-collectives
+        self.ctrl_reqs: list = []    # control requests in flight (their buffers stay alive)
         self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))
         self.timeout = default_timeout()
         self.cuda_aware = None  # decided lazily by hpcdp.comm.device
+
+    def keep(self, reqs) -> None:
+        """Hold control requests (and so their buffers) until they complete."""
+        if self.ctrl_reqs:
+            self.ctrl_reqs = [q for q in self.ctrl_reqs if not q.Test()]
+        self.ctrl_reqs.extend(reqs)
 
     def next_seq(self) -> int:
         seq = self.seq

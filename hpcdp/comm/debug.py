@@ -1,17 +1,16 @@
-"""Arrival tokens, fingerprints and timeouts: no collective hangs silently.
+"""Fingerprints and the debug-mode check: ranks that disagree are named at once.
 
-Every collective call, in every mode, sends a small fingerprint (sequence number,
-collective, dtype, length, root, algorithm, op) to every peer on the control
-communicator and posts receives for theirs: 2(N-1) messages of 56 bytes per rank,
-not counted in the ledger. Normally nobody waits for them; they are the
-out-of-band record of who arrived. When a collective times out, the fingerprints
-that never came name the ranks that never arrived.
+A fingerprint is what identifies one collective call: sequence number, collective,
+dtype, length, root, algorithm, op (seven int64s). Normally nothing is sent ahead
+of a collective; a deadline that passes starts the lazy missing-rank diagnosis
+(hpcdp.comm.diagnose), which exchanges fingerprints then.
 
 In debug mode (``HPCDP_DEBUG=1`` or :func:`hpcdp.comm.set_debug`) each rank first
-waits for all fingerprints and compares them: every rank sees the same set, so
-every rank raises the same :class:`CollectiveMismatch` naming the disagreeing
-ranks. This is a synchronisation point (an all-to-all of tokens) before each
-collective: its cost is latency, which is why it is opt-in.
+sends its fingerprint to every peer on the control communicator, waits for all of
+theirs and compares them: every rank sees the same set, so every rank raises the
+same :class:`CollectiveMismatch` naming the disagreeing ranks. This is a
+synchronisation point (an all-to-all of 56-byte messages) before each collective:
+its cost is latency, which is why it is opt-in.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.errors import CollectiveMismatch, CollectiveTimeout
+from hpcdp.comm.errors import CollectiveMismatch
 
 FIELDS = ("seq", "collective", "dtype", "length", "root", "algorithm", "op")
 _NAMES: dict[int, str] = {}
@@ -41,6 +40,15 @@ def code(text: str) -> int:
     return value
 
 
+# Names a peer's fingerprint may carry: registered up front, so a rank can read a
+# code it never produced itself (another rank's collective, dtype or algorithm).
+for _text in ("allreduce", "reduce_scatter", "all_gather", "ps_push", "ps_pull", "ps_allreduce",
+              "ring", "recursive", "native", "auto", "ps", "", "sum", "mean", "max", "min"):
+    code(_text)
+for _t in "bBhHiIlLqQefdgFD?":
+    code(np.dtype(_t).str)
+
+
 def describe(fp) -> str:
     parts = []
     for field, value in zip(FIELDS, (int(v) for v in fp)):
@@ -55,59 +63,46 @@ def fingerprint(seq, name, dtype, length, root=-1, algorithm="", op="") -> np.nd
                      code(str(algorithm)), code(str(op))], dtype=np.int64)
 
 
-class Arrival:
-    """This rank's tokens for one collective: sent to, and expected from, every peer."""
+def debug_check(ctx, call: tuple, timeout: float) -> None:
+    """Debug mode: exchange fingerprints with every peer and compare; raise
+    :class:`CollectiveMismatch` (same on every rank) or, past the deadline, the
+    diagnosis' :class:`CollectiveTimeout`."""
+    from hpcdp.comm.diagnose import diagnose, pending
 
-    def __init__(self, ctx, fp: np.ndarray):
-        self.ctx, self.fp = ctx, fp
-        self.seq = int(fp[0])
-        self.peers = [p for p in range(ctx.size) if p != ctx.rank]
-        self.theirs = np.zeros((len(self.peers), len(FIELDS)), dtype=np.int64)
-        tag = ctx.ctrl_tag(self.seq)
-        self.sends = [ctx.ctrl.Isend([fp, MPI.INT64_T], p, tag) for p in self.peers]
-        self.recvs = [ctx.ctrl.Irecv([self.theirs[i], MPI.INT64_T], p, tag)
-                      for i, p in enumerate(self.peers)]
-        _reap(ctx)
-
-    def missing(self) -> list[int]:
-        """Peers whose token for this collective has not arrived (yet)."""
-        return [p for p, r in zip(self.peers, self.recvs) if not r.Test()]
-
-    def check(self, name: str, timeout: float) -> None:
-        """Debug mode: wait for every fingerprint and compare; raise on mismatch."""
-        deadline = time.monotonic() + timeout
-        idle = 0
-        while not MPI.Request.Testall(self.recvs):
-            if time.monotonic() > deadline:
-                raise timeout_error(self.ctx, name, self.seq, self.missing(), [], timeout)
-            idle = _idle(idle)
-        self.compare()
-
-    def compare(self) -> None:
-        groups: dict[tuple, list[int]] = {tuple(int(v) for v in self.fp): [self.ctx.rank]}
-        for p, row in zip(self.peers, self.theirs):
-            groups.setdefault(tuple(int(v) for v in row), []).append(p)
-        if len(groups) == 1:
-            return
-        ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
-        majority = ordered[0][1] if len(ordered[0][1]) > len(ordered[1][1]) else []
-        disagreeing = sorted(r for _, ranks in ordered for r in ranks if r not in majority)
-        readable = {describe(fp): sorted(ranks) for fp, ranks in ordered}
-        lines = "; ".join(f"ranks {ranks} called {fp}" for fp, ranks in readable.items())
-        raise CollectiveMismatch(
-            f"collective mismatch at sequence number {self.seq} (seen on rank {self.ctx.rank}): "
-            f"ranks {disagreeing} disagree: {lines}",
-            seq=self.seq, groups=readable, disagreeing=disagreeing)
-
-    def finish(self) -> None:
-        """Collective done: leave unfinished token requests to be reaped later."""
-        self.ctx.pending_tokens.append((self.sends + self.recvs, self.fp, self.theirs))
+    fp = fingerprint(*call)
+    seq = call[0]
+    peers = [p for p in range(ctx.size) if p != ctx.rank]
+    theirs = np.zeros((len(peers), len(FIELDS)), dtype=np.int64)
+    tag = ctx.ctrl_tag(seq)
+    ctx.keep([ctx.ctrl.Isend([fp, MPI.INT64_T], p, tag) for p in peers])
+    recvs = [ctx.ctrl.Irecv([theirs[i], MPI.INT64_T], p, tag) for i, p in enumerate(peers)]
+    start = time.monotonic()
+    deadline = start + timeout
+    idle = 0
+    while not MPI.Request.Testall(recvs):
+        idle = _idle(idle)
+        if idle % 64 == 0:
+            joined = idle > SPIN_POLLS and pending(ctx)
+            if joined or time.monotonic() > deadline:
+                raise diagnose(ctx, call, time.monotonic() - start, timeout, joined=joined)
+    compare(ctx, seq, fp, peers, theirs)
 
 
-def _reap(ctx) -> None:
-    """Complete token requests of earlier collectives (cheap Testall)."""
-    if ctx.pending_tokens:
-        ctx.pending_tokens = [p for p in ctx.pending_tokens if not MPI.Request.Testall(p[0])]
+def compare(ctx, seq, fp, peers, theirs) -> None:
+    groups: dict[tuple, list[int]] = {tuple(int(v) for v in fp): [ctx.rank]}
+    for p, row in zip(peers, theirs):
+        groups.setdefault(tuple(int(v) for v in row), []).append(p)
+    if len(groups) == 1:
+        return
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    majority = ordered[0][1] if len(ordered[0][1]) > len(ordered[1][1]) else []
+    disagreeing = sorted(r for _, ranks in ordered for r in ranks if r not in majority)
+    readable = {describe(fp): sorted(ranks) for fp, ranks in ordered}
+    lines = "; ".join(f"ranks {ranks} called {fp}" for fp, ranks in readable.items())
+    raise CollectiveMismatch(
+        f"collective mismatch at sequence number {seq} (seen on rank {ctx.rank}): "
+        f"ranks {disagreeing} disagree: {lines}",
+        seq=seq, groups=readable, disagreeing=disagreeing)
 
 
 SPIN_POLLS = 2000
@@ -122,15 +117,3 @@ def _idle(idle: int) -> int:
     if idle > SPIN_POLLS and idle % 64 == 0:
         os.sched_yield()
     return idle
-
-
-def timeout_error(ctx, name, seq, missing, waiting_on, timeout) -> CollectiveTimeout:
-    if missing:
-        msg = (f"collective {name!r} (sequence number {seq}) timed out after {timeout:g}s on "
-               f"rank {ctx.rank}: ranks {missing} never arrived")
-    else:
-        msg = (f"collective {name!r} (sequence number {seq}) timed out after {timeout:g}s on "
-               f"rank {ctx.rank}: every rank arrived but it did not complete; still waiting "
-               f"for data from ranks {waiting_on} (a rank died, or ranks disagree on the "
-               "collective: rerun with HPCDP_DEBUG=1)")
-    return CollectiveTimeout(msg, seq=seq, name=name, missing=missing, waiting_on=waiting_on)

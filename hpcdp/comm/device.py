@@ -78,6 +78,9 @@ class StagedRequest:
             self.done = True
         return self.done
 
+    def expire(self):
+        self.inner.expire()
+
     def wait(self, timeout=None):
         if not self.done:
             self.inner.wait(timeout)

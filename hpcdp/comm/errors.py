@@ -10,16 +10,22 @@ class CommError(RuntimeError):
 class CollectiveTimeout(CommError):
     """A collective did not complete within its timeout.
 
-    ``missing`` lists the ranks that never arrived (their arrival token for this
-    collective's sequence number never came); ``waiting_on`` the ranks whose data
-    messages this rank still waits for. The job should end (``comm.Abort``): the
-    other ranks are stuck in the same collective or elsewhere.
+    ``missing`` lists the ranks that never arrived: they did not answer the
+    diagnosis that runs once the deadline passed (hpcdp.comm.diagnose), and every
+    rank that took part names the same ones. ``waiting_on`` the ranks whose data
+    messages this rank still waits for (local: a ring rank waits on its
+    neighbour). The diagnosis also sets ``states`` (rank -> the fingerprint of the
+    collective each answering rank waits in) and ``waited`` (seconds since the
+    request started). The job should end (``comm.Abort``): the other ranks are
+    stuck in the same collective or elsewhere.
     """
 
     def __init__(self, message: str, *, seq: int, name: str, missing=(), waiting_on=()):
         super().__init__(message)
         self.seq, self.name = seq, name
         self.missing, self.waiting_on = list(missing), list(waiting_on)
+        self.states: dict = {}
+        self.waited: float | None = None
 
 
 class CollectiveMismatch(CommError):

@@ -2,7 +2,7 @@
 
 Scaling studies and tests check the analytic communication model against it, so
 it counts exactly the payload bytes handed to MPI send/receive calls by hpcdp's
-collectives (data traffic). Control traffic (arrival tokens, debug fingerprints)
+collectives (data traffic). Control traffic (debug fingerprints, the timeout diagnosis)
 is not payload and is not counted. For ``algorithm="native"`` (MPI's own
 collectives) the ledger records the bytes handed to the MPI call, one message
 each way: what MPI moves internally is not visible from here.

@@ -109,9 +109,9 @@ def _pull(req, buf, servers, workers, shard, step):
 def _start(name, body, buf, comm, servers, workers, op_name, ledger, timeout, max_message_bytes):
     ctx = get_context(comm)
     servers, workers = _roles(ctx, servers, workers)
-    arrival = _arrive(ctx, name, buf.dtype, buf.size, servers[0] * 65536 + len(servers),
+    call = _arrive(ctx, name, buf.dtype, buf.size, servers[0] * 65536 + len(servers),
                       "ps", op_name, timeout)
-    return GenRequest(ctx, name, arrival, ledger, timeout,
+    return GenRequest(ctx, name, call, ledger, timeout,
                       lambda req: body(req, servers, workers), max_message_bytes)
 
 

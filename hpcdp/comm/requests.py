@@ -2,8 +2,14 @@
 
 Every hpcdp collective is a request; the blocking functions are ``start + wait``.
 ``test()`` advances it as far as possible without blocking and returns True when
-done; ``wait()`` polls ``test()`` until done or until the timeout, then raises
-:class:`~hpcdp.comm.errors.CollectiveTimeout` naming the ranks that never arrived.
+done; ``wait()`` polls ``test()`` until done or until the timeout, then runs the
+missing-rank diagnosis (hpcdp.comm.diagnose) and raises its
+:class:`~hpcdp.comm.errors.CollectiveTimeout`, which names the ranks that never
+arrived the same way on every rank. Callers with their own deadline (a loop over
+several requests) call :meth:`Request.expire` when it passes.
+
+Each request carries ``call``, the tuple ``(seq, name, dtype, length, root,
+algorithm, op)`` the diagnosis sends as this collective's fingerprint.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.debug import _idle, timeout_error
+from hpcdp.comm.debug import SPIN_POLLS, _idle
+from hpcdp.comm.diagnose import diagnose, pending
 
 # MPI counts are C ints: one message carries at most 2**31 - 1 elements of its
 # datatype. hpcdp sends bytes, so every message is cut below 2 GiB.
@@ -40,13 +47,15 @@ def pieces(n: int, itemsize: int, max_bytes: int) -> list[tuple[int, int]]:
 class Request:
     """Base: subclasses implement ``_progress() -> bool`` (True when finished)."""
 
-    def __init__(self, ctx, name: str, arrival, ledger, timeout, max_message_bytes=None):
-        self.ctx, self.name, self.arrival, self.ledger = ctx, name, arrival, ledger
+    def __init__(self, ctx, name: str, call, ledger, timeout, max_message_bytes=None):
+        self.ctx, self.name, self.call, self.ledger = ctx, name, call, ledger
         self.timeout = ctx.timeout if timeout is None else float(timeout)
         self.max_bytes = MAX_MESSAGE_BYTES if max_message_bytes is None else int(max_message_bytes)
         if self.max_bytes < 16:
             raise ValueError(f"max_message_bytes must be >= 16, got {self.max_bytes}")
-        self.seq = arrival.seq if arrival is not None else -1
+        self.seq = call[0]
+        self.started = time.monotonic()
+        self._polls = 0
         self.done = False
         self.result = None
         self.sent_bytes = self.recv_bytes = self.sent_msgs = self.recv_msgs = 0
@@ -81,10 +90,19 @@ class Request:
 
     # -- public --------------------------------------------------------------
     def test(self) -> bool:
-        """Advance without blocking; True when the collective is complete."""
-        if not self.done and self._progress():
+        """Advance without blocking; True when the collective is complete.
+
+        Raises the diagnosis' CollectiveTimeout when a peer's wait timed out (checked
+        every 1024 fruitless calls, so a caller that only polls still takes part)."""
+        if self.done:
+            return True
+        if self._progress():
             self._complete()
-        return self.done
+            return True
+        self._polls += 1
+        if self._polls & 1023 == 0 and (self.ctx.failed is not None or pending(self.ctx)):
+            raise self._timeout(self.timeout, joined=True)
+        return False
 
     def wait(self, timeout: float | None = None):
         """Block until complete (polling); returns the result array (or None)."""
@@ -94,10 +112,18 @@ class Request:
         deadline = time.monotonic() + limit
         idle = 0
         while not self.test():
-            if time.monotonic() > deadline:
-                raise self._timeout(limit)
             idle = _idle(idle)
+            if idle & 63 == 0:
+                if time.monotonic() > deadline:
+                    raise self._timeout(limit)
+                if idle > SPIN_POLLS and (self.ctx.failed is not None or pending(self.ctx)):
+                    raise self._timeout(limit, joined=True)
         return self.result
+
+    def expire(self):
+        """The caller's own deadline for this request passed: raise the diagnosis'
+        CollectiveTimeout (with the time really waited since the request started)."""
+        raise self._timeout(self.timeout)
 
     # -- internals -----------------------------------------------------------
     def _progress(self) -> bool:
@@ -112,20 +138,18 @@ class Request:
         if self.ledger is not None:
             self.ledger.record(self.name, self.sent_bytes, self.recv_bytes,
                                self.sent_msgs, self.recv_msgs, calls=1)
-        if self.arrival is not None:
-            self.arrival.finish()
 
-    def _timeout(self, limit):
-        missing = self.arrival.missing() if self.arrival is not None else []
-        waiting = sorted({src for req, src in self._recv_src.values() if not req.Test()})
-        return timeout_error(self.ctx, self.name, self.seq, missing, waiting, limit)
+    def _timeout(self, limit, joined=False):
+        waiting = {src for req, src in self._recv_src.values() if not req.Test()}
+        return diagnose(self.ctx, self.call, time.monotonic() - self.started, limit,
+                        waiting, joined=joined)
 
 
 class GenRequest(Request):
     """A request driven by a generator that yields the MPI requests it waits on."""
 
-    def __init__(self, ctx, name, arrival, ledger, timeout, body, max_message_bytes=None):
-        super().__init__(ctx, name, arrival, ledger, timeout, max_message_bytes)
+    def __init__(self, ctx, name, call, ledger, timeout, body, max_message_bytes=None):
+        super().__init__(ctx, name, call, ledger, timeout, max_message_bytes)
         self._gen = body(self)
         self._waiting: list = []
 
@@ -144,8 +168,8 @@ class GenRequest(Request):
 class DoneRequest(Request):
     """Already complete (world size 1, empty buffers)."""
 
-    def __init__(self, ctx, name, arrival, ledger, result):
-        super().__init__(ctx, name, arrival, ledger, None)
+    def __init__(self, ctx, name, call, ledger, result):
+        super().__init__(ctx, name, call, ledger, None)
         self.result = result
         self._complete()
 

@@ -51,10 +51,10 @@ class RingRequest(Request):
     work`` in place). ``phases`` is a subset of ``("rs", "ag")``.
     """
 
-    def __init__(self, ctx, name, arrival, ledger, timeout, *, work, src, op, phases,
+    def __init__(self, ctx, name, call, ledger, timeout, *, work, src, op, phases,
                  segment_bytes=DEFAULT_SEGMENT_BYTES, max_message_bytes=None,
                  result=None, final_copy=None):
-        super().__init__(ctx, name, arrival, ledger, timeout, max_message_bytes)
+        super().__init__(ctx, name, call, ledger, timeout, max_message_bytes)
         N, r = ctx.size, ctx.rank
         if work is None:  # out-of-place reduce-scatter: chunks pass through a pooled scratch
             work = self._scratch_like(src, src.size)

@@ -96,8 +96,8 @@ class BucketEngine:
         """Poll every request in flight until all are done (busy-wait: the ring only
         moves inside test() calls). Polling all of them, not waiting on the oldest,
         keeps every bucket's ring moving. If none completes for the request's
-        timeout, the oldest request's wait() raises CollectiveTimeout naming the
-        ranks that never arrived."""
+        timeout, the oldest request's expire() raises CollectiveTimeout naming the
+        ranks that never arrived (the same on every rank) and the time waited."""
         deadline = None
         idle = 0
         while self._inflight:
@@ -113,7 +113,7 @@ class BucketEngine:
                 if deadline is None:
                     deadline = now + float(getattr(self._inflight[0][1], "timeout", 300.0))
                 elif now > deadline:
-                    self._inflight[0][1].wait(timeout=1e-3)  # raises, naming the ranks
+                    self._inflight[0][1].expire()  # raises, naming the ranks
 
     def flush(self) -> None:
         """Launch the buckets backward did not launch, then block until every bucket
