@@ -1,41 +1,116 @@
-"""``algorithm="auto"``: pick the allreduce algorithm by message size.
+"""``algorithm="auto"``: pick the algorithm per collective by message size.
 
-Below the crossover, recursive doubling (few rounds, latency-bound); from it on,
-the pipelined ring (bandwidth-optimal: 2(N-1)/N * S per rank). The crossover was
-measured with ``hpcdp bench collectives`` on the 2-core development VM (see
-docs/results.md, "Collectives"); override it per machine with
-``HPCDP_ALLREDUCE_CROSSOVER`` (bytes). Every rank must see the same value: the
-choice depends only on the byte size and the world size, both equal on all ranks.
+Each collective has a table of ``(below_bytes, algorithm)`` rows in increasing
+order; the first row whose bound exceeds the buffer's byte size wins, and the last
+row (bound ``None``) takes everything larger. Small messages go to MPI's own
+collective through hpcdp's lean path (hpcdp.comm.fast: one non-blocking MPI call
+and a deadline poll), large ones to the pipelined ring, which moves 2(N-1)/N * S
+per rank with pooled scratch (no page faults per call). The crossovers were
+measured with ``hpcdp bench collectives --collective all`` on the 2-core
+development VM (docs/results.md, "Collectives at MPI's speed"; docs/collectives.md
+states them). Override one per machine with ``HPCDP_<COLLECTIVE>_CROSSOVER``
+(bytes, e.g. ``HPCDP_ALLREDUCE_CROSSOVER``): it moves the bound of the row before
+the ring. Every rank must see the same value: the choice depends only on the
+byte size and the world size, equal on all ranks.
+
+To add an algorithm (e.g. a hierarchical allreduce), add its name to the
+collective's ``ALGORITHMS`` entry and, if auto should pick it, a row to ``TABLE``
+(or a world-size rule in :func:`choose`).
 """
 
 from __future__ import annotations
 
 import os
 
-CROSSOVER_BYTES = 256 * 1024
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive", "native")
-SCATTER_GATHER_ALGORITHMS = ("auto", "ring", "native")
+ALGORITHMS = {
+    "allreduce": ("auto", "ring", "recursive", "native"),
+    "reduce_scatter": ("auto", "ring", "native"),
+    "all_gather": ("auto", "ring", "native"),
+}
+ALLREDUCE_ALGORITHMS = ALGORITHMS["allreduce"]
+SCATTER_GATHER_ALGORITHMS = ALGORITHMS["reduce_scatter"]
+
+# (below this many bytes, use this algorithm); None: everything larger
+TABLE = {
+    "allreduce": [(1 << 20, "native"), (None, "ring")],
+    "reduce_scatter": [(1 << 20, "native"), (None, "ring")],
+    "all_gather": [(1 << 20, "native"), (None, "ring")],
+}
+CROSSOVER_BYTES = TABLE["allreduce"][0][0]  # kept for callers of the single crossover
 
 
-def crossover_bytes() -> int:
-    raw = os.environ.get("HPCDP_ALLREDUCE_CROSSOVER")
+_BOUNDS: dict = {}  # collective -> bound; the environment is read once (0.3 us a lookup)
+
+
+def crossover_bytes(collective: str = "allreduce") -> int:
+    """The bound below which auto does not use the ring (``HPCDP_<NAME>_CROSSOVER``,
+    read on first use; :func:`forget` reads it again)."""
+    bound = _BOUNDS.get(collective)
+    if bound is not None:
+        return bound
+    var = f"HPCDP_{collective.upper()}_CROSSOVER"
+    raw = os.environ.get(var)
     if raw is None or raw.strip() == "":
-        return CROSSOVER_BYTES
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"HPCDP_ALLREDUCE_CROSSOVER must be an integer byte count, got {raw!r}") from None
+        bound = TABLE[collective][-2][0]
+    else:
+        try:
+            bound = int(raw)
+        except ValueError:
+            raise ValueError(f"{var} must be an integer byte count, got {raw!r}") from None
+    _BOUNDS[collective] = bound
+    return bound
+
+
+def forget() -> None:
+    """Read the ``HPCDP_<NAME>_CROSSOVER`` variables again on next use."""
+    _BOUNDS.clear()
+    _NATIVE_BELOW.clear()
+
+
+_NATIVE_BELOW: dict = {}
+
+
+def native_below(collective: str, world_size: int) -> int:
+    """Byte sizes below this go to MPI's own collective under "auto": the lean
+    path's one test (hpcdp.comm.fast), cached. The leading "native" rows of the
+    table, capped by the crossover; 0 if :func:`choose` does not pick "native" for
+    small buffers at this world size (a world-size rule added there wins)."""
+    key = (collective, world_size)
+    bound = _NATIVE_BELOW.get(key)
+    if bound is None:
+        bound = 0
+        for below, algo in TABLE[collective]:
+            if algo != "native" or below is None:
+                break
+            bound = below
+        bound = min(bound, crossover_bytes(collective))
+        if bound and (choose(collective, 0, world_size) != "native"
+                      or choose(collective, bound - 1, world_size) != "native"):
+            bound = 0
+        _NATIVE_BELOW[key] = bound
+    return bound
+
+
+def choose(collective: str, nbytes: int, world_size: int, algorithm: str = "auto") -> str:
+    """The algorithm ``collective`` runs for a buffer of ``nbytes`` bytes."""
+    allowed = ALGORITHMS[collective]
+    if algorithm not in allowed:
+        raise ValueError(f"{collective} algorithm must be one of {allowed}, got {algorithm!r}")
+    if algorithm != "auto":
+        return algorithm
+    rows = TABLE[collective]
+    if nbytes >= crossover_bytes(collective):
+        return rows[-1][1]
+    for below, algo in rows[:-1]:
+        if below is None or nbytes < below:
+            return algo
+    return rows[-2][1]
 
 
 def choose_allreduce(nbytes: int, world_size: int, algorithm: str = "auto") -> str:
-    if algorithm not in ALLREDUCE_ALGORITHMS:
-        raise ValueError(f"allreduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}")
-    if algorithm != "auto":
-        return algorithm
-    return "recursive" if nbytes < crossover_bytes() else "ring"
+    return choose("allreduce", nbytes, world_size, algorithm)
 
 
-def choose_scatter_gather(algorithm: str = "auto") -> str:
-    if algorithm not in SCATTER_GATHER_ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {SCATTER_GATHER_ALGORITHMS}, got {algorithm!r}")
-    return "ring" if algorithm == "auto" else algorithm
+def choose_scatter_gather(algorithm: str = "auto", nbytes: int = 1 << 62,
+                          collective: str = "reduce_scatter", world_size: int = 2) -> str:
+    return choose(collective, nbytes, world_size, algorithm)

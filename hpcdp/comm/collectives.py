@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcdp.comm.auto import choose_allreduce, choose_scatter_gather
+from hpcdp.comm import fast
+from hpcdp.comm.auto import choose
 from hpcdp.comm.context import get_context
 from hpcdp.comm.debug import debug_check
 from hpcdp.comm.native import native_all_gather, native_allreduce, native_reduce_scatter
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.recursive import recursive_doubling
-from hpcdp.comm.requests import DoneRequest, GenRequest
+from hpcdp.comm.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES, RingRequest
 from hpcdp.shard import shard_range
 
@@ -41,6 +42,9 @@ def is_device_array(x) -> bool:
 
 def flat_view(buf, what: str):
     """A 1-D view of a contiguous buffer, or a clear error."""
+    if type(buf) is np.ndarray and buf.ndim == 1 and buf.flags.c_contiguous \
+            and buf.dtype.kind in _KINDS:
+        return buf  # the common case, checked first
     if is_device_array(buf):
         if not buf.is_c_contiguous():
             raise ValueError(f"{what} must be a C-contiguous device array")
@@ -87,11 +91,21 @@ def _arrive(ctx, name, dtype, n, root, algorithm, op, timeout):
     return call
 
 
+def _host(sendbuf, recvbuf) -> bool:
+    """Host buffers: the common case, no device import on the hot path."""
+    return isinstance(sendbuf, np.ndarray) and (recvbuf is None or isinstance(recvbuf, np.ndarray))
+
+
 def _staged(fn, sendbuf, recvbuf, comm, kwargs):
-    if isinstance(sendbuf, np.ndarray) and (recvbuf is None or isinstance(recvbuf, np.ndarray)):
-        return None  # host buffers: the common case, no import on the hot path
     from hpcdp.comm.device import maybe_stage
     return maybe_stage(fn, sendbuf, recvbuf, comm, kwargs)
+
+
+def _lean(algo, op, max_message_bytes, nbytes, buf) -> bool:
+    """MPI's own collective through hpcdp.comm.fast: host buffer, built-in op,
+    one message (the general native path cuts messages and runs user ops)."""
+    return (algo == "native" and op.builtin and max_message_bytes is None
+            and nbytes < MAX_MESSAGE_BYTES and isinstance(buf, np.ndarray))
 
 
 # -- allreduce -----------------------------------------------------------------
@@ -99,22 +113,30 @@ def _staged(fn, sendbuf, recvbuf, comm, kwargs):
 def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
                segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
     """Start an allreduce; returns a request (``test()`` / ``wait()``)."""
-    kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                  timeout=timeout, max_message_bytes=max_message_bytes)
-    staged = _staged(iallreduce, sendbuf, recvbuf, comm, kwargs)
-    if staged is not None:
-        return staged
+    if max_message_bytes is None:
+        req = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
+        if req is not None:
+            return req
+    if not _host(sendbuf, recvbuf):
+        kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                      timeout=timeout, max_message_bytes=max_message_bytes)
+        staged = _staged(iallreduce, sendbuf, recvbuf, comm, kwargs)
+        if staged is not None:
+            return staged
     ctx = get_context(comm)
     op = resolve(op)
     src, work, result = _pair(sendbuf, recvbuf, "allreduce")
     if work.size != src.size:
         raise ValueError(f"allreduce: recvbuf has {work.size} elements, sendbuf {src.size}; they must match")
-    algo = choose_allreduce(work.size * work.dtype.itemsize, ctx.size, algorithm)
+    nbytes = work.nbytes if isinstance(work, np.ndarray) else work.size * work.dtype.itemsize
+    algo = choose("allreduce", nbytes, ctx.size, algorithm)
     call = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
     if ctx.size == 1 or work.size == 0:
         if src is not work:
             work[...] = src
         return DoneRequest(ctx, "allreduce", call, ledger, result)
+    if _lean(algo, op, max_message_bytes, nbytes, work):
+        return fast.allreduce(ctx, call, src, work, result, op, ledger, timeout)
     if algo == "ring":
         return RingRequest(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
                            phases=("rs", "ag"), segment_bytes=segment_bytes,
@@ -142,6 +164,10 @@ def _device_scratch(ctx, like):
 def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
     """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (or in place); returns it."""
+    if max_message_bytes is None:
+        out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
+        if out is not None:
+            return out
     return iallreduce(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
                       segment_bytes=segment_bytes, timeout=timeout,
                       max_message_bytes=max_message_bytes).wait()
@@ -152,16 +178,22 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
 def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
                     segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
     """Start a reduce-scatter; ``wait()`` returns this rank's reduced chunk."""
-    kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                  timeout=timeout, max_message_bytes=max_message_bytes)
-    staged = _staged(ireduce_scatter, sendbuf, recvbuf, comm, kwargs)
-    if staged is not None:
-        return staged
+    if max_message_bytes is None:
+        req = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
+        if req is not None:
+            return req
+    if not _host(sendbuf, recvbuf):
+        kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                      timeout=timeout, max_message_bytes=max_message_bytes)
+        staged = _staged(ireduce_scatter, sendbuf, recvbuf, comm, kwargs)
+        if staged is not None:
+            return staged
     ctx = get_context(comm)
     op = resolve(op)
-    algo = choose_scatter_gather(algorithm)
     src = flat_view(sendbuf, "sendbuf")
     n = src.size
+    nbytes = n * src.dtype.itemsize
+    algo = choose("reduce_scatter", nbytes, ctx.size, algorithm)
     off, size = shard_range(n, ctx.size, ctx.rank)
     in_place = recvbuf is None or recvbuf is sendbuf
     if in_place:
@@ -181,6 +213,8 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
         if not in_place:
             out[...] = src
         return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
+    if _lean(algo, op, max_message_bytes, nbytes, src):
+        return fast.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger, timeout)
     if algo == "native":
         if in_place:
             tmp_out = np.empty(size, dtype=src.dtype) if isinstance(src, np.ndarray) else \
@@ -208,6 +242,10 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
 def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
                    segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
     """This rank's chunk (``shard_range``) of the reduction over all ranks."""
+    if max_message_bytes is None:
+        out = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
+        if out is not None:
+            return out
     return ireduce_scatter(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
                            segment_bytes=segment_bytes, timeout=timeout,
                            max_message_bytes=max_message_bytes).wait()
@@ -218,13 +256,17 @@ def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", l
 def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                 segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
     """Start an all-gather; ``wait()`` returns the full buffer."""
-    kwargs = dict(algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                  timeout=timeout, max_message_bytes=max_message_bytes)
-    staged = _staged(iall_gather, sendbuf, recvbuf, comm, kwargs)
-    if staged is not None:
-        return staged
+    if max_message_bytes is None:
+        req = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout)
+        if req is not None:
+            return req
+    if not _host(sendbuf, recvbuf):
+        kwargs = dict(algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                      timeout=timeout, max_message_bytes=max_message_bytes)
+        staged = _staged(iall_gather, sendbuf, recvbuf, comm, kwargs)
+        if staged is not None:
+            return staged
     ctx = get_context(comm)
-    algo = choose_scatter_gather(algorithm)
     in_place = recvbuf is None or recvbuf is sendbuf
     if in_place:
         full = flat_view(sendbuf, "buf")
@@ -243,7 +285,12 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         raise ValueError(f"all_gather: sendbuf must hold this rank's chunk of the {n}-element "
                          f"result, shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; "
                          f"got {chunk.size}")
+    nbytes = n * full.dtype.itemsize
+    algo = choose("all_gather", nbytes, ctx.size, algorithm)
     call = _arrive(ctx, "all_gather", full.dtype, n, -1, algo, "", timeout)
+    if algo == "native" and ctx.size > 1 and n > 0 and max_message_bytes is None \
+            and nbytes < MAX_MESSAGE_BYTES and isinstance(full, np.ndarray):
+        return fast.all_gather(ctx, call, chunk, full, result, ledger, timeout)
     if algo == "native" and ctx.size > 1 and n > 0:
         body = lambda req: native_all_gather(req, chunk, full, in_place)  # noqa: E731
         req = GenRequest(ctx, "all_gather", call, ledger, timeout, body, max_message_bytes)
@@ -261,6 +308,10 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
 def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
     """Every rank's chunk, concatenated in rank order (``shard_range`` positions)."""
+    if max_message_bytes is None:
+        out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
+        if out is not None:
+            return out
     return iall_gather(sendbuf, recvbuf, comm=comm, algorithm=algorithm, ledger=ledger,
                        segment_bytes=segment_bytes, timeout=timeout,
                        max_message_bytes=max_message_bytes).wait()

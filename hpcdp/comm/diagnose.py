@@ -57,6 +57,11 @@ def pending(ctx) -> bool:
     return ctx.ctrl.Iprobe(MPI.ANY_SOURCE, ctx.status_tag)
 
 
+def peer_failed(ctx) -> bool:
+    """This communicator already failed, or a peer started a diagnosis: stop waiting."""
+    return ctx.failed is not None or pending(ctx)
+
+
 def _collect(recvs: dict, grace: float) -> set:
     """Poll ``{rank: request}`` until all complete or ``grace`` s passed; the ranks done."""
     deadline = time.monotonic() + grace

@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm.debug import SPIN_POLLS, _idle
-from hpcdp.comm.diagnose import diagnose, pending
+from hpcdp.comm.diagnose import diagnose, peer_failed
 
 # MPI counts are C ints: one message carries at most 2**31 - 1 elements of its
 # datatype. hpcdp sends bytes, so every message is cut below 2 GiB.
@@ -100,7 +100,7 @@ class Request:
             self._complete()
             return True
         self._polls += 1
-        if self._polls & 1023 == 0 and (self.ctx.failed is not None or pending(self.ctx)):
+        if self._polls & 1023 == 0 and peer_failed(self.ctx):
             raise self._timeout(self.timeout, joined=True)
         return False
 
@@ -116,7 +116,7 @@ class Request:
             if idle & 63 == 0:
                 if time.monotonic() > deadline:
                     raise self._timeout(limit)
-                if idle > SPIN_POLLS and (self.ctx.failed is not None or pending(self.ctx)):
+                if idle > SPIN_POLLS and peer_failed(self.ctx):
                     raise self._timeout(limit, joined=True)
         return self.result
 

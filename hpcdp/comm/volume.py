@@ -14,6 +14,9 @@ Notation: ``n`` elements of ``itemsize`` bytes, ``N`` ranks, chunks
   ``(N-1)/N * S`` per rank; an allreduce is both phases, ``2(N-1)/N * S``.
 - recursive doubling (any N, non-powers of two folded in): ``log2 p`` full-buffer
   exchanges for the ``p = 2^floor(log2 N)`` ranks that stay, plus one fold/unfold.
+- MPI's own collectives ("native", and "auto" below its crossover): the bytes
+  handed to the MPI call (:func:`native_bytes`); :func:`collective_bytes` resolves
+  "auto" the way the collectives do.
 - parameter server (K servers, shard j by ``shard_range(n, K, j)``): a push sends each
   worker's shard j to server j; a pull sends it back. Server j receives
   ``(W - 1) * |shard j|`` (``W`` if it is not a worker itself) per push.
@@ -73,6 +76,39 @@ def recursive_bytes(n_bytes: int, N: int, rank: int) -> tuple[int, int]:
     return rounds * n_bytes + extra, rounds * n_bytes + extra
 
 
+def native_bytes(collective: str, n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """(sent, received) bytes the ledger records for MPI's own collective
+    (``algorithm="native"``, also what "auto" picks below its crossover): the bytes
+    handed to the MPI call, not what MPI moves inside. allreduce: the buffer each
+    way; reduce_scatter: the whole input out, this rank's chunk in; all_gather: this
+    rank's chunk out, the whole result in."""
+    if N == 1 or n == 0:
+        return 0, 0
+    if collective == "allreduce":
+        return n * itemsize, n * itemsize
+    chunk = shard_range(n, N, rank)[1]
+    if collective == "reduce_scatter":
+        return n * itemsize, chunk * itemsize
+    if collective == "all_gather":
+        return chunk * itemsize, n * itemsize
+    raise ValueError(f"native_bytes: unknown collective {collective!r}")
+
+
+def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
+                     itemsize: int) -> tuple[int, int]:
+    """(sent, received) bytes of one ``collective`` (allreduce, reduce_scatter,
+    all_gather) with ``algorithm`` ("auto" resolved by hpcdp.comm.auto.choose)."""
+    from hpcdp.comm.auto import choose
+
+    algo = choose(collective, n * itemsize, N, algorithm)
+    if algo == "native":
+        return native_bytes(collective, n, N, rank, itemsize)
+    if algo == "recursive":
+        return recursive_bytes(n * itemsize, N, rank) if N > 1 and n else (0, 0)
+    phases = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}
+    return ring_bytes(n, N, rank, itemsize, phases[collective])
+
+
 def ps_push_bytes(n: int, rank: int, servers, workers, itemsize: int) -> tuple[int, int]:
     """(sent, received) bytes of ``rank`` in one push of ``n`` elements to ``servers``."""
     servers, workers = list(servers), list(workers)
@@ -114,4 +150,4 @@ def zero_step_bytes(stage: int, unit_sizes, N: int, rank: int, itemsize: int) ->
 
 
 __all__ = ["ring_bytes", "ring_allreduce_bytes", "reduce_scatter_bytes", "all_gather_bytes",
-           "recursive_bytes", "ps_push_bytes", "ps_pull_bytes", "zero_step_bytes"]
+           "recursive_bytes", "native_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes", "zero_step_bytes"]

@@ -80,7 +80,7 @@ def test_allreduce_closed_form(comm, algorithm, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("algorithm", ["ring", "native"])
+@pytest.mark.parametrize("algorithm", ["ring", "native", "auto"])
 def test_reduce_scatter_closed_form(comm, algorithm, dtype):
     N, r = comm.Get_size(), comm.Get_rank()
     for n in lengths(N):
@@ -104,7 +104,7 @@ def test_reduce_scatter_closed_form(comm, algorithm, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("algorithm", ["ring", "native"])
+@pytest.mark.parametrize("algorithm", ["ring", "native", "auto"])
 def test_all_gather_closed_form(comm, algorithm, dtype):
     N, r = comm.Get_size(), comm.Get_rank()
     for n in lengths(N):

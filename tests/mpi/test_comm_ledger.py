@@ -5,6 +5,7 @@ import pytest
 
 from hpcdp.comm import Ledger, all_gather, allreduce, ps_allreduce, ps_pull, ps_push, reduce_scatter
 from hpcdp.comm.recursive import expected_bytes as rd_bytes
+from hpcdp.comm.volume import collective_bytes
 from hpcdp.comm.ring import expected_bytes
 from hpcdp.shard import shard_range
 
@@ -28,14 +29,37 @@ def test_ring_ledger(comm, n):
         assert _one(led, "allreduce") == (2 * (N - 1) * S // N,) * 2
     off, size = shard_range(n, N, r)
     led.reset()
-    reduce_scatter(x, np.empty(size, np.float32), comm=comm, ledger=led)
-    all_gather(np.ones(size, np.float32), np.empty(n, np.float32), comm=comm, ledger=led)
+    reduce_scatter(x, np.empty(size, np.float32), comm=comm, ledger=led, algorithm="ring")
+    all_gather(np.ones(size, np.float32), np.empty(n, np.float32), comm=comm, ledger=led,
+               algorithm="ring")
     assert _one(led, "reduce_scatter") == expected_bytes(n, N, r, 4, ("rs",))
     assert _one(led, "all_gather") == expected_bytes(n, N, r, 4, ("ag",))
     if n % N == 0:
         assert _one(led, "reduce_scatter") == ((N - 1) * S // N,) * 2
         assert _one(led, "all_gather") == ((N - 1) * S // N,) * 2
     assert led.totals()["all_gather"]["calls"] == 1
+
+
+@pytest.mark.parametrize("algorithm", ["native", "auto"])
+@pytest.mark.parametrize("n", [0, 1, 5, 1009, 300 * 1024])
+def test_native_and_auto_ledger(comm, algorithm, n):
+    """MPI's own collectives (and auto, whichever it picks) record the bytes handed to
+    MPI, as hpcdp.comm.volume.collective_bytes says, in place or not."""
+    N, r = comm.Get_size(), comm.Get_rank()
+    off, size = shard_range(n, N, r)
+    led = Ledger()
+    x = np.ones(n, dtype=np.float32)
+    allreduce(x, np.empty_like(x), comm=comm, algorithm=algorithm, ledger=led)
+    allreduce(x.copy(), comm=comm, algorithm=algorithm, ledger=led)
+    reduce_scatter(x, np.empty(size, np.float32), comm=comm, algorithm=algorithm, ledger=led)
+    reduce_scatter(x.copy(), comm=comm, algorithm=algorithm, ledger=led)
+    all_gather(np.ones(size, np.float32), np.empty(n, np.float32), comm=comm,
+               algorithm=algorithm, ledger=led)
+    all_gather(np.ones(n, np.float32), comm=comm, algorithm=algorithm, ledger=led)
+    for name in ("allreduce", "reduce_scatter", "all_gather"):
+        want = collective_bytes(name, algorithm, n, N, r, 4)
+        assert _one(led, name) == (2 * want[0], 2 * want[1]), name
+        assert led.totals()[name]["calls"] == 2
 
 
 def test_recursive_doubling_ledger(comm):

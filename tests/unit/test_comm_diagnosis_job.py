@@ -48,6 +48,11 @@ def _job(scenario: str):
             while not req.test():
                 if time.monotonic() > deadline:
                     req.expire()
+        elif scenario == "lean":
+            # a small call (the lean path: one MPI call + a deadline poll)
+            if rank == odd:
+                time.sleep(60)
+            allreduce(np.ones(2), comm=comm, timeout=TIMEOUT)
         elif scenario == "late":
             # rank `odd` arrives after the others concluded: it must agree with them
             if rank == odd:
@@ -60,7 +65,7 @@ def _job(scenario: str):
         comm.Abort(7)
 
 
-@pytest.mark.parametrize("scenario,ranks", [("stalled", 4), ("polled", 3), ("late", 3)])
+@pytest.mark.parametrize("scenario,ranks", [("stalled", 4), ("polled", 3), ("lean", 3), ("late", 3)])
 def test_every_rank_names_the_same_missing_rank(scenario, ranks):
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")

@@ -4,7 +4,7 @@ formulas, ledger arithmetic, ops, message pieces."""
 import numpy as np
 import pytest
 
-from hpcdp.comm.auto import choose_allreduce, choose_scatter_gather
+from hpcdp.comm.auto import choose, choose_allreduce, choose_scatter_gather, crossover_bytes, forget
 from hpcdp.comm.ledger import Ledger
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.recursive import expected_bytes as rd_bytes
@@ -115,11 +115,29 @@ def test_ops():
 
 
 def test_auto_choice(monkeypatch):
-    assert choose_allreduce(1024, 4) == "recursive"
+    """Per collective: MPI's own below the crossover, the ring from it on (the
+    table in hpcdp.comm.auto); explicit names pass through; overrides per collective."""
+    for name in ("allreduce", "reduce_scatter", "all_gather"):
+        cross = crossover_bytes(name)
+        assert choose(name, 8, 2) == "native"
+        assert choose(name, cross - 1, 4) == "native"
+        assert choose(name, cross, 4) == "ring"
+        assert choose(name, 1024, 4, "ring") == "ring"
+    assert choose_allreduce(1024, 4) == "native"
     assert choose_allreduce(64 << 20, 4) == "ring"
-    assert choose_allreduce(1024, 4, "native") == "native"
+    assert choose_allreduce(1024, 4, "recursive") == "recursive"
     monkeypatch.setenv("HPCDP_ALLREDUCE_CROSSOVER", "0")
+    forget()
     assert choose_allreduce(1024, 4) == "ring"
+    assert choose("reduce_scatter", 1024, 4) == "native"  # the others keep theirs
+    monkeypatch.setenv("HPCDP_ALL_GATHER_CROSSOVER", "many")
+    forget()
+    with pytest.raises(ValueError, match="HPCDP_ALL_GATHER_CROSSOVER must be an integer"):
+        choose("all_gather", 8, 2)
     assert choose_scatter_gather("auto") == "ring"
     with pytest.raises(ValueError, match="must be one of"):
+        choose("reduce_scatter", 8, 2, "recursive")
+    with pytest.raises(ValueError, match="must be one of"):
         choose_allreduce(8, 2, "tree")
+    monkeypatch.undo()
+    forget()

@@ -1,0 +1,352 @@
+"""The small-message path: one MPI non-blocking collective and a deadline poll.
+
+Below the crossovers of hpcdp.comm.auto, MPI's own collective over shared memory
+or a network is latency-bound and hard to beat from Python; what hpcdp adds must
+then cost as little as possible. For host numpy buffers and a built-in op, a call
+here is: the argument checks, a sequence number, one MPI call (``Iallreduce``,
+``Ireduce_scatter_block`` / ``Ireduce_scatter``, ``Iallgather`` / ``Iallgatherv``)
+and a ``Test`` loop that looks at the clock every 64 polls. Nothing else goes on
+the wire; past the deadline the missing-rank diagnosis runs as for every request
+(hpcdp.comm.diagnose). The ledger records what ``algorithm="native"`` records
+(:func:`hpcdp.comm.volume.native_bytes`).
+
+:class:`FastRequest` has the request interface (``test``, ``wait``, ``expire``,
+``done``, ``result``) with ``__slots__`` and no generator: about a microsecond of
+Python per call on top of MPI's (``hpcdp bench comm-overhead``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcdp.comm.auto import native_below
+from hpcdp.comm.context import _LAST
+from hpcdp.comm.debug import SPIN_POLLS
+from hpcdp.comm.diagnose import diagnose, peer_failed
+from hpcdp.comm.requests import MAX_MESSAGE_BYTES, Request
+from hpcdp.shard import shard_bounds
+
+_TYPES = {c: MPI.Datatype.fromcode(c) for c in "bBhHiIlLqQefd"}
+
+
+def mpi_type(dtype):
+    t = _TYPES.get(dtype.char)
+    return t if t is not None else MPI.Datatype.fromcode(dtype.char)
+
+
+def _chunk(ctx, n):
+    """(offset, size, counts or None) of this rank's shard of ``n``; counts only
+    when N does not divide n (MPI's v-variants need them)."""
+    N = ctx.size
+    if n % N == 0:
+        return ctx.rank * (n // N), n // N, None
+    counts, displs = _bounds(ctx, n)
+    return displs[ctx.rank], counts[ctx.rank], counts
+
+
+def _bounds(ctx, n):
+    """(counts, displacements) of the shard rule for ``n``, cached per communicator."""
+    hit = ctx.shard_cache.get(n)
+    if hit is None:
+        if len(ctx.shard_cache) > 4096:
+            ctx.shard_cache.clear()
+        b = shard_bounds(n, ctx.size)
+        hit = ctx.shard_cache[n] = ([s for _, s in b], [o for o, _ in b])
+    return hit
+
+
+class FastRequest(Request):
+    """One MPI request, polled under the timeout (see module docstring). Shares
+    ``test`` and ``expire`` with :class:`~hpcdp.comm.requests.Request`, without its
+    constructor (no message bookkeeping: one MPI call)."""
+
+    __slots__ = ("req", "nbytes", "after")
+
+    def __init__(self, ctx, req, call, ledger, nbytes, timeout, result, after=None):
+        self.ctx, self.req, self.call, self.ledger, self.nbytes = ctx, req, call, ledger, nbytes
+        self.timeout = ctx.timeout if timeout is None else float(timeout)
+        self.started = time.monotonic()
+        self.result, self.after, self.done, self._polls = result, after, False, 0
+
+    @property
+    def name(self) -> str:
+        return self.call[1]
+
+    @property
+    def seq(self) -> int:
+        return self.call[0]
+
+    def _progress(self) -> bool:
+        return self.req.Test()
+
+    def _complete(self) -> None:
+        self.done = True
+        if self.after is not None:
+            self.after()
+        if self.ledger is not None:
+            sent, recv = self.nbytes
+            self.ledger.record(self.call[1], sent, recv, 1, 1, calls=1)
+
+    def wait(self, timeout: float | None = None):
+        if not self.done:
+            if not self.req.Test():
+                spin(self.ctx, self.req, self.call, self.timeout if timeout is None else timeout,
+                     self.started)
+            self._complete()
+        return self.result
+
+    def _timeout(self, limit, joined=False):
+        return diagnose(self.ctx, self.call, time.monotonic() - self.started, limit, (),
+                        joined=joined)
+
+
+def _mean(arr, N):
+    if arr.dtype.kind in "iu":
+        np.floor_divide(arr, N, out=arr)
+    else:
+        np.true_divide(arr, arr.dtype.type(N), out=arr)
+
+
+def allreduce(ctx, call, src, work, result, op, ledger, timeout):
+    T = mpi_type(work.dtype)
+    s = MPI.IN_PLACE if src is work else [src, T]
+    req = ctx.data.Iallreduce(s, [work, T], op.mpi_op(work.dtype))
+    after = (lambda: _mean(work, ctx.size)) if op.is_mean else None
+    return FastRequest(ctx, req, call, ledger, (work.nbytes, work.nbytes), timeout, result, after)
+
+
+def reduce_scatter(ctx, call, src, out, in_place, result, op, ledger, timeout):
+    """``out``: this rank's chunk (for in place, the chunk's view inside ``src``)."""
+    T = mpi_type(src.dtype)
+    N, n = ctx.size, src.size
+    mpi_op = op.mpi_op(src.dtype)
+    target = out
+    if in_place:  # MPI's in-place result lands at the buffer's start: go through scratch
+        raw = ctx.pool.get(out.nbytes)
+        target = raw[:out.nbytes].view(src.dtype)
+    if n % N == 0:
+        req = ctx.data.Ireduce_scatter_block([src, T], [target, T], mpi_op)
+    else:
+        req = ctx.data.Ireduce_scatter([src, T], [target, T], _bounds(ctx, n)[0], mpi_op)
+
+    def after():
+        if op.is_mean:
+            _mean(target, N)
+        if in_place:
+            out[...] = target
+            ctx.pool.put(raw)
+    needs = op.is_mean or in_place
+    return FastRequest(ctx, req, call, ledger, (src.nbytes, out.nbytes), timeout, result,
+                       after if needs else None)
+
+
+def all_gather(ctx, call, chunk, full, result, ledger, timeout):
+    """``chunk`` None: in place (``full`` holds this rank's chunk at its position)."""
+    T = mpi_type(full.dtype)
+    N, n = ctx.size, full.size
+    if n % N == 0:
+        s = MPI.IN_PLACE if chunk is None else [chunk, T]
+        req = ctx.data.Iallgather(s, [full, T])
+        mine = n // N
+    else:
+        counts, displs = _bounds(ctx, n)
+        s = MPI.IN_PLACE if chunk is None else [chunk, T]
+        req = ctx.data.Iallgatherv(s, [full, counts, displs, T])
+        mine = counts[ctx.rank]
+    item = full.dtype.itemsize
+    return FastRequest(ctx, req, call, ledger, (mine * item, n * item), timeout, result)
+
+
+# -- the lean fronts: the common call in as few Python steps as possible --------
+# Each returns a FastRequest when the call is a plain one (host numpy buffers,
+# C-contiguous, numeric, a built-in op named by a string, "auto" below the
+# crossover or "native", no debug mode, more than one rank, a context already set
+# up); otherwise None and the general path (hpcdp.comm.collectives) validates,
+# explains errors and runs the call. A buffer mpi4py refuses (read-only result)
+# also goes to the general path, which says what is wrong.
+
+_SPECS = {"sum": (MPI.SUM, False), "mean": (MPI.SUM, True), "max": (MPI.MAX, False),
+          "min": (MPI.MIN, False)}
+_REFUSED = (BufferError, ValueError, TypeError)
+IN_PLACE = MPI.IN_PLACE
+
+
+def _bound(ctx, collective, algorithm) -> int:
+    """Largest byte size + 1 the lean path takes for ``algorithm`` (cached on ctx)."""
+    key = (collective, algorithm)
+    bound = ctx.lean_bounds.get(key)
+    if bound is None:
+        if algorithm == "native":
+            bound = MAX_MESSAGE_BYTES
+        elif algorithm == "auto":
+            bound = native_below(collective, ctx.size)
+        else:
+            bound = 0
+        ctx.lean_bounds[key] = bound
+    return bound
+
+
+def _lean_ctx(comm, collective, algorithm, nbytes):
+    hit = _LAST.get(id(comm))
+    if hit is None or hit[0] is not comm:
+        return None
+    ctx = hit[1]
+    if ctx.debug or ctx.failed is not None or ctx.size == 1 or nbytes == 0:
+        return None
+    bound = ctx.lean_bounds.get((collective, algorithm))
+    if bound is None:
+        bound = _bound(ctx, collective, algorithm)
+    return ctx if nbytes < bound else None
+
+
+def spin(ctx, req, call, timeout, started=None) -> None:
+    """Poll ``req`` until done or past the deadline (then the diagnosis' error): busy
+    for SPIN_POLLS tests, then yielding the core and joining a peer's diagnosis."""
+    now = time.monotonic()
+    started = now if started is None else started
+    limit = ctx.timeout if timeout is None else float(timeout)
+    deadline = now + limit
+    idle = 0
+    while not req.Test():
+        idle += 1
+        if idle & 63 == 0:
+            if time.monotonic() > deadline:
+                raise diagnose(ctx, call, time.monotonic() - started, limit, ())
+            if idle > SPIN_POLLS:
+                os.sched_yield()  # oversubscribed ranks: let the peer run
+                if peer_failed(ctx):
+                    raise diagnose(ctx, call, time.monotonic() - started, limit, (), joined=True)
+
+
+def _end(ctx, req, call, ledger, nbytes, timeout, result, after, blocking):
+    """Non-blocking: the FastRequest. Blocking: wait here and return the result, with
+    no request object when the first Test already succeeds (the common small case)."""
+    if not blocking:
+        return FastRequest(ctx, req, call, ledger, nbytes, timeout, result, after)
+    if not req.Test():
+        spin(ctx, req, call, timeout)
+    if after is not None:
+        after()
+    if ledger is not None:
+        ledger.record(call[1], nbytes[0], nbytes[1], 1, 1, calls=1)
+    return result
+
+
+def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
+    spec = _SPECS.get(op) if op.__class__ is str else None
+    if spec is None or sendbuf.__class__ is not np.ndarray \
+            or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
+        return None  # (a strided 1-D buffer: mpi4py refuses it below)
+    dtype = sendbuf.dtype
+    T = _TYPES.get(dtype.char)
+    nbytes = sendbuf.nbytes
+    hit = _LAST.get(id(comm))
+    if T is None or hit is None or hit[0] is not comm:
+        return None
+    ctx = hit[1]
+    if ctx.debug or ctx.failed is not None or ctx.size == 1 or nbytes == 0:
+        return None
+    bound = ctx.lean_bounds.get(("allreduce", algorithm))
+    if nbytes >= (bound if bound is not None else _bound(ctx, "allreduce", algorithm)):
+        return None
+    if recvbuf is None or recvbuf is sendbuf:
+        s, result = IN_PLACE, sendbuf
+    elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
+          or (recvbuf.dtype is not dtype and recvbuf.dtype != dtype)
+          or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous)):
+        return None
+    else:
+        s, result = [sendbuf, T], recvbuf
+    try:
+        req = ctx.data.Iallreduce(s, [result, T], spec[0])
+    except _REFUSED:
+        return None
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    after = None
+    if spec[1]:
+        def after():
+            _mean(result.reshape(-1), ctx.size)
+    return _end(ctx, req, (seq, "allreduce", dtype, sendbuf.size, -1, "native", op),
+                ledger, (nbytes, nbytes), timeout, result, after, blocking)
+
+
+def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
+    spec = _SPECS.get(op) if op.__class__ is str else None
+    if spec is None or sendbuf.__class__ is not np.ndarray or not sendbuf.flags.c_contiguous \
+            or sendbuf.ndim != 1:
+        return None
+    ctx = _lean_ctx(comm, "reduce_scatter", algorithm, sendbuf.nbytes)
+    T = _TYPES.get(sendbuf.dtype.char)
+    if ctx is None or T is None:
+        return None
+    n, N = sendbuf.size, ctx.size
+    off, size, counts = _chunk(ctx, n)
+    in_place = recvbuf is None or recvbuf is sendbuf
+    if in_place:
+        result = sendbuf[off:off + size]
+        raw = ctx.pool.get(size * sendbuf.itemsize)  # MPI's in-place result lands at the start
+        target = raw[:size * sendbuf.itemsize].view(sendbuf.dtype)
+    elif (recvbuf.__class__ is not np.ndarray or recvbuf.dtype != sendbuf.dtype
+          or recvbuf.size != size or not recvbuf.flags.c_contiguous):
+        return None
+    else:
+        result = target = recvbuf
+    try:
+        if counts is None:
+            req = ctx.data.Ireduce_scatter_block([sendbuf, T], [target, T], spec[0])
+        else:
+            req = ctx.data.Ireduce_scatter([sendbuf, T], [target, T], counts, spec[0])
+    except _REFUSED:
+        if in_place:
+            ctx.pool.put(raw)
+        return None
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    after = None
+    if in_place or spec[1]:
+        def after():
+            if spec[1]:
+                _mean(target.reshape(-1), N)
+            if in_place:
+                result[...] = target
+                ctx.pool.put(raw)
+    return _end(ctx, req, (seq, "reduce_scatter", sendbuf.dtype, n, -1, "native", op),
+                ledger, (sendbuf.nbytes, size * sendbuf.itemsize), timeout, result, after, blocking)
+
+
+def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking=False):
+    in_place = recvbuf is None or recvbuf is sendbuf
+    full = sendbuf if in_place else recvbuf
+    if full.__class__ is not np.ndarray or not full.flags.c_contiguous or full.ndim != 1:
+        return None
+    ctx = _lean_ctx(comm, "all_gather", algorithm, full.nbytes)
+    T = _TYPES.get(full.dtype.char)
+    if ctx is None or T is None:
+        return None
+    n = full.size
+    _, mine, counts = _chunk(ctx, n)
+    if in_place:
+        s = IN_PLACE
+    elif (sendbuf.__class__ is not np.ndarray or sendbuf.dtype != full.dtype
+          or sendbuf.size != mine or not sendbuf.flags.c_contiguous):
+        return None
+    else:
+        s = [sendbuf, T]
+    try:
+        if counts is None:
+            req = ctx.data.Iallgather(s, [full, T])
+        else:
+            req = ctx.data.Iallgatherv(s, [full, counts, _bounds(ctx, n)[1], T])
+    except _REFUSED:
+        return None
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    item = full.itemsize
+    return _end(ctx, req, (seq, "all_gather", full.dtype, n, -1, "native", ""),
+                ledger, (mine * item, n * item), timeout, full if in_place else recvbuf, None,
+                blocking)
