@@ -1,24 +1,29 @@
-"""``hpcdp bench collectives``: an OSU-style allreduce table, hpcdp vs MPI.
+"""``hpcdp bench collectives``: OSU/NCCL-tests style tables, hpcdp vs MPI, per collective.
 
 Run under mpiexec, e.g.::
 
-    mpiexec -n 2 hpcdp bench collectives --json runs/coll_2.json
-    mpiexec -n 2 python -m hpcdp.bench.collectives --min 8 --max 64M
+    mpiexec -n 2 hpcdp bench collectives --collective all --json runs/coll_2.json
+    mpiexec -n 2 python -m hpcdp.bench.collectives --collective reduce_scatter --min 8 --max 64M
 
-For each message size and algorithm it times ``iters`` back-to-back allreduces
-(after ``warmup`` untimed ones and a barrier), takes each rank's mean, keeps the
-slowest rank's, and repeats that in ``repeats`` interleaved rounds (every
-algorithm once per round); the table shows the median round. Columns, as NCCL-tests define them:
+For each collective, message size and algorithm it times ``iters`` back-to-back
+calls (after ``warmup`` untimed ones and a barrier), takes each rank's mean, keeps
+the slowest rank's, and repeats that in ``repeats`` interleaved rounds (every
+algorithm once per round, so a load spike on a shared machine hits all of them);
+the table shows the median round. The size S is the full buffer (NCCL-tests'
+convention: the allreduce buffer, reduce-scatter's input, all-gather's output).
+Columns, as NCCL-tests define them:
 
 - ``algbw = S / t`` (bytes of the buffer per second)
-- ``busbw = algbw * 2(N-1)/N``: the per-link bandwidth a ring needs for that time,
-  comparable across world sizes and with the hardware's bandwidth
-- ``vs_mpi = t / t(MPI_Allreduce)`` in the same run (below 1: faster than MPI)
+- ``busbw = algbw * factor``: the per-link bandwidth a ring needs for that time,
+  comparable across world sizes and with the hardware's: factor 2(N-1)/N for
+  allreduce, (N-1)/N for reduce-scatter and all-gather
+- ``vs_mpi = t / t(MPI)`` in the same run (below 1: faster than MPI)
 
-Algorithms: ``mpi`` (blocking ``comm.Allreduce``, the baseline), ``native``
-(MPI's Iallreduce polled under hpcdp's timeout), ``ring``, ``recursive``,
-``auto``. All out of place, like OSU's osu_allreduce. The JSON holds every row
-plus the environment (world size, MALLOC_* variables, library versions).
+Algorithms: ``mpi`` (blocking ``Allreduce`` / ``Reduce_scatter`` / ``Allgatherv``,
+the baseline), ``native`` (MPI's non-blocking collective polled under hpcdp's
+timeout), ``ring``, ``recursive`` (allreduce only), ``auto``. All out of place,
+like OSU's benchmarks. The JSON holds every row plus the environment (world size,
+MALLOC_* variables, library versions, load average).
 """
 
 from __future__ import annotations
@@ -33,14 +38,32 @@ import time
 import numpy as np
 
 ALGORITHMS = ("mpi", "native", "ring", "recursive", "auto")
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+
+
+def busbw_factor(collective: str, N: int) -> float:
+    """NCCL-tests' bus-bandwidth factor of ``collective`` on ``N`` ranks."""
+    return (2 if collective == "allreduce" else 1) * (N - 1) / N
+
+
+def usage_error(prog: str, msg: str):
+    """One line on stderr (rank 0 only under a launcher) and exit status 2, before any
+    MPI work: every rank checks the same arguments, so every rank exits."""
+    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+    if rank == "0":
+        print(f"{prog}: {msg}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def parse_size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().removesuffix("b").removesuffix("i")
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        usage_error("hpcdp bench collectives", f"{text!r} is not a size in bytes (e.g. 8, 4K, 64M)")
 
 
 def human(n: int) -> str:
@@ -52,9 +75,11 @@ def human(n: int) -> str:
 
 def _parser():
     p = argparse.ArgumentParser(prog="hpcdp bench collectives", description=__doc__.split("\n")[0])
+    p.add_argument("--collective", default="allreduce", choices=COLLECTIVES + ("all",),
+                   help="which collective to time (default allreduce; all: each in turn)")
     p.add_argument("--min", default="8", help="smallest message in bytes (e.g. 8, 4K)")
     p.add_argument("--max", default="64M", help="largest message in bytes (e.g. 64M)")
-    p.add_argument("--factor", type=int, default=4, help="size step factor (default 4)")
+    p.add_argument("--factor", type=int, default=4, help="size step factor, >= 2 (default 4)")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
                    help=f"comma-separated subset of {','.join(ALGORITHMS)}")
     p.add_argument("--dtype", default="float32")
@@ -62,10 +87,44 @@ def _parser():
     p.add_argument("--iters", type=int, default=0, help="timed iterations (0: by size)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5,
-                   help="rounds; each round times every algorithm in turn, the table shows "
+                   help="rounds, >= 1; each round times every algorithm in turn, the table shows "
                         "the median round (robust to other jobs on a shared machine)")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
     return p
+
+
+def check_args(args) -> dict:
+    """Validate the arguments before any MPI work; a clear SystemExit otherwise.
+    Returns the parsed values (sizes, dtype, algorithms)."""
+    def bad(msg):
+        usage_error("hpcdp bench collectives", msg)
+
+    if args.factor < 2:
+        bad(f"--factor must be an integer >= 2 (the size grows by it each row), got {args.factor}")
+    if args.repeats < 1:
+        bad(f"--repeats must be >= 1, got {args.repeats}")
+    if args.iters < 0 or args.warmup < 0:
+        bad(f"--iters and --warmup must be >= 0, got {args.iters} and {args.warmup}")
+    lo, hi, seg = parse_size(args.min), parse_size(args.max), parse_size(args.segment_bytes)
+    if lo < 1 or hi < lo:
+        bad(f"--min must be >= 1 and --max >= --min, got --min {args.min} --max {args.max}")
+    if seg < 1:
+        bad(f"--segment-bytes must be >= 1, got {args.segment_bytes}")
+    try:
+        dtype = np.dtype(args.dtype)
+    except TypeError:
+        bad(f"--dtype {args.dtype!r} is not a NumPy dtype (e.g. float32)")
+    if dtype.kind not in "fiu":
+        bad(f"--dtype must be numeric (float16/32/64, int32/64), got {dtype}")
+    algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    unknown = [a for a in algos if a not in ALGORITHMS]
+    if unknown or not algos:
+        bad(f"--algorithms: unknown {unknown or algos}; choose from {','.join(ALGORITHMS)}")
+    if "mpi" not in algos:
+        algos = ["mpi"] + algos  # the ratio column needs the baseline
+    collectives = COLLECTIVES if args.collective == "all" else (args.collective,)
+    return {"lo": lo, "hi": hi, "seg": seg, "dtype": dtype, "algos": algos,
+            "collectives": collectives}
 
 
 def _iters(nbytes: int, fixed: int) -> int:
@@ -76,6 +135,8 @@ def _iters(nbytes: int, fixed: int) -> int:
 
 
 def _time(fn, iters: int, warmup: int, comm) -> float:
+    from mpi4py import MPI
+
     for _ in range(warmup):
         fn()
     comm.Barrier()
@@ -83,74 +144,98 @@ def _time(fn, iters: int, warmup: int, comm) -> float:
     for _ in range(iters):
         fn()
     mine = (time.perf_counter() - t0) / iters
-    return comm.allreduce(mine, op=__import__("mpi4py").MPI.MAX)
+    return comm.allreduce(mine, op=MPI.MAX)
+
+
+def _calls(collective, algos, comm, nbytes, dtype, seg):
+    """{algorithm: fn} for one collective on buffers of ``nbytes`` (out of place)."""
+    from mpi4py import MPI
+
+    import hpcdp.comm as C
+    from hpcdp.shard import shard_bounds
+
+    N, rank = comm.Get_size(), comm.Get_rank()
+    n = nbytes // dtype.itemsize
+    T = MPI.Datatype.fromcode(dtype.char)
+    bounds = shard_bounds(n, N)
+    counts, displs = [s for _, s in bounds], [o for o, _ in bounds]
+    full = (np.arange(n) % 7 + rank).astype(dtype)
+    out = np.empty_like(full)
+    chunk = np.ones(counts[rank], dtype=dtype)
+    fns = {}
+    for algo in algos:
+        if collective == "allreduce":
+            if algo == "mpi":
+                fns[algo] = lambda: comm.Allreduce([full, T], [out, T], MPI.SUM)
+            else:
+                fns[algo] = lambda a=algo: C.allreduce(full, out, comm=comm, algorithm=a, segment_bytes=seg)
+        elif collective == "reduce_scatter":
+            if algo == "mpi":
+                fns[algo] = lambda: comm.Reduce_scatter([full, T], [chunk, T], counts, MPI.SUM)
+            elif algo != "recursive":
+                fns[algo] = lambda a=algo: C.reduce_scatter(full, chunk, comm=comm, algorithm=a,
+                                                            segment_bytes=seg)
+        else:
+            if algo == "mpi":
+                fns[algo] = lambda: comm.Allgatherv([chunk, T], [out, counts, displs, T])
+            elif algo != "recursive":
+                fns[algo] = lambda a=algo: C.all_gather(chunk, out, comm=comm, algorithm=a,
+                                                        segment_bytes=seg)
+    return fns
 
 
 def run(args) -> list[dict]:
+    opts = check_args(args)
     from mpi4py import MPI
 
-    from hpcdp.comm import allreduce, get_context
+    from hpcdp.comm import get_context
 
     comm = MPI.COMM_WORLD
     N, rank = comm.Get_size(), comm.Get_rank()
     get_context(comm)
-    algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    bad = [a for a in algos if a not in ALGORITHMS]
-    if bad:
-        raise SystemExit(f"--algorithms: unknown {bad}; choose from {ALGORITHMS}")
-    if "mpi" not in algos:
-        algos = ["mpi"] + algos  # the ratio column needs the baseline
-    dtype = np.dtype(args.dtype)
-    seg = parse_size(args.segment_bytes)
-    lo, hi = parse_size(args.min), parse_size(args.max)
+    dtype, seg = opts["dtype"], opts["seg"]
     sizes = []
-    s = max(lo, dtype.itemsize)
-    while s <= hi:
+    s = max(opts["lo"], dtype.itemsize)
+    while s <= opts["hi"]:
         sizes.append(s)
         s *= args.factor
     rows = []
-    if rank == 0:
-        print(f"# hpcdp bench collectives: allreduce, {N} ranks, {dtype.name}, out of place, "
-              f"segment {human(seg)}B, MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}")
-        print(f"{'size':>8} {'algorithm':>10} {'time_us':>11} {'algbw_GB/s':>11} "
-              f"{'busbw_GB/s':>11} {'vs_mpi':>7}")
-    for nbytes in sizes:
-        n = nbytes // dtype.itemsize
-        x = (np.arange(n) % 7 + rank).astype(dtype)
-        out = np.empty_like(x)
-        iters = max(1, _iters(nbytes, args.iters) // args.repeats)
-        fns = {}
-        for algo in algos:
-            if algo == "mpi":
-                def fn():
-                    comm.Allreduce(x, out, op=MPI.SUM)
-            else:
-                def fn(algo=algo):
-                    allreduce(x, out, comm=comm, algorithm=algo, segment_bytes=seg)
-            fns[algo] = fn
-        samples = {algo: [] for algo in algos}
-        for _ in range(args.repeats):  # interleaved, so load spikes hit every algorithm
-            for algo in algos:
-                samples[algo].append(_time(fns[algo], iters, args.warmup, comm))
-        t_mpi = float(np.median(samples["mpi"]))
-        for algo in algos:
-            t = float(np.median(samples[algo]))
-            algbw = nbytes / t / 1e9
-            busbw = algbw * 2 * (N - 1) / N
-            row = {"size": nbytes, "algorithm": algo, "time_us": t * 1e6, "algbw_GBps": algbw,
-                   "busbw_GBps": busbw, "vs_mpi": t / t_mpi, "iters": iters,
-                   "repeats": args.repeats, "samples_us": [v * 1e6 for v in samples[algo]]}
-            rows.append(row)
-            if rank == 0:
-                print(f"{human(nbytes):>8} {algo:>10} {t * 1e6:11.2f} {algbw:11.3f} "
-                      f"{busbw:11.3f} {t / t_mpi:7.2f}", flush=True)
+    for collective in opts["collectives"]:
+        factor = busbw_factor(collective, N)
+        if rank == 0:
+            load = os.getloadavg()
+            print(f"# hpcdp bench collectives: {collective}, {N} ranks, {dtype.name}, out of place, "
+                  f"segment {human(seg)}B, MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}, "
+                  f"load average {load[0]:.2f}")
+            print(f"{'size':>8} {'algorithm':>10} {'time_us':>11} {'algbw_GB/s':>11} "
+                  f"{'busbw_GB/s':>11} {'vs_mpi':>7}")
+        for nbytes in sizes:
+            fns = _calls(collective, opts["algos"], comm, nbytes, dtype, seg)
+            iters = max(1, _iters(nbytes, args.iters) // args.repeats)
+            samples = {algo: [] for algo in fns}
+            for _ in range(args.repeats):  # interleaved, so load spikes hit every algorithm
+                for algo, fn in fns.items():
+                    samples[algo].append(_time(fn, iters, args.warmup, comm))
+            t_mpi = float(np.median(samples["mpi"]))
+            for algo in fns:
+                t = float(np.median(samples[algo]))
+                algbw = nbytes / t / 1e9
+                row = {"collective": collective, "size": nbytes, "algorithm": algo,
+                       "time_us": t * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+                       "vs_mpi": t / t_mpi, "iters": iters, "repeats": args.repeats,
+                       "samples_us": [v * 1e6 for v in samples[algo]]}
+                rows.append(row)
+                if rank == 0:
+                    print(f"{human(nbytes):>8} {algo:>10} {t * 1e6:11.2f} {algbw:11.3f} "
+                          f"{algbw * factor:11.3f} {t / t_mpi:7.2f}", flush=True)
     if rank == 0 and args.json:
         meta = {"world_size": N, "dtype": dtype.name, "segment_bytes": seg,
+                "collectives": list(opts["collectives"]),
                 "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_"),
                 "MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
                 "mpi": MPI.Get_library_version().splitlines()[0].strip(),
                 "machine": platform.machine(), "cpus": os.cpu_count(),
-                "date": time.strftime("%Y-%m-%d")}
+                "loadavg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
