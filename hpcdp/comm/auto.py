@@ -32,9 +32,9 @@ SCATTER_GATHER_ALGORITHMS = ALGORITHMS["reduce_scatter"]
 
 # (below this many bytes, use this algorithm); None: everything larger
 TABLE = {
-    "allreduce": [(1 << 20, "native"), (None, "ring")],
-    "reduce_scatter": [(1 << 20, "native"), (None, "ring")],
-    "all_gather": [(1 << 20, "native"), (None, "ring")],
+    "allreduce": [(8 << 20, "native"), (None, "ring")],
+    "reduce_scatter": [(8 << 20, "native"), (None, "ring")],
+    "all_gather": [(8 << 20, "native"), (None, "ring")],
 }
 CROSSOVER_BYTES = TABLE["allreduce"][0][0]  # kept for callers of the single crossover
 
