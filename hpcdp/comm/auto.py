@@ -8,7 +8,7 @@ and a deadline poll), large ones to the pipelined ring, which moves 2(N-1)/N * S
 per rank with pooled scratch (no page faults per call). The crossovers were
 measured with ``hpcdp bench collectives --collective all`` on the 2-core
 development VM (docs/results.md, "Collectives at MPI's speed"; docs/collectives.md
-states them). Override one per machine with ``HPCDP_<COLLECTIVE>_CROSSOVER``
+states them and why). Override one per machine with ``HPCDP_<COLLECTIVE>_CROSSOVER``
 (bytes, e.g. ``HPCDP_ALLREDUCE_CROSSOVER``): it moves the bound of the row before
 the ring. Every rank must see the same value: the choice depends only on the
 byte size and the world size, equal on all ranks.
@@ -33,8 +33,8 @@ SCATTER_GATHER_ALGORITHMS = ALGORITHMS["reduce_scatter"]
 # (below this many bytes, use this algorithm); None: everything larger
 TABLE = {
     "allreduce": [(8 << 20, "native"), (None, "ring")],
-    "reduce_scatter": [(8 << 20, "native"), (None, "ring")],
-    "all_gather": [(8 << 20, "native"), (None, "ring")],
+    "reduce_scatter": [(32 << 20, "native"), (None, "ring")],
+    "all_gather": [(32 << 20, "native"), (None, "ring")],
 }
 CROSSOVER_BYTES = TABLE["allreduce"][0][0]  # kept for callers of the single crossover
 
