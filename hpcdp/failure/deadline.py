@@ -72,7 +72,7 @@ def broadcast(buf, *, comm, root: int = 0, timeout: float, what: str = "a broadc
     """In-place broadcast of a numpy array from ``root``, with a deadline.
 
     First a one-element hpcdp.comm allreduce: a rank that never arrives is named
-    there (arrival tokens); then MPI's own ``Ibcast`` (its tree algorithm: log2(N)
+    there (by the timeout's diagnosis); then MPI's own ``Ibcast`` (its tree algorithm: log2(N)
     rounds, not N - 1 sends from the root), polled until done or the deadline."""
     from hpcdp.comm import allreduce
     import numpy as np

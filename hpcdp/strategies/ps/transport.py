@@ -6,7 +6,7 @@ non-overtaking rule:
 
 - ``TAG_HEADER`` worker -> server: 4 float64 ``(kind, step, version, lr)``; kind is
   ``PUSH`` (a gradient follows on ``TAG_GRAD``) or ``DONE`` (``step`` = steps pushed).
-  Control traffic: not counted in the ledger (like comm's arrival tokens).
+  Control traffic: not counted in the ledger (like comm's control messages).
 - ``TAG_GRAD`` worker -> server: the gradient shard (payload, counted as ``ps_push``).
 - ``TAG_REPLY`` server -> worker: update u's result, the new parameter shard
   (server-side update) or the aggregated gradient shard (worker-side update), one
