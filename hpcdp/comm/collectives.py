@@ -101,6 +101,18 @@ def _staged(fn, sendbuf, recvbuf, comm, kwargs):
     return maybe_stage(fn, sendbuf, recvbuf, comm, kwargs)
 
 
+def _byte_order(algo, algorithm, dtype, what):
+    """MPI's own collectives read native byte order only: "auto" takes the ring for a
+    byte-swapped dtype (NumPy adds it correctly), an explicit "native" is refused."""
+    if algo != "native" or np.dtype(dtype).isnative:
+        return algo
+    if algorithm == "native":
+        raise ValueError(f"{what}: algorithm='native' (MPI's own) needs native byte order, got "
+                         f"dtype {np.dtype(dtype).str}; convert with .astype({np.dtype(dtype).name!r}) "
+                         "or use algorithm='ring'")
+    return "ring"
+
+
 def _lean(algo, op, max_message_bytes, nbytes, buf) -> bool:
     """MPI's own collective through hpcdp.comm.fast: host buffer, built-in op,
     one message (the general native path cuts messages and runs user ops)."""
@@ -129,7 +141,8 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
     if work.size != src.size:
         raise ValueError(f"allreduce: recvbuf has {work.size} elements, sendbuf {src.size}; they must match")
     nbytes = work.nbytes if isinstance(work, np.ndarray) else work.size * work.dtype.itemsize
-    algo = choose("allreduce", nbytes, ctx.size, algorithm)
+    algo = _byte_order(choose("allreduce", nbytes, ctx.size, algorithm), algorithm, work.dtype,
+                       "allreduce")
     call = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
     if ctx.size == 1 or work.size == 0:
         if src is not work:
@@ -193,7 +206,8 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
     src = flat_view(sendbuf, "sendbuf")
     n = src.size
     nbytes = n * src.dtype.itemsize
-    algo = choose("reduce_scatter", nbytes, ctx.size, algorithm)
+    algo = _byte_order(choose("reduce_scatter", nbytes, ctx.size, algorithm), algorithm,
+                       src.dtype, "reduce_scatter")
     off, size = shard_range(n, ctx.size, ctx.rank)
     in_place = recvbuf is None or recvbuf is sendbuf
     if in_place:
@@ -286,7 +300,8 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                          f"result, shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; "
                          f"got {chunk.size}")
     nbytes = n * full.dtype.itemsize
-    algo = choose("all_gather", nbytes, ctx.size, algorithm)
+    algo = _byte_order(choose("all_gather", nbytes, ctx.size, algorithm), algorithm, full.dtype,
+                       "all_gather")
     call = _arrive(ctx, "all_gather", full.dtype, n, -1, algo, "", timeout)
     if algo == "native" and ctx.size > 1 and n > 0 and max_message_bytes is None \
             and nbytes < MAX_MESSAGE_BYTES and isinstance(full, np.ndarray):

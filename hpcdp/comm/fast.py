@@ -242,7 +242,7 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
             or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
         return None  # (a strided 1-D buffer: mpi4py refuses it below)
     dtype = sendbuf.dtype
-    T = _TYPES.get(dtype.char)
+    T = _TYPES.get(dtype.char) if dtype.isnative else None  # MPI reads native byte order
     nbytes = sendbuf.nbytes
     hit = _LAST.get(id(comm))
     if T is None or hit is None or hit[0] is not comm:
@@ -281,7 +281,7 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
             or sendbuf.ndim != 1:
         return None
     ctx = _lean_ctx(comm, "reduce_scatter", algorithm, sendbuf.nbytes)
-    T = _TYPES.get(sendbuf.dtype.char)
+    T = _TYPES.get(sendbuf.dtype.char) if sendbuf.dtype.isnative else None
     if ctx is None or T is None:
         return None
     n, N = sendbuf.size, ctx.size
@@ -325,7 +325,7 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
     if full.__class__ is not np.ndarray or not full.flags.c_contiguous or full.ndim != 1:
         return None
     ctx = _lean_ctx(comm, "all_gather", algorithm, full.nbytes)
-    T = _TYPES.get(full.dtype.char)
+    T = _TYPES.get(full.dtype.char) if full.dtype.isnative else None
     if ctx is None or T is None:
         return None
     n = full.size
