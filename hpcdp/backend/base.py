@@ -53,6 +53,22 @@ class Backend(ABC):
         """In place: dst += src (src broadcastable to dst); how backward
         accumulates into existing ``.grad`` arrays (views of the flat grad buffer)."""
 
+    # -- memory (the allocation side of the seam: backend/memory.py) ---------
+    @property
+    def memory(self):
+        """This backend's :class:`~hpcdp.backend.memory.MemoryTracker` (per process)."""
+        tracker = self.__dict__.get("_memory")
+        if tracker is None:
+            from .memory import MemoryTracker
+            tracker = self.__dict__["_memory"] = MemoryTracker()
+        return tracker
+
+    def alloc(self, shape, dtype, tag: str, zero: bool = False):
+        """A new array counted under ``tag`` ("params", "grads", "optim", "working")
+        until it is freed (dropping the last reference releases it)."""
+        a = self.zeros(shape, dtype) if zero else self.empty(shape, dtype)
+        return self.memory.track(a, tag)
+
     @abstractmethod
     def flat_view(self, flat, offset, shape):
         """A view (aliasing, no copy) of ``flat[offset:offset+prod(shape)]`` with

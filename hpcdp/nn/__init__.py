@@ -25,13 +25,15 @@ def _get(cfg, key, default=KeyError):
     return default
 
 
-def build_model(cfg, *, dtype="float32", device="cpu", seed=None):
+def build_model(cfg, *, dtype="float32", device="cpu", seed=None, storage=("data", "grad")):
     """``cfg``: a mapping or object with ``kind`` ("mlp" | "gpt") and its sizes.
 
     mlp: ``sizes`` (list), ``activation`` (default "relu").
     gpt: ``vocab_size, block_size, n_layer, n_head, n_embd``, ``tied_head``
     (default True), ``dropout`` (default 0.0).
     ``seed`` comes from the keyword when given, else ``cfg.seed``, else 0.
+    ``storage``: which full buffers to allocate now (``FlatParams.materialize``);
+    ``()`` builds only the layout and init recipes (a sharded strategy's start).
     """
     kind = _get(cfg, "kind")
     if seed is None:
@@ -41,12 +43,12 @@ def build_model(cfg, *, dtype="float32", device="cpu", seed=None):
                          f"'use run.seed': resolve it before build_model)")
     if kind == "mlp":
         return MLP(_get(cfg, "sizes"), _get(cfg, "activation", "relu"),
-                   seed=seed, dtype=dtype, device=device)
+                   seed=seed, dtype=dtype, device=device, storage=storage)
     if kind == "gpt":
         sizes = {k: int(_get(cfg, k)) for k in _GPT_KEYS}
         return GPT(**sizes, tied_head=bool(_get(cfg, "tied_head", True)),
                    dropout=float(_get(cfg, "dropout", 0.0)),
-                   seed=seed, dtype=dtype, device=device)
+                   seed=seed, dtype=dtype, device=device, storage=storage)
     raise ValueError(f"model kind must be 'mlp' or 'gpt', got {kind!r}")
 
 

@@ -23,7 +23,8 @@ class GPT(Module):
     """Input int64 ids (B, T) with T <= block_size; logits (B, T, vocab_size)."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, *, tied_head=True,
-                 dropout=0.0, seed=0, dtype="float32", device="cpu"):
+                 dropout=0.0, seed=0, dtype="float32", device="cpu",
+                 storage=("data", "grad")):
         for k, v in dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer,
                          n_head=n_head, n_embd=n_embd).items():
             if int(v) < 1:
@@ -45,7 +46,7 @@ class GPT(Module):
                                                      bias=False, std=0.02)
         self.h = [Block(reg, f"h.{i}", n_embd, n_head, proj_std=proj_std, dropout=dropout)
                   for i in range(n_layer)]
-        self.flat = reg.finalize()
+        self.flat = reg.finalize(storage)
         attach_units(self, self.flat)
         self.backend = self.flat.backend
         self.dtype = self.flat.dtype
@@ -61,7 +62,9 @@ class GPT(Module):
         b, t = ids.shape
         if t > self.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size {self.block_size}")
-        x = self.wte(ids) + ops.getitem(self.wpe.weight, slice(0, t))   # (B,T,C) + (T,C)
+        # Positions by lookup (a copy), not a slice of wpe: a view would keep the
+        # parameter's storage alive in the graph after a sharded strategy releases it.
+        x = self.wte(ids) + self.wpe(self._positions(t))                 # (B,T,C) + (T,C)
         x = self.drop(x)
         for block in self.h:
             x = block(x)
@@ -71,6 +74,13 @@ class GPT(Module):
             logits = ops.matmul(x2, self.wte.weight, trans_b=True)      # (B*T, V)
             return ops.reshape(logits, (b, t, self.vocab_size))
         return self.lm_head(x)
+
+    def _positions(self, t):
+        pos = getattr(self, "_pos", None)
+        if pos is None or pos.shape[0] < t:
+            import numpy as np
+            self._pos = pos = self.backend.asarray(np.arange(self.block_size), "int64")
+        return pos[:t]
 
     def loss(self, ids, targets):
         """Scalar mean cross-entropy over all B*T positions; targets int (B, T)."""

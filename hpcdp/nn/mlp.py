@@ -15,7 +15,8 @@ ACTIVATIONS = ("relu", "gelu", "tanh")
 class MLP(Module):
     """``MLP([784, 1024, 1024, 10], "relu", seed=0)``: float inputs (B, D), logits (B, C)."""
 
-    def __init__(self, sizes, activation="relu", *, seed=0, dtype="float32", device="cpu"):
+    def __init__(self, sizes, activation="relu", *, seed=0, dtype="float32", device="cpu",
+                 storage=("data", "grad")):
         sizes = [int(s) for s in sizes]
         if len(sizes) < 2 or min(sizes) < 1:
             raise ValueError(f"MLP sizes must list >= 2 positive widths (input ... classes), "
@@ -28,7 +29,7 @@ class MLP(Module):
         self.layers = [Linear(reg, f"fc{i}", sizes[i], sizes[i + 1],
                               activation=activation if i < n - 1 else None)
                        for i in range(n)]
-        self.flat = reg.finalize()
+        self.flat = reg.finalize(storage)
         attach_units(self, self.flat)
         self.backend = self.flat.backend
         self.dtype = self.flat.dtype

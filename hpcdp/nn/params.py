@@ -17,14 +17,16 @@ drops them (``.data`` becomes None), and likewise ``grad=`` for gradient storage
 ``flat.data`` / ``flat.grad`` are None while no full buffer exists
 (``drop_full_data()`` / ``drop_full_grad()``).
 
-:class:`ParamRegistry` is how models create parameters: layers ask it for
-initialized parameters (host NumPy RNG seeded once, draws in registration order),
-then ``finalize()`` copies everything into one backend buffer (one host->device
-transfer on cuda) and binds the views.
+:class:`ParamRegistry` is how models create parameters: layers register each
+parameter with an init recipe (:class:`Init`: one random stream per parameter,
+seeded by the model seed and the parameter's name), then ``finalize(storage)``
+builds the FlatParams, allocating the full buffers a replicated strategy needs, or
+none (``storage=()``) so a sharded strategy makes only its own shards.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,48 +54,104 @@ def _unbound_parameter(name, backend):
     return p
 
 
+class Init:
+    """How one parameter's initial values are made, without making them yet.
+
+    Every parameter draws from its own stream, seeded by (model seed, parameter
+    name): its values do not depend on the other parameters, on registration order
+    or on which rank asks, so a rank can build just the parameters it owns (ZeRO-3).
+    Draws are float64 and then cast, so float32 and float64 models start equal.
+    """
+
+    __slots__ = ("kind", "shape", "arg", "seed", "name")
+
+    def __init__(self, kind, shape, arg, seed, name):
+        self.kind, self.shape, self.arg = kind, tuple(int(s) for s in shape), float(arg)
+        self.seed, self.name = int(seed), name
+
+    def values(self) -> np.ndarray:
+        if self.kind == "constant":
+            return np.full(self.shape, self.arg)
+        rng = np.random.default_rng([self.seed, zlib.crc32(self.name.encode())])
+        if self.kind == "normal":
+            return rng.normal(0.0, self.arg, size=self.shape)
+        return rng.uniform(-self.arg, self.arg, size=self.shape)
+
+
 class FlatParams:
     """One dtype, one backend; see the module docstring."""
 
-    def __init__(self, entries, *, dtype="float32", device="cpu"):
-        """``entries``: list of ``(name, host_array, parameter_or_None)`` in
-        registration order. Given parameters are re-bound to views (identity kept)."""
+    def __init__(self, entries, *, dtype="float32", device="cpu", storage=("data", "grad")):
+        """``entries``: list of ``(name, source, parameter_or_None)`` in registration
+        order; ``source`` is a host array or an :class:`Init`. Given parameters are
+        re-bound to views (identity kept). ``storage``: which full buffers to allocate
+        now ("data", "grad"); the others stay None (see :meth:`materialize`)."""
         be = get_backend(device)
         self.backend, self.device = be, device
         self.dtype = np.dtype(dtype)
         if self.dtype.kind != "f":
             raise ValueError(f"FlatParams: dtype must be a float type, got {self.dtype}")
         layout, seen, off = [], set(), 0
-        for name, arr, _ in entries:
+        for name, src, _ in entries:
             if name in seen:
                 raise ValueError(f"FlatParams: parameter name {name!r} registered twice")
             seen.add(name)
-            shape = tuple(int(s) for s in np.shape(arr))
+            shape = src.shape if isinstance(src, Init) else tuple(int(x) for x in np.shape(src))
             size = int(np.prod(shape, dtype=np.int64))
             layout.append(ParamSpec(name, off, shape, size))
             off += size
-        host = np.empty(off, dtype=self.dtype)
-        for spec, (_, arr, _) in zip(layout, entries):
-            host[spec.offset:spec.offset + spec.size] = np.asarray(arr).reshape(-1)
         self.layout = layout
-        self.data = be.asarray(host, self.dtype)
-        self.grad = be.zeros(off, self.dtype)
+        self._sources = {spec.name: src for spec, (_, src, _) in zip(layout, entries)}
+        self.data = self.grad = None
         self.params = {}
         for spec, (_, _, p) in zip(layout, entries):
             if p is None:
                 p = _unbound_parameter(spec.name, be)
-            p.data = be.flat_view(self.data, spec.offset, spec.shape)
-            p.grad = be.flat_view(self.grad, spec.offset, spec.shape)
             p.name = spec.name
             self.params[spec.name] = p
         # Units (hpcdp.nn.units): set by a model; plain FlatParams have none.
         self.units = None
         self.units_error = "built from plain arrays (no model), so it has no units"
+        self.materialize(storage)
 
     @classmethod
     def from_arrays(cls, named, *, dtype="float32", device="cpu"):
         """Build from ``[(name, host_array), ...]`` (e.g. in tests of strategies)."""
         return cls([(n, a, None) for n, a in named], dtype=dtype, device=device)
+
+    def init_values(self, offset: int, size: int) -> np.ndarray:
+        """The initial values of ``[offset, offset + size)`` as a host array of this
+        dtype, made from the parameters' sources (each overlapping parameter is drawn
+        whole and cut: a transient of one parameter, never of the whole model)."""
+        out = np.empty(size, dtype=self.dtype)
+        end = offset + size
+        for spec in self.layout:
+            lo, hi = max(spec.offset, offset), min(spec.offset + spec.size, end)
+            if hi <= lo:
+                continue
+            src = self._sources[spec.name]
+            vals = src.values() if isinstance(src, Init) else np.asarray(src)
+            out[lo - offset:hi - offset] = vals.reshape(-1)[lo - spec.offset:hi - spec.offset]
+        return out
+
+    def materialize(self, storage=("data", "grad")) -> None:
+        """Allocate the full buffers named in ``storage`` that do not exist yet
+        ("data": initial values, tag "params"; "grad": zeros, tag "grads") and bind
+        every parameter to views of them. What a replicated strategy needs; a
+        sharded one materializes only its shards."""
+        bad = set(storage) - {"data", "grad"}
+        if bad:
+            raise ValueError(f"FlatParams.materialize: unknown storage {sorted(bad)}; use 'data', 'grad'")
+        be, n = self.backend, self.numel
+        if "data" in storage and self.data is None:
+            self.data = be.alloc(n, self.dtype, "params")
+            for spec in self.layout:  # parameter by parameter: no full host copy
+                be.copy_(be.flat_view(self.data, spec.offset, (spec.size,)),
+                         self.init_values(spec.offset, spec.size))
+            self.bind(0, n, data=self.data)
+        if "grad" in storage and self.grad is None:
+            self.grad = be.alloc(n, self.dtype, "grads", zero=True)
+            self.bind(0, n, grad=self.grad)
 
     @property
     def numel(self) -> int:
@@ -174,10 +232,10 @@ class FlatParams:
 
 
 class ParamRegistry:
-    """Creates initialized parameters in registration order for one model."""
+    """Records initialized parameters in registration order for one model; the
+    values are made when storage is materialized (see :class:`Init`)."""
 
     def __init__(self, *, seed, dtype="float32", device="cpu"):
-        self.rng = np.random.default_rng(seed)
         self.seed = int(seed)
         self.dtype, self.device = dtype, device
         self.backend = get_backend(device)
@@ -185,29 +243,29 @@ class ParamRegistry:
         self._streams = 0
         self.flat = None
 
-    def _add(self, name, host):
+    def _add(self, name, kind, shape, arg):
         if self.flat is not None:
             raise RuntimeError(f"parameter {name!r} registered after finalize()")
         p = _unbound_parameter(name, self.backend)
-        self._entries.append((name, host, p))
+        self._entries.append((name, Init(kind, shape, arg, self.seed, name), p))
         return p
 
-    # Draws are float64 and then cast, so float32 and float64 models start equal.
     def normal(self, name, shape, std):
-        return self._add(name, self.rng.normal(0.0, std, size=shape))
+        return self._add(name, "normal", shape, std)
 
     def uniform(self, name, shape, bound):
-        return self._add(name, self.rng.uniform(-bound, bound, size=shape))
+        return self._add(name, "uniform", shape, bound)
 
     def constant(self, name, shape, value):
-        return self._add(name, np.full(shape, float(value)))
+        return self._add(name, "constant", shape, value)
 
     def next_stream(self) -> int:
         """A distinct id per random stream (dropout layer), in construction order."""
         self._streams += 1
         return self._streams
 
-    def finalize(self) -> FlatParams:
-        self.flat = FlatParams(self._entries, dtype=self.dtype, device=self.device)
+    def finalize(self, storage=("data", "grad")) -> FlatParams:
+        """The model's FlatParams; ``storage`` as in :meth:`FlatParams.materialize`."""
+        self.flat = FlatParams(self._entries, dtype=self.dtype, device=self.device, storage=storage)
         self._entries = []
         return self.flat

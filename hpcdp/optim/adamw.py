@@ -24,9 +24,6 @@ class AdamW(FlatState):
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         super().__init__(("m", "v"), size, dtype, get_backend(device))
 
-    def step(self, param, grad) -> None:
-        """In place: one AdamW update of ``param`` (1-D) with ``grad`` (1-D, same size)."""
-        self._ensure_state(param, grad)
-        self.steps += 1
-        self.backend.adamw_update(param, grad, self.state["m"], self.state["v"], self.lr,
+    def _update(self, param, grad, state) -> None:
+        self.backend.adamw_update(param, grad, state["m"], state["v"], self.lr,
                                   self.beta1, self.beta2, self.eps, self.weight_decay, self.steps)

@@ -25,9 +25,6 @@ class SGD(FlatState):
         self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
         super().__init__(("momentum_buf",) if momentum else (), size, dtype, get_backend(device))
 
-    def step(self, param, grad) -> None:
-        """In place: one SGD update of ``param`` (1-D) with ``grad`` (1-D, same size)."""
-        self._ensure_state(param, grad)
-        self.steps += 1
-        self.backend.sgd_update(param, grad, self.state.get("momentum_buf"), self.lr,
+    def _update(self, param, grad, state) -> None:
+        self.backend.sgd_update(param, grad, state.get("momentum_buf"), self.lr,
                                 self.momentum, self.weight_decay, self.nesterov)

@@ -2,9 +2,19 @@
 parameter array the optimizer updates.
 
 ``size`` given: the buffers are allocated now and every ``step`` must pass arrays of
-that size. ``size=None``: they are allocated (zeros) by the first ``step``, sized to
-the array it gets, which lets a sharding strategy give the optimizer only its shard
-without train.py knowing the shard size.
+that size. ``size=None``: they are allocated (zeros, memory tag "optim") by the first
+``step``, sized to the array(s) it gets, which lets a sharding strategy give the
+optimizer only its shard without train.py knowing the shard size.
+
+A ZeRO rank owns one range per collective group (hpcdp.ownership), so its shard is
+several pieces of the flat buffer: ``step_pieces([(param, grad), ...])`` updates
+them as ONE optimizer step (one step count, AdamW's bias correction once), with the
+state laid out as the pieces concatenated in the order given. ``step(param, grad)``
+is the one-piece case.
+
+``clip_grad_norm`` (0: off) is read by the strategies: they compute the global L2
+norm of the reduced gradient over all ranks (``hpcdp.optim.clip``) and scale the
+gradient before ``step``.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 
 class FlatState:
     kind = "abstract"
+    clip_grad_norm = 0.0
 
     def __init__(self, names, size, dtype, backend):
         self.names, self.dtype, self.backend = tuple(names), dtype, backend
@@ -23,18 +34,41 @@ class FlatState:
 
     def _allocate(self, size: int) -> None:
         self.size = size
-        self.state = {n: self.backend.zeros((size,), self.dtype) for n in self.names}
+        self.state = {n: self.backend.alloc((size,), self.dtype, "optim", zero=True)
+                      for n in self.names}
 
-    def _ensure_state(self, param, grad) -> None:
-        n = param.shape[0] if len(param.shape) == 1 else None
-        if n is None or grad.shape != param.shape:
-            raise ValueError(f"{type(self).__name__}.step: needs 1-D param and grad of the same size, "
-                             f"got {param.shape} and {grad.shape}")
+    def _check_pieces(self, pieces) -> int:
+        n = 0
+        for param, grad in pieces:
+            if len(param.shape) != 1 or tuple(grad.shape) != tuple(param.shape):
+                raise ValueError(f"{type(self).__name__}.step: needs 1-D param and grad of the same "
+                                 f"size, got {param.shape} and {grad.shape}")
+            n += int(param.shape[0])
         if self.size is None:
             self._allocate(n)
         elif n != self.size:
             raise ValueError(f"{type(self).__name__}.step: state holds {self.size} elements, "
                              f"got an array of {n}")
+        return n
+
+    def step(self, param, grad) -> None:
+        """In place: one update of ``param`` (1-D) with ``grad`` (1-D, same size)."""
+        self.step_pieces([(param, grad)])
+
+    def step_pieces(self, pieces) -> None:
+        """In place: one update of several ``(param, grad)`` pieces (1-D each); the
+        state is the pieces concatenated in the order given."""
+        self._check_pieces(pieces)
+        self.steps += 1
+        lo = 0
+        for param, grad in pieces:
+            n = int(param.shape[0])
+            if n:
+                self._update(param, grad, {k: v[lo:lo + n] for k, v in self.state.items()})
+            lo += n
+
+    def _update(self, param, grad, state) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def state_arrays(self) -> dict:
         """Name -> state buffer (empty until sized)."""
