@@ -243,6 +243,7 @@ class OptimConfig:
     schedule: str = "constant"  # lr after warmup: constant or cosine decay to min_lr
     warmup_steps: int = 0  # linear warmup from lr/warmup_steps to lr
     min_lr: float = 0.0  # cosine's final lr
+    clip_grad_norm: float = 0.0  # clip the global L2 norm of the gradient to this (0: off)
 
     def __post_init__(self):
         s = self.SECTION
@@ -262,6 +263,7 @@ class OptimConfig:
         _choice(s, "schedule", self.schedule, ("constant", "cosine"))
         _range(s, "warmup_steps", self.warmup_steps, 0)
         _range(s, "min_lr", self.min_lr, 0.0, self.lr)
+        _range(s, "clip_grad_norm", self.clip_grad_norm, 0.0)
 
 
 # Strategy options: name -> dataclass; hpcdp's own in config_parallel, others added
@@ -305,6 +307,14 @@ class ParallelConfig:
     def __post_init__(self):
         if not re.fullmatch(r"[a-z][a-z0-9_]*", self.strategy):
             raise ConfigError(f"parallel.strategy: {self.strategy!r} is not a strategy name")
+        # ZeRO shards over the data-parallel ranks itself; a parameter server is
+        # another strategy, not a layer under it (nor the other way round).
+        for a, b in (("zero", "ps"), ("ps", "zero")):
+            if self.strategy == a and b in self.options:
+                raise ConfigError(
+                    f"parallel.{b}: a [parallel.{b}] table with parallel.strategy = {a!r}: ZeRO "
+                    "partitions the state across the data-parallel ranks and has no parameter "
+                    f"server; remove [parallel.{b}] or set parallel.strategy = {b!r}")
         # The chosen strategy's options appear in the resolved config even if unset.
         if self.strategy not in self.options:
             cls = parallel_config_class(self.strategy)

@@ -150,12 +150,42 @@ class PSConfig:
         return parse_staleness(self.staleness)
 
 
+# -- zero --------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class ZeroConfig:
+    """``[parallel.zero]``: ZeRO stages 1-3, state partitioned across the data-parallel
+    ranks (docs/zero.md)."""
+
+    stage: Literal[1, 2, 3] = 1
+    """1: optimizer state sharded; 2: also gradients; 3: also parameters."""
+    bucket_mb: float = 25.0
+    """Stages 1 and 2: MiB per reduce-scatter group (whole units, merged up to this
+    size; a larger unit is a group of its own). Stage 3 gathers unit by unit."""
+    prefetch: int = 1
+    """Stage 3: units whose all-gather starts ahead of use (forward and backward);
+    0 gathers each unit only when it is needed."""
+    overlap: bool = True
+    """Start reduce-scatters during backward as groups become ready (false: after)."""
+
+    def __post_init__(self):
+        s = "parallel.zero"
+        _choices(f"{s}.stage", self.stage, (1, 2, 3))
+        if not self.bucket_mb > 0:
+            raise ConfigError(f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a group must "
+                              "be > 0 MiB (groups never split a unit)")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ConfigError(f"{s}.prefetch: {self.prefetch!r} is out of range; allowed [0, inf) "
+                              "(units gathered ahead of use; 0: none)")
+
+
 # -- registry --------------------------------------------------------------------------
 
-PARALLEL_OPTIONS: dict[str, type] = {"ddp": DDPConfig, "ps": PSConfig}
+PARALLEL_OPTIONS: dict[str, type] = {"ddp": DDPConfig, "ps": PSConfig, "zero": ZeroConfig}
 """Strategy name -> its options dataclass (``[parallel.<name>]``)."""
 
 
-__all__ = ["ConfigError", "DDPConfig", "PSConfig", "PARALLEL_OPTIONS", "MIB",
+__all__ = ["ConfigError", "DDPConfig", "PSConfig", "ZeroConfig", "PARALLEL_OPTIONS", "MIB",
            "parse_staleness", "check_stale_lr", "literal_values",
            "UNBOUNDED_SPELLINGS", "STALE_LR_RULES"]

@@ -127,13 +127,15 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype, comm=world.comm,
                           timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
-        if model is None:
+        strategy = build_strategy(cfg.parallel, world, cfg.comm)
+        if model is None:  # layout and init recipes only: nothing allocated yet
             from hpcdp.nn import build_model
-            model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device)
+            model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device, storage=())
         flat = model.flat
         optimizer = build_optimizer(cfg.optim, dtype=cfg.run.dtype, device=cfg.run.device)
         checks = StepChecks(cfg.train.on_nonfinite, world.rank, optimizer)  # non-finite guard
-        strategy = build_strategy(cfg.parallel, world, cfg.comm)
+        check_state_fits(cfg, strategy, flat, world)  # refuse before allocating the state
+        flat.materialize(strategy.full_storage)  # the full buffers this strategy keeps (maybe none)
         checks.setup()
     with stage(world.comm, "strategy setup", timeout=setup_s, skew=schedule_differences) as agreed:
         strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
@@ -215,6 +217,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
                                    checks=checks.at(step)).loss
             stats = {**strategy.step_stats(), **checks.stats()}
+            stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
             dt = time.perf_counter() - t0
             gather.add(loss_part, batch.n_local, dt, {**stats, "data_wait_s": batch.wait_s})
             if writer_rank:
@@ -229,15 +232,18 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                     writer.step({"step": rec["step"], "epoch": rec["epoch"], "loss": loss_sum,
                                  **{k: rec[k] for k in ("lr", "global_batch", "samples_per_s", "step_time_s")},
                                  "ranks": ranks})
+                    if rec["step"] in (1, total):
+                        writer.log(memory_line(rec["step"], ranks))
                 pending.clear()
             if evals_now:
                 last_eval = run_eval(step)
         # Evaluate the final weights: an asynchronous strategy (ps, mode = "async")
-        # applies its outstanding updates in close(). close() is idempotent.
-        strategy.close()
+        # applies its outstanding updates here; ZeRO-3 still gathers units in eval.
+        strategy.finish_updates()
         last_eval = run_eval(total)
         sample_at_end(model, ds, cfg.sample, writer if writer_rank else None, run_dir)
         gather.finish()
+        strategy.close()  # idempotent; frees the strategy's communicator and hooks
     except BaseException as e:
         release(strategy, e, step)  # failing: note the step, drop requests, wait for no peer
         raise
@@ -247,6 +253,36 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         if comm is not world.comm:
             comm.Free()
     return {"run_dir": run_dir, "steps": total, "loss": last_loss, "eval": last_eval}
+
+
+def check_state_fits(cfg, strategy, flat, world) -> None:
+    """Refuse, on every rank and before any allocation, a run whose model state per
+    node exceeds the node's available memory (hpcdp.memcheck)."""
+    from hpcdp.memcheck import GIB, check_fits, optim_slots, state_bytes
+
+    itemsize = np.dtype(cfg.run.dtype).itemsize
+    n, stage = flat.numel, getattr(strategy, "stage", 0)
+    need = state_bytes(stage, [(0, n)], strategy_ranks(strategy, world), 0, itemsize,
+                       optim_slots(cfg.optim))["total"]
+    z3 = state_bytes(3, [(0, n)], world.size, 0, itemsize, optim_slots(cfg.optim))["total"]
+    hint = ("" if stage == 3 else f"ZeRO stage 3 would need {z3 / GIB:.2f} GiB per rank: "
+            "--set parallel.strategy=zero --set parallel.zero.stage=3")
+    check_fits(world, need, strategy=cfg.parallel.strategy, hint=hint)
+
+
+def strategy_ranks(strategy, world) -> int:
+    """How many ranks share the sharded state (ZeRO: all of them)."""
+    return world.size if getattr(strategy, "stage", 0) else 1
+
+
+def memory_line(step: int, ranks: dict) -> str:
+    """One log line: each rank's model state (persistent), tagged peak and peak RSS."""
+    def mib(key):
+        return "[" + ", ".join(f"{v / 2**20:.1f}" for v in ranks.get(key, [])) + "]"
+    return (f"memory @ step {step} (MiB per rank): model state {mib('mem_persistent_bytes')} "
+            f"(params {mib('mem_params_bytes')}, grads {mib('mem_grads_bytes')}, "
+            f"optim {mib('mem_optim_bytes')}); peak with working buffers {mib('mem_peak_bytes')}; "
+            f"peak RSS {mib('rss_peak_bytes')}")
 
 
 def main_train(config_path=None, overrides=(), out=None) -> dict:

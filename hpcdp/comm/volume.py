@@ -129,23 +129,27 @@ def ps_pull_bytes(n: int, rank: int, servers, workers, itemsize: int) -> tuple[i
     return sent, recv
 
 
-def zero_step_bytes(stage: int, unit_sizes, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+def zero_step_bytes(stage: int, unit_sizes, N: int, rank: int, itemsize: int,
+                    micro_batches: int = 1) -> tuple[int, int]:
     """(sent, received) bytes of one ZeRO step on ``rank``, all by the ring.
 
     ``unit_sizes``: the element counts of the pieces each collective runs on (one
-    entry per bucket for stages 1/2, one per unit for stage 3); each piece is sharded
-    by the shard rule on its own. Stage 1/2: reduce-scatter + all-gather of each piece;
-    stage 3: all-gather (forward) + all-gather (backward) + reduce-scatter of each unit.
+    entry per group for stages 1/2, one per unit for stage 3); each piece is sharded
+    by the shard rule on its own. Stage 1: reduce-scatter + all-gather of each piece
+    (gradients accumulate locally over micro-batches); stage 2: a reduce-scatter per
+    micro-batch (no full gradient buffer to accumulate in) + one all-gather; stage 3:
+    per micro-batch all-gather (forward) + all-gather (backward) + reduce-scatter.
     """
     if stage not in (1, 2, 3):
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+    m = int(micro_batches)
+    rs_times, ag_times = {1: (1, 1), 2: (m, 1), 3: (m, 2 * m)}[stage]
     sent = recv = 0
     for n in unit_sizes:
         rs = reduce_scatter_bytes(n, N, rank, itemsize)
         ag = all_gather_bytes(n, N, rank, itemsize)
-        gathers = 2 if stage == 3 else 1
-        sent += rs[0] + gathers * ag[0]
-        recv += rs[1] + gathers * ag[1]
+        sent += rs_times * rs[0] + ag_times * ag[0]
+        recv += rs_times * rs[1] + ag_times * ag[1]
     return sent, recv
 
 

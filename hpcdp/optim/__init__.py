@@ -1,4 +1,5 @@
-"""Optimizers on flat (possibly sharded) buffers, and the learning-rate schedule."""
+"""Optimizers on flat (possibly sharded) buffers, the learning-rate schedule, and
+gradient-norm clipping (clip.py; applied by the strategies on the reduced gradient)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ def build_optimizer(optim_cfg, *, size=None, dtype="float32", device="cpu"):
     unless ``size`` is given."""
     c = optim_cfg
     if c.kind == "sgd":
-        return SGD(size, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay,
-                   nesterov=c.nesterov, dtype=dtype, device=device)
-    if c.kind == "adamw":
-        return AdamW(size, lr=c.lr, betas=tuple(c.betas), eps=c.eps,
-                     weight_decay=c.weight_decay, dtype=dtype, device=device)
-    raise ValueError(f"optim.kind: {c.kind!r} is not allowed; choose one of 'sgd', 'adamw'")
+        opt = SGD(size, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay,
+                  nesterov=c.nesterov, dtype=dtype, device=device)
+    elif c.kind == "adamw":
+        opt = AdamW(size, lr=c.lr, betas=tuple(c.betas), eps=c.eps,
+                    weight_decay=c.weight_decay, dtype=dtype, device=device)
+    else:
+        raise ValueError(f"optim.kind: {c.kind!r} is not allowed; choose one of 'sgd', 'adamw'")
+    opt.clip_grad_norm = float(getattr(c, "clip_grad_norm", 0.0))
+    return opt
 
 
 def lr_at(optim_cfg, step: int, total_steps: int) -> float:

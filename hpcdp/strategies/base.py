@@ -50,6 +50,12 @@ class Strategy(ABC):
     is_worker: bool = True
     dp_rank: int = 0
     dp_size: int = 1
+    # The full buffers (FlatParams.materialize) this strategy keeps: a replica keeps
+    # both; ZeRO-2 only "data", ZeRO-3 none. train.py builds the model without
+    # storage and materializes exactly these before setup().
+    full_storage: tuple = ("data", "grad")
+    # ZeRO stage of the state this strategy shards (0: a full replica).
+    stage: int = 0
 
     def serve(self) -> None:
         """Run the server loop on a rank that is not a worker (until workers finish)."""
@@ -88,7 +94,29 @@ class Strategy(ABC):
 
     def step_stats(self) -> dict:
         """Per-step figures for metrics.jsonl (bytes, comm time, hidden time...)."""
-        return {}
+        return self.clip_stats()
+
+    # -- gradient-norm clipping (optim.clip_grad_norm), for step() ------------------
+    grad_norm: float = float("nan")
+
+    def clip_gradients(self, pieces, reduce=None) -> None:
+        """If ``optimizer.clip_grad_norm`` is set, scale the reduced gradient this
+        rank holds (``pieces``: 1-D arrays) so the global L2 norm is at most that;
+        ``reduce`` sums squared norms over the ranks holding the other pieces (see
+        hpcdp.optim.clip). Call between finish_gradients and the optimizer update."""
+        max_norm = getattr(self.optimizer, "clip_grad_norm", 0.0)
+        if max_norm:
+            from hpcdp.optim.clip import clip_
+            self.grad_norm = clip_(self.flat.backend, pieces, max_norm, reduce)
+
+    def clip_stats(self) -> dict:
+        """``grad_norm`` (before clipping) when clipping is on, else nothing."""
+        return {"grad_norm": self.grad_norm} if getattr(self.optimizer, "clip_grad_norm", 0.0) else {}
+
+    def finish_updates(self) -> None:
+        """Make the parameters final after the last step (an asynchronous strategy
+        applies its outstanding updates); the strategy stays usable for evaluation
+        until close()."""
 
     def close(self) -> None:
         """Complete or cancel outstanding requests (clean shutdown)."""
@@ -118,4 +146,5 @@ class SingleRank(Strategy):
         pass
 
     def step(self) -> None:
+        self.clip_gradients([self.flat.grad])
         self.optimizer.step(self.flat.data, self.flat.grad)

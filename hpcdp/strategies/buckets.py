@@ -44,22 +44,23 @@ class BucketPlan:
         return len(self.buckets)
 
 
-def bucket_cap_elements(bucket_mb: float, itemsize: int) -> int:
+def bucket_cap_elements(bucket_mb: float, itemsize: int, key: str = "parallel.ddp.bucket_mb") -> int:
     """Bucket size in MiB (as configured) -> capacity in elements of ``itemsize`` bytes.
 
-    A bucket must hold at least one element; anything smaller is a configuration error.
+    A bucket must hold at least one element; anything smaller is a configuration error
+    naming ``key``.
     """
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
-        raise ValueError(f"parallel.ddp.bucket_mb must be a number of MiB, got {bucket_mb!r}")
+        raise ValueError(f"{key} must be a number of MiB, got {bucket_mb!r}")
     if not bucket_mb > 0:
         raise ValueError(
-            f"parallel.ddp.bucket_mb must be > 0 (MiB per gradient bucket), got {bucket_mb}; "
+            f"{key} must be > 0 (MiB per gradient bucket), got {bucket_mb}; "
             "use parallel.ddp.bucketing = \"per_param\" for one bucket per parameter"
         )
     cap = int(bucket_mb * MIB) // itemsize
     if cap < 1:
         raise ValueError(
-            f"parallel.ddp.bucket_mb = {bucket_mb} MiB is smaller than one {itemsize}-byte "
+            f"{key} = {bucket_mb} MiB is smaller than one {itemsize}-byte "
             f"element; use at least {itemsize / MIB:.3g}"
         )
     return cap
@@ -116,6 +117,14 @@ def plan_buckets(layout, cap: int | None) -> BucketPlan:
         if start < end:
             ranges.append((start, end - start))
 
+    return plan_from_ranges(layout, ranges)
+
+
+def plan_from_ranges(layout, ranges) -> BucketPlan:
+    """A BucketPlan whose buckets are the given ``(offset, size)`` ranges, in the given
+    (launch) order; each bucket lists the layout entries overlapping it."""
+    spans = _spans(layout)
+    numel = spans[-1][0] + spans[-1][1] if spans else 0
     buckets = []
     of_param: list[list[int]] = [[] for _ in spans]
     for b, (boff, bsize) in enumerate(ranges):

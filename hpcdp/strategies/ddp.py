@@ -107,6 +107,7 @@ class DDP(Strategy):
         self.engine.flush()
 
     def step(self) -> None:
+        self.clip_gradients([self.flat.grad])  # a replica holds the whole reduced gradient
         self.optimizer.step(self.flat.data, self.flat.grad)
         self._steps += 1
         k = self.cfg.check_every
@@ -117,6 +118,7 @@ class DDP(Strategy):
         out = self.engine.stats()
         figures, self._snap = ledger_bytes(self.ledger, self._snap, ("allreduce",))
         out.update(figures)
+        out.update(self.clip_stats())
         return out
 
     def close(self) -> None:

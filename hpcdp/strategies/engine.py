@@ -92,6 +92,14 @@ class BucketEngine:
             self._comm_s += time.perf_counter() - self._busy_since
             self._busy_since = None
 
+    def drain_to(self, k: int) -> None:
+        """Poll until at most ``k`` requests are in flight (bounds the memory held by
+        buckets whose collective has not finished yet)."""
+        while len(self._inflight) > k:
+            oldest = self._inflight[0][1]
+            wait_progressing(oldest, self.progress)
+            self.progress()
+
     def drain(self) -> None:
         """Poll every request in flight until all are done (busy-wait: the ring only
         moves inside test() calls). Polling all of them, not waiting on the oldest,
@@ -173,6 +181,24 @@ class BucketEngine:
         self._handles = []
 
 
+def wait_progressing(req, progress) -> None:
+    """Block until ``req`` completes, calling ``progress()`` (other requests in flight,
+    e.g. the engine's) while polling, so nothing in flight starves on this single
+    thread. If ``req`` makes no progress for its timeout, its wait() raises
+    CollectiveTimeout naming the ranks that never arrived."""
+    polls, deadline = 0, None
+    while not req.test():
+        progress()
+        polls += 1
+        if polls % 64 == 0:
+            os.sched_yield()  # oversubscribed ranks: let the peer run
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + float(getattr(req, "timeout", 300.0) or 300.0)
+            elif now > deadline:
+                req.wait(timeout=1e-3)  # raises, naming the ranks
+
+
 def ledger_bytes(ledger, snap, grad_prefixes=("allreduce",)) -> tuple[dict, object]:
     """Bytes moved since ``snap`` (a ledger snapshot): ``bytes_sent/recv`` over every
     collective, ``grad_bytes_sent/recv`` over those whose name starts with one of
@@ -190,4 +216,4 @@ def ledger_bytes(ledger, snap, grad_prefixes=("allreduce",)) -> tuple[dict, obje
             ledger.snapshot() if ledger is not None else None)
 
 
-__all__ = ["BucketEngine", "ledger_bytes"]
+__all__ = ["BucketEngine", "ledger_bytes", "wait_progressing"]

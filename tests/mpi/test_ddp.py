@@ -85,8 +85,9 @@ def train(model_cfg, strategy, world, *, batches=(12, 12, 12), accum=1, optim="s
         train_step(model, strategy, batch, fetch, after_backward=on_micro)
         stats.append(strategy.step_stats())
         start += gb
+    params = full_params(strategy, flat)
     strategy.close()
-    return full_params(strategy, flat), stats, flat
+    return params, stats, flat
 
 
 def full_params(strategy, flat):

@@ -93,6 +93,7 @@ class ParameterServer(Strategy):
         # Identical start: rank 0's parameters everywhere (setup traffic, not a step's).
         broadcast(flat.data, comm=world.comm, root=0, timeout=self.timeout, what="rank 0's parameters")
         server_update = cfg.update == "server"
+        optimizer = self._stepper = self._clipping(optimizer, world, s_idx)
         local_w = w_idx if (s_idx is not None and self.is_worker) else None
         if s_idx is not None:
             off, size = roles.shard(numel, s_idx)
@@ -126,6 +127,31 @@ class ParameterServer(Strategy):
             self._hooks = [flat.params[spec.name].register_grad_ready_hook(self._on_grad_ready)
                            for spec in flat.layout]
 
+    def _clipping(self, optimizer, world, s_idx):
+        """``optim.clip_grad_norm``: the optimizer wrapped to clip the aggregated
+        gradient to its global L2 norm first. Worker-side updates and a single
+        server see the whole aggregate; S synchronous servers sum their shards'
+        squared norms over a servers-only communicator (they apply update t
+        together); asynchronous servers apply updates independently, so there a
+        global norm would mean synchronising them: refused."""
+        from hpcdp.optim.clip import ClipBeforeStep, allreduce_sum
+
+        max_norm = getattr(optimizer, "clip_grad_norm", 0.0)
+        if not max_norm:
+            return optimizer
+        cfg = self.cfg
+        if cfg.update == "worker" or self.roles.num_servers == 1:
+            return ClipBeforeStep(optimizer, max_norm)
+        if cfg.mode == "async":
+            raise ConfigError(
+                "optim.clip_grad_norm: asynchronous parameter servers apply their shards' updates "
+                f"independently, so the global gradient norm over {self.roles.num_servers} servers is "
+                "not defined; use parallel.ps.servers = 1, parallel.ps.update = \"worker\" or mode \"sync\"")
+        from mpi4py import MPI
+        servers = self.comm.Split(0 if s_idx is not None else MPI.UNDEFINED, world.rank)
+        self._server_comm = servers if s_idx is not None else None
+        return ClipBeforeStep(optimizer, max_norm, allreduce_sum(servers) if s_idx is not None else None)
+
     def _on_grad_ready(self, _param) -> None:
         # poll() files arrivals, applies complete updates on the colocated shard and
         # takes replies; it never writes flat.data (replies are installed in step()).
@@ -151,6 +177,8 @@ class ParameterServer(Strategy):
 
     def step_stats(self) -> dict:
         out = {"ps_time_s": self._wait_s}
+        if getattr(self.optimizer, "clip_grad_norm", 0.0):
+            out["grad_norm"] = float(getattr(self._stepper, "last_norm", float("nan")))
         if self.cfg.mode == "async":
             out["ps_staleness"] = self.worker.pushed_staleness[-1]
         if self.ledger is not None:
@@ -169,6 +197,11 @@ class ParameterServer(Strategy):
             raise RuntimeError("serve() is for dedicated server ranks; this rank is a worker")
         self.server.serve_until_done()
 
+    def finish_updates(self) -> None:
+        """The final weights: async workers collect every outstanding reply. After it a
+        worker's parameters are local; evaluation needs no server."""
+        self.close()
+
     def close(self) -> None:
         """Idempotent. Workers say done and collect every reply (async: the final
         weights); colocated servers serve until all workers are done."""
@@ -185,6 +218,8 @@ class ParameterServer(Strategy):
         if self.cfg.mode == "async":
             boxes = [p.outbox for p in (self.worker, self.server) if p is not None]
             tp.finish_together(self.comm, boxes, self.timeout)
+        if getattr(self, "_server_comm", None) is not None:
+            self._server_comm.Free()
         self.comm.Free()
 
     def abandon(self) -> None:

@@ -1,0 +1,67 @@
+"""Model-state memory per rank, predicted before anything is allocated, and the
+up-front check that refuses a run whose model state cannot fit on a node.
+
+The prediction is exact, not a rule of thumb: it counts the elements each rank owns
+by :func:`hpcdp.ownership.owned_ranges` (the same function the strategies use), so
+for fp32 and AdamW it is DDP's 16 Psi, ZeRO-1's 4 Psi + 4 Psi + 8 Psi / N, ZeRO-2's
+4 Psi + 12 Psi / N and ZeRO-3's 16 Psi / N, with uneven shards to the element. It
+covers the persistent model state only (parameters, gradients, optimizer state);
+the working set (buckets, gathered units) and activations come on top, so the check
+refuses only what cannot fit even without them.
+"""
+
+from __future__ import annotations
+
+from hpcdp.config_parallel import ConfigError
+from hpcdp.ownership import owned_ranges, total
+
+GIB = float(1 << 30)
+
+
+def optim_slots(optim_cfg) -> int:
+    """Optimizer state buffers per parameter: AdamW 2 (m, v), SGD 1 with momentum."""
+    if optim_cfg.kind == "adamw":
+        return 2
+    return 1 if optim_cfg.momentum else 0
+
+
+def state_bytes(stage: int, groups, world_size: int, rank: int, itemsize: int, slots: int) -> dict:
+    """Bytes of parameters, gradients and optimizer state ``rank`` holds (exact for
+    these groups; ``groups = [(0, numel)]`` when they are not known yet)."""
+    out = {}
+    for kind in ("params", "grads", "optim"):
+        n = total(owned_ranges(kind, stage, groups, world_size, rank)) * itemsize
+        out[kind] = n * slots if kind == "optim" else n
+    out["total"] = out["params"] + out["grads"] + out["optim"]
+    return out
+
+
+def available_bytes() -> int:
+    """MemAvailable of this node (Linux), or 0 when unknown (no check then)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def check_fits(world, need_per_rank: int, *, strategy: str, hint: str = "") -> None:
+    """Refuse (ConfigError) when the model state of the ranks on this node exceeds the
+    node's available memory. Local: every rank reads /proc/meminfo itself; train.py
+    calls it inside a setup stage, whose agreement makes every rank raise the same
+    error if any rank refuses (hpcdp.failure.agree)."""
+    avail = available_bytes()
+    need_node = need_per_rank * world.local_size
+    if avail <= 0 or need_node <= avail:
+        return
+    raise ConfigError(
+        f"parallel.strategy = {strategy!r}: the model state needs {need_per_rank / GIB:.2f} GiB per "
+        f"rank (parameters, gradients, optimizer state), {world.local_size} ranks on a node need "
+        f"{need_node / GIB:.2f} GiB, more than the {avail / GIB:.2f} GiB available there; "
+        f"refused before allocating anything. {hint}".rstrip())
+
+
+__all__ = ["optim_slots", "state_bytes", "available_bytes", "check_fits", "GIB"]

@@ -1,0 +1,169 @@
+"""What the three ZeRO stages share: the communicator, the group plan and this rank's
+shard of every group, the collectives with the ledger, step figures, the checks of
+bad input, and a full-parameter gather for tests and exports. Each stage is its own
+class in its own file (stage1.py, stage2.py, stage3.py); this base holds no stage
+flags, only helpers.
+
+Shard bookkeeping: for group b (``plan.buckets[b]``, a flat range) this rank owns the
+global range ``self.mine[b] = (offset, size)`` (the shard rule applied to the group),
+and its shard buffers (gradients at stages 2-3, parameters at stage 3, the optimizer
+state at every stage) hold the owned ranges concatenated in flat order: group b's
+piece starts at ``self.local[b]``. That layout is :func:`hpcdp.ownership.owned_ranges`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcdp.config_parallel import ConfigError, ZeroConfig
+from hpcdp.ownership import group_shard, owned_ranges
+from hpcdp.strategies.base import Strategy
+from hpcdp.strategies.engine import ledger_bytes
+from hpcdp.strategies.zero.groups import group_ranges
+
+
+class ZeroStrategy(Strategy):
+    name = "zero"
+    stage = 0
+    # Full buffers FlatParams must hold when setup starts (train.py builds only these).
+    full_storage: tuple = ("data", "grad")
+
+    def __init__(self, options: ZeroConfig | None = None, *, timeout: float | None = None,
+                 debug: bool = False):
+        self.cfg = options if options is not None else ZeroConfig(stage=self.stage)
+        self.timeout, self.debug = timeout, debug
+        self.flat = None
+        self.engine = None
+        self.comm = None
+        self._steps = 0
+
+    # -- setup helpers -----------------------------------------------------------------
+    def _setup_common(self, flat, optimizer, world, plan) -> None:
+        from hpcdp import comm as hcomm
+
+        self.hcomm = hcomm
+        self.flat, self.optimizer, self.world = flat, optimizer, world
+        self.backend = flat.backend
+        self.ledger = world.ledger
+        self.dp_rank, self.dp_size = world.rank, world.size
+        self.is_worker = True
+        # Own communicator: ZeRO's collectives never match anyone else's messages, and
+        # a run stopped by a unit-order error leaves nothing behind on COMM_WORLD.
+        self.comm = world.comm.Dup() if world.comm is not None else None
+        if self.debug and self.comm is not None:
+            hcomm.set_debug(self.comm, True)
+        self.plan = plan
+        self.mine, self.local, pos = {}, {}, 0
+        for off, size in group_ranges(plan):
+            b = next(bk.index for bk in plan.buckets if bk.offset == off)
+            self.mine[b] = group_shard((off, size), world.size, world.rank)
+            self.local[b] = pos
+            pos += self.mine[b][1]
+        self.shard_numel = pos
+        self._snap = self.ledger.snapshot() if self.ledger is not None else None
+
+    def _require_units(self) -> None:
+        """Stages 2 and 3 bind storage at a unit's pre-backward (and 3 at its
+        forward): the model must split into units that have modules."""
+        units = self.flat.units
+        if not units or any(u.module is None for u in units):
+            why = self.flat.units_error or "its units have no modules to hook"
+            raise ConfigError(f"parallel.zero.stage = {self.stage} needs a model that splits into "
+                              f"units (blocks with their own forward): this one cannot ({why}); "
+                              "use parallel.zero.stage = 1, or a model with unit_modules()")
+
+    def _shard_of(self, array, b):
+        """This rank's piece of group b in a shard buffer (a view)."""
+        lo = self.local[b]
+        return array[lo:lo + self.mine[b][1]]
+
+    def _full_view(self, array, b):
+        """Group b's view of a full flat buffer."""
+        bk = self.plan.buckets[b]
+        return array[bk.offset:bk.offset + bk.size]
+
+    def _chunk_view(self, group_buf, b):
+        """This rank's chunk inside a group-sized buffer (the reduce-scatter result)."""
+        off, size = self.mine[b]
+        lo = off - self.plan.buckets[b].offset
+        return group_buf[lo:lo + size]
+
+    def _groups_in_flat_order(self):
+        return sorted(self.mine, key=lambda b: self.mine[b][0])
+
+    # -- collectives -----------------------------------------------------------------
+    def _reduce_scatter(self, buf):
+        """In place: this rank's chunk of ``buf`` (a group) is summed over ranks."""
+        return self.hcomm.ireduce_scatter(buf, comm=self.comm, op="sum", ledger=self.ledger,
+                                          timeout=self.timeout)
+
+    def _all_gather(self, buf):
+        """In place: ``buf`` (a group, this rank's chunk in position) gets every chunk."""
+        return self.hcomm.iall_gather(buf, comm=self.comm, ledger=self.ledger, timeout=self.timeout)
+
+    def _gather_groups_in_place(self, full) -> None:
+        """All-gather every group of the full buffer ``full`` (stages 1/2 after the
+        update): launched together, then drained."""
+        from hpcdp.strategies.engine import wait_progressing
+
+        reqs = [self._all_gather(self._full_view(full, b)) for b in range(len(self.plan.buckets))]
+        for r in reqs:
+            wait_progressing(r, lambda: [q.test() for q in reqs])
+
+    # -- sharded gradients (stages 2 and 3) ----------------------------------------------
+    # self._gbuf[b]: group b's gradient buffer during backward (tag "working"), or None;
+    # self.gshard: this rank's reduced gradient, its owned pieces concatenated.
+    def _bind_grad_buffer(self, b: int) -> None:
+        """Group b's gradient storage for this backward: zeroed and bound to its
+        parameters, once. At most one earlier group's reduce-scatter may still hold
+        its buffer (bounds the working set)."""
+        if self._gbuf[b] is None:
+            self.engine.drain_to(1)
+            bk = self.plan.buckets[b]
+            self._gbuf[b] = self.backend.alloc((bk.size,), self.flat.dtype, "working", zero=True)
+            self.flat.bind(bk.offset, bk.size, grad=self._gbuf[b])
+
+    def _reduce_grads(self, b: int):
+        """The engine's launch: reduce-scatter group b's buffer in place (zeros if the
+        group got no gradient in this backward)."""
+        self._bind_grad_buffer(b)
+        return self._reduce_scatter(self._gbuf[b])
+
+    def _grads_reduced(self, b: int) -> None:
+        """The engine's on_done: add this rank's chunk into its shard, free the buffer."""
+        self.backend.add_(self._shard_of(self.gshard, b), self._chunk_view(self._gbuf[b], b))
+        bk = self.plan.buckets[b]
+        self.flat.release(bk.offset, bk.size, grad=True)
+        self._gbuf[b] = None
+
+    def _clip(self, grad_pieces) -> None:
+        from hpcdp.optim.clip import allreduce_sum
+        self.clip_gradients(grad_pieces, allreduce_sum(self.comm) if self.dp_size > 1 else None)
+
+    # -- the seam ---------------------------------------------------------------------
+    def owned_ranges(self, kind: str) -> list[tuple[int, int]]:
+        return owned_ranges(kind, self.stage, group_ranges(self.plan), self.dp_size, self.dp_rank)
+
+    def step_stats(self) -> dict:
+        out = self.engine.stats()
+        figures, self._snap = ledger_bytes(self.ledger, self._snap, ("reduce_scatter",))
+        out.update(figures)
+        out.update(self.clip_stats())
+        return out
+
+    def gather_full_params(self):
+        """Every parameter as one host array (a collective; a transient full copy,
+        for tests and exports, never used in training)."""
+        data = self.flat.data
+        return np.array(self.backend.to_numpy(data), copy=True)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+
+__all__ = ["ZeroStrategy"]
