@@ -238,7 +238,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds over all points; each point keeps its fastest round")
-    p.add_argument("--study", default="weak,strong", help="weak, strong or both; or staleness / ps-bytes (parameter server)")
+    p.add_argument("--study", default="weak,strong", help="weak, strong or both; or staleness / ps-bytes (parameter server); "
+                        "or memory / zero-step (ZeRO)")
     p.add_argument("--variants", default="bucketed,per_param,no_overlap",
                    help="DDP modes for the weak sweep (bucketed is always run)")
     p.add_argument("--out", default="", help="output folder (default runs/scale-<time>)")
@@ -256,6 +257,9 @@ def run(args) -> dict:
     if args.study in ("staleness", "ps-bytes"):  # parameter-server studies (ps_study.py)
         from hpcdp.bench import ps_study
         return ps_study.run_from_scale(args, max(parse_ranks(args.ranks)))
+    if args.study in ("memory", "zero-step"):  # ZeRO studies (zero_study.py)
+        from hpcdp.bench import zero_study
+        return zero_study.run_from_scale(args, parse_ranks(args.ranks))
     ranks = parse_ranks(args.ranks)
     studies = [s.strip() for s in args.study.split(",") if s.strip()]
     bad = [s for s in studies if s not in ("weak", "strong")]

@@ -26,6 +26,7 @@ gathered.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,14 @@ class Unit:
     offset: int           # first element in the flat buffer
     size: int             # elements
     params: tuple         # layout names inside the range, in layout order
-    module: Any = None    # the Module whose forward uses them (None: no hooks possible)
+    module_ref: Any = None  # weakref to the Module whose forward uses them
+
+    @property
+    def module(self):
+        """The unit's Module (None: no hooks possible). Held weakly: the model owns its
+        FlatParams, so a strong reference back would make every model a cycle that
+        only the cyclic garbage collector frees (and memory figures would lag)."""
+        return self.module_ref() if self.module_ref is not None else None
 
     @property
     def end(self) -> int:
@@ -86,7 +94,7 @@ def plan_units(model, flat) -> list[Unit]:
         ordered = tuple(s.name for s in flat.layout if s.name in set(names))
         units.append((off, size, name, ordered, module))
     units.sort(key=lambda u: u[0])
-    return [Unit(i, name, off, size, names, module)
+    return [Unit(i, name, off, size, names, weakref.ref(module))
             for i, (off, size, name, names, module) in enumerate(units)]
 
 

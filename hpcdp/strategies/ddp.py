@@ -91,7 +91,7 @@ class DDP(Strategy):
     @property
     def launched(self) -> int:
         """Buckets launched in the current backward (tests watch it)."""
-        return self.engine.launched
+        return self.engine.launched if self.engine is not None else 0
 
     def begin_backward(self, last_micro: bool = True) -> None:
         # Micro-batches before the last only accumulate into flat.grad: no communication.
@@ -126,6 +126,7 @@ class DDP(Strategy):
         finish_gradients) so no rank leaves messages behind."""
         if self.engine is not None:
             self.engine.close()
+            self.engine = None  # it holds a closure over self: no cycle left behind
 
     def abandon(self) -> None:
         """The job is failing: drop the allreduces in flight without waiting for peers
