@@ -16,6 +16,7 @@ number of forward passes (a sharded strategy communicates inside forward).
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from pathlib import Path
@@ -113,6 +114,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
     if world is None:
         from hpcdp.world import World
         world = World.from_mpi(device=cfg.run.device)
+    # The memory figures count what this process holds: free an earlier in-process
+    # run's cyclic garbage first (one collection per run, milliseconds).
+    gc.collect()
     # Each setup stage ends with every rank agreeing (hpcdp.failure.agree): an error on
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout

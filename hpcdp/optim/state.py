@@ -51,9 +51,10 @@ class FlatState:
                              f"got an array of {n}")
         return n
 
-    def step(self, param, grad) -> None:
-        """In place: one update of ``param`` (1-D) with ``grad`` (1-D, same size)."""
-        self.step_pieces([(param, grad)])
+    def step(self, param, grad, more=()) -> None:
+        """In place: one update of ``param`` (1-D) with ``grad`` (1-D, same size), and of
+        the further ``(param, grad)`` pieces in ``more`` in the same step."""
+        self.step_pieces([(param, grad), *more])
 
     def step_pieces(self, pieces) -> None:
         """In place: one update of several ``(param, grad)`` pieces (1-D each); the

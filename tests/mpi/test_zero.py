@@ -278,3 +278,41 @@ def _train_modified(strat, world, modify, at_step=None):
                        lambda i: (Tensor(x[i]), Tensor(y[i])))
     finally:
         strat.close()
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_nonfinite_gradient_in_one_shard_is_skipped_on_every_rank(stage):
+    """train.on_nonfinite = "skip": the guard wraps optimizer.step; each rank holds a
+    different shard, so the decision is taken on the global norm: a NaN in rank 0's
+    shard alone makes every rank skip the same update (parameters unchanged)."""
+    from hpcdp.autograd import Tensor
+    from hpcdp.failure.nonfinite import NonFiniteGuard
+    from hpcdp.nn import build_model
+    from hpcdp.optim import SGD
+    from hpcdp.step import LocalBatch, train_step
+
+    world = _world()
+    strat = zero(stage, bucket_mb=SMALL)
+    model = build_model(MLP, dtype="float64", seed=7, storage=())
+    model.flat.materialize(strat.full_storage)
+    opt = SGD(lr=0.1, dtype="float64")
+    guard = NonFiniteGuard("skip", world.rank)
+    guard.guard(opt)
+    strat.setup(model.flat, opt, world)
+    finish = strat.finish_gradients
+
+    def poisoned_finish():
+        finish()
+        if world.rank == 0:  # only rank 0's shard goes bad
+            g = strat.gshard if stage >= 2 else strat.flat.grad[strat.mine[0][0]:]
+            g[0] = np.nan
+    strat.finish_gradients = poisoned_finish
+    before = np.array(strat.gather_full_params())
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 7)), rng.integers(0, 3, 8)
+    train_step(model, strat, LocalBatch([np.arange(2)], 2 * world.size, np.arange(1)),
+               lambda i: (Tensor(x[i]), Tensor(y[i])))
+    after = np.array(strat.gather_full_params())
+    strat.close()
+    assert guard.total_skipped == 1  # on every rank (the harness agrees outcomes)
+    np.testing.assert_array_equal(after, before)

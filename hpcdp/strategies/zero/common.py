@@ -136,9 +136,43 @@ class ZeroStrategy(Strategy):
         self.flat.release(bk.offset, bk.size, grad=True)
         self._gbuf[b] = None
 
-    def _clip(self, grad_pieces) -> None:
-        from hpcdp.optim.clip import allreduce_sum
-        self.clip_gradients(grad_pieces, allreduce_sum(self.comm) if self.dp_size > 1 else None)
+    def _update(self, params, grads) -> None:
+        """One optimizer update of this rank's pieces, decided alike on every rank.
+
+        Each rank holds a different shard of the reduced gradient, so its squared norm
+        is summed over the ranks first (one 8-byte allreduce, a sync point; one pass
+        over the shard). The global norm drives ``optim.clip_grad_norm``, and a
+        non-finite one is made visible to the non-finite guard (which wraps
+        ``optimizer.step``, ``train.on_nonfinite``) on EVERY rank by writing NaN into
+        this rank's first gradient element: then all ranks stop, or all skip the
+        update, although only one rank's shard held the bad value. The pieces go
+        through ``optimizer.step`` as one update (``more=``: one step count)."""
+        import math
+
+        from hpcdp.optim.clip import allreduce_sum, clip_factor, sum_squares
+
+        be = self.backend
+        ss = sum_squares(be, grads)
+        if self.dp_size > 1:
+            ss = allreduce_sum(self.comm)(ss)
+        norm = math.sqrt(ss) if ss >= 0 else float("nan")
+        max_norm = getattr(self.optimizer, "clip_grad_norm", 0.0)
+        if max_norm:
+            self.grad_norm = norm
+            c = clip_factor(norm, max_norm) if math.isfinite(norm) else 1.0
+            if c < 1.0:
+                for g in grads:
+                    if int(g.shape[0]):
+                        be.copy_(g, be.mul(g, c))
+        pieces = [(p, g) for p, g in zip(params, grads) if int(g.shape[0])]
+        if not math.isfinite(norm):
+            if not pieces:  # this rank owns nothing: a one-element probe carries the NaN
+                probe = be.alloc((1,), self.flat.dtype, "working")
+                pieces = [(probe, probe)]
+            be.fill_(pieces[0][1][0:1], float("nan"))
+        if pieces:
+            (p0, g0), more = pieces[0], pieces[1:]
+            self.optimizer.step(p0, g0, more=more)
 
     # -- the seam ---------------------------------------------------------------------
     def owned_ranges(self, kind: str) -> list[tuple[int, int]]:
@@ -158,12 +192,27 @@ class ZeroStrategy(Strategy):
         return np.array(self.backend.to_numpy(data), copy=True)
 
     def close(self) -> None:
+        for h in getattr(self, "_handles", ()):
+            h.remove()
+        self._handles = []
+        if getattr(self, "_abandoned", False):
+            return  # peers may be gone: free nothing collectively
         if self.engine is not None:
             self.engine.close()
-            self.engine = None
+            self.engine = None  # it holds bound methods of self: no cycle left behind
         if self.comm is not None:
             self.comm.Free()
             self.comm = None
+
+    def abandon(self) -> None:
+        """The job is failing: drop the collectives in flight without waiting for any
+        peer (dead or stuck), remove the hooks; close() is then a no-op."""
+        self._abandoned = True
+        if self.engine is not None:
+            self.engine.abandon()
+        for h in getattr(self, "_handles", ()):
+            h.remove()
+        self._handles = []
 
 
 __all__ = ["ZeroStrategy"]

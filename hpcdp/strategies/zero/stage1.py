@@ -48,8 +48,7 @@ class ZeroStage1(ZeroStrategy):
         order = self._groups_in_flat_order()
         grads = [self._chunk_view(self._full_view(self.flat.grad, b), b) for b in order]
         params = [self._chunk_view(self._full_view(self.flat.data, b), b) for b in order]
-        self._clip(grads)
-        self.optimizer.step_pieces(list(zip(params, grads)))
+        self._update(params, grads)
         self._gather_groups_in_place(self.flat.data)
         self._steps += 1
 

@@ -84,16 +84,10 @@ class ZeroStage2(ZeroStrategy):
         order = self._groups_in_flat_order()
         grads = [self._shard_of(self.gshard, b) for b in order]
         params = [self._chunk_view(self._full_view(self.flat.data, b), b) for b in order]
-        self._clip(grads)
-        self.optimizer.step_pieces(list(zip(params, grads)))
+        self._update(params, grads)
         self._gather_groups_in_place(self.flat.data)
         self._steps += 1
 
-    def close(self) -> None:
-        for h in getattr(self, "_handles", ()):
-            h.remove()
-        self._handles = []
-        super().close()
 
 
 __all__ = ["ZeroStage2"]

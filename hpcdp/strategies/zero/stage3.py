@@ -222,8 +222,7 @@ class ZeroStage3(ZeroStrategy):
         self._events = []
 
     def step(self) -> None:
-        self._clip([self.gshard])
-        self.optimizer.step(self.pshard, self.gshard)
+        self._update([self.pshard], [self.gshard])
         self._steps += 1
 
     def gather_full_params(self):
@@ -238,15 +237,15 @@ class ZeroStage3(ZeroStrategy):
         return out
 
     def close(self) -> None:
-        for h in getattr(self, "_handles", ()):
-            h.remove()
-        self._handles = []
-        if self._broken:  # ranks disagreed: abandon what is in flight, do not wait on it
-            self.engine = None
-        else:
-            for b, req in enumerate(getattr(self, "_preq", ())):
-                if req is not None:
-                    wait_progressing(req, self._poll)
+        if self._broken:  # ranks disagreed on the units: nothing in flight is waited on
+            self.abandon()
+            if self.comm is not None:  # every rank raised UnitOrderMismatch and closes alike
+                self.comm.Free()
+                self.comm = None
+            return
+        for b, req in enumerate(getattr(self, "_preq", ())):
+            if req is not None and not getattr(self, "_abandoned", False):
+                wait_progressing(req, self._poll)
         super().close()
 
 
