@@ -14,8 +14,9 @@ measured points on the formula lines).
 ``hpcdp scale --study zero-step --config jobs/gpt_ddp.toml --ranks 2,4 --repeats 3``:
 the four strategies at each rank count, interleaved round by round (load drift on a
 shared machine hits all alike), each point keeping its fastest round; reported: the
-median step time after ``--warmup``, its ratio to DDP at the same N, bytes sent per step
-and the exposed communication. Outputs: zero_step.json, zero_step.txt.
+median step time after ``--warmup``, its ratio to DDP at the same N, bytes sent per step,
+the exposed reduce-scatter time and the time blocked on parameter all-gathers.
+Outputs: zero_step.json, zero_step.txt.
 Rank counts above the CPU count are marked oversubscribed.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -49,8 +51,12 @@ def _child(args, strategy: str, k: int, out: Path) -> dict:
     point = scale.run_point(sub, k, batch, "bucketed", out / strategy)
     rows = [json.loads(x) for x in (out / strategy / f"bucketed-n{k}-b{batch}" / "metrics.jsonl")
             .read_text().splitlines()]
-    last = [r for r in rows if "step" in r][-1]["ranks"]
+    steps = [r for r in rows if "step" in r]
+    last = steps[-1]["ranks"]
     point.update(strategy=strategy, **{key: last[key] for key in MEM_KEYS})
+    waits = [sum(r["ranks"]["gather_wait_s"]) / len(r["ranks"]["gather_wait_s"])
+             for r in steps[args.warmup:] if "gather_wait_s" in r["ranks"]]
+    point["gather_wait_s"] = statistics.median(waits) if waits else 0.0
     return point
 
 
@@ -164,10 +170,11 @@ def step_study(args, ranks: list[int]) -> dict:
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": os.getloadavg()}
     (out / "zero_step.json").write_text(json.dumps(result, indent=1))
     lines = [f"{'strategy':<8} {'ranks':>5} {'step ms':>9} {'/ ddp':>6} {'sent kB/step':>13} "
-             f"{'exposed ms':>11}"]
+             f"{'exposed ms':>11} {'gather wait ms':>15}"]
     for p in points:
         lines.append(f"{p['strategy']:<8} {p['ranks']:>5} {1e3 * p['step_time_s']:>9.2f} {p['vs_ddp']:>6.2f} "
-                     f"{p['bytes_sent'] / 1e3:>13.1f} {1e3 * p['comm_exposed_s']:>11.2f}"
+                     f"{p['bytes_sent'] / 1e3:>13.1f} {1e3 * p['comm_exposed_s']:>11.2f} "
+                     f"{1e3 * p['gather_wait_s']:>15.2f}"
                      + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
     table = "\n".join(lines)
     (out / "zero_step.txt").write_text(table + "\n")

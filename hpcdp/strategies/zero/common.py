@@ -13,6 +13,8 @@ piece starts at ``self.local[b]``. That layout is :func:`hpcdp.ownership.owned_r
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from hpcdp.config_parallel import ConfigError, ZeroConfig
@@ -106,9 +108,11 @@ class ZeroStrategy(Strategy):
         update): launched together, then drained."""
         from hpcdp.strategies.engine import wait_progressing
 
+        t0 = time.perf_counter()
         reqs = [self._all_gather(self._full_view(full, b)) for b in range(len(self.plan.buckets))]
         for r in reqs:
             wait_progressing(r, lambda: [q.test() for q in reqs])
+        self.gather_wait_s += time.perf_counter() - t0
 
     # -- sharded gradients (stages 2 and 3) ----------------------------------------------
     # self._gbuf[b]: group b's gradient buffer during backward (tag "working"), or None;
@@ -178,11 +182,16 @@ class ZeroStrategy(Strategy):
     def owned_ranges(self, kind: str) -> list[tuple[int, int]]:
         return owned_ranges(kind, self.stage, group_ranges(self.plan), self.dp_size, self.dp_rank)
 
+    # Seconds this step spent blocked on parameter all-gathers (stages 1, 2: after the
+    # update; stage 3: before a unit's forward or backward, minus what prefetch hid).
+    gather_wait_s = 0.0
+
     def step_stats(self) -> dict:
         out = self.engine.stats()
         figures, self._snap = ledger_bytes(self.ledger, self._snap, ("reduce_scatter",))
         out.update(figures)
         out.update(self.clip_stats())
+        out["gather_wait_s"], self.gather_wait_s = self.gather_wait_s, 0.0
         return out
 
     def gather_full_params(self):

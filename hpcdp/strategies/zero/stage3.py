@@ -36,6 +36,8 @@ than on a GPU with its own communication stream (docs/zero.md measures it).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from hpcdp.strategies.engine import BucketEngine, wait_progressing
@@ -114,7 +116,9 @@ class ZeroStage3(ZeroStrategy):
             self._launch_gather(b)
         req = self._preq[b]
         if req is not None:
+            t0 = time.perf_counter()
             wait_progressing(req, self._poll)
+            self.gather_wait_s += time.perf_counter() - t0
             if self._preq[b] is not None:
                 self._bind_params(b)
 
