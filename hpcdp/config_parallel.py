@@ -168,9 +168,15 @@ class ZeroConfig:
     0 gathers each unit only when it is needed."""
     overlap: bool = True
     """Start reduce-scatters during backward as groups become ready (false: after)."""
+    algorithm: Literal["ring", "auto", "native"] = "ring"
+    """Reduce-scatter / all-gather algorithm of hpcdp.comm. "ring": a rank's shard is its
+    ring chunk and the bytes are docs/zero.md's formula exactly; "auto" hands groups
+    below comm's crossover to MPI's own collectives (lower latency for small units; the
+    ledger then records the bytes handed to MPI)."""
 
     def __post_init__(self):
         s = "parallel.zero"
+        _choices(f"{s}.algorithm", self.algorithm, ("ring", "auto", "native"))
         _choices(f"{s}.stage", self.stage, (1, 2, 3))
         if not self.bucket_mb > 0:
             raise ConfigError(f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a group must "

@@ -316,3 +316,12 @@ def test_a_nonfinite_gradient_in_one_shard_is_skipped_on_every_rank(stage):
     strat.close()
     assert guard.total_skipped == 1  # on every rank (the harness agrees outcomes)
     np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_mpi_collectives_for_small_groups_give_the_same_weights(stage):
+    """algorithm = "auto": groups below comm's crossover go through MPI's own
+    reduce-scatter and all-gather (uneven chunks included); the result is the same."""
+    got, _, _ = train(GPT, zero(stage, bucket_mb=SMALL, algorithm="auto"), _world(), accum=2,
+                      optim="adamw", batches=(8, 8, 8))
+    assert_close(got, ref(GPT, "adamw", (8, 8, 8)), 1e-12)

@@ -97,11 +97,12 @@ class ZeroStrategy(Strategy):
     def _reduce_scatter(self, buf):
         """In place: this rank's chunk of ``buf`` (a group) is summed over ranks."""
         return self.hcomm.ireduce_scatter(buf, comm=self.comm, op="sum", ledger=self.ledger,
-                                          timeout=self.timeout)
+                                          algorithm=self.cfg.algorithm, timeout=self.timeout)
 
     def _all_gather(self, buf):
         """In place: ``buf`` (a group, this rank's chunk in position) gets every chunk."""
-        return self.hcomm.iall_gather(buf, comm=self.comm, ledger=self.ledger, timeout=self.timeout)
+        return self.hcomm.iall_gather(buf, comm=self.comm, ledger=self.ledger,
+                                      algorithm=self.cfg.algorithm, timeout=self.timeout)
 
     def _gather_groups_in_place(self, full) -> None:
         """All-gather every group of the full buffer ``full`` (stages 1/2 after the
