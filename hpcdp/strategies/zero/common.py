@@ -2,7 +2,7 @@
 shard of every group, the collectives with the ledger, step figures, the checks of
 bad input, and a full-parameter gather for tests and exports. Each stage is its own
 class in its own file (stage1.py, stage2.py, stage3.py); this base holds no stage
-flags, only helpers.
+flags, only shared pieces.
 
 Shard bookkeeping: for group b (``plan.buckets[b]``, a flat range) this rank owns the
 global range ``self.mine[b] = (offset, size)`` (the shard rule applied to the group),
@@ -39,7 +39,7 @@ class ZeroStrategy(Strategy):
         self.comm = None
         self._steps = 0
 
-    # -- setup helpers -----------------------------------------------------------------
+    # -- setup pieces ------------------------------------------------------------------
     def _setup_common(self, flat, optimizer, world, plan) -> None:
         from hpcdp import comm as hcomm
 
