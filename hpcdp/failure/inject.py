@@ -16,7 +16,9 @@ kill       SIGKILL to itself (a rank killed by the OOM killer or a node loss)
 stop       SIGSTOP to itself (a rank stuck outright; it never continues)
 sigint     SIGINT to itself (Ctrl-C on one rank)
 sigterm    SIGTERM to itself
-nan        fills this rank's gradient with NaN (CPU arrays)
+nan        this rank's loss weight becomes NaN for that step's backward, so its
+           gradient is NaN BEFORE the strategy reduces it (as a real overflow
+           in backward would be); any strategy, any device
 =========  ===========================================================
 
 Not set (the normal case), the per-step cost is one truth test of an empty dict.
@@ -27,8 +29,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-
-import numpy as np
 
 from .ranks import say
 
@@ -55,7 +55,11 @@ class Faults:
         self.rank = rank
         self.at = {step: kind for (r, step), kind in parse(spec).items() if r == rank}
 
-    def fire(self, step: int, grad=None) -> None:
+    def poisons(self, step: int) -> bool:
+        """Whether a ``nan`` fault poisons this step's backward (see the table)."""
+        return bool(self.at) and self.at.get(step) == "nan"
+
+    def fire(self, step: int) -> None:
         if not self.at or step not in self.at:
             return
         kind = self.at[step]
@@ -68,9 +72,7 @@ class Faults:
         if kind == "exit":
             sys.exit(0)
         if kind == "nan":
-            if grad is not None:
-                np.asarray(grad)[...] = np.nan
-            return
+            return  # already in the gradient: see poisons()
         sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "sigint": signal.SIGINT,
                "sigterm": signal.SIGTERM}[kind]
         os.kill(os.getpid(), sig)

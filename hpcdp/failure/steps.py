@@ -35,9 +35,14 @@ class StepChecks:
         """During setup (before any collective): faults injected at step 0."""
         self.faults.fire(0)
 
+    def loss_weight(self, weight: float) -> float:
+        """The weight of a micro-batch's loss in backward: NaN where a ``nan`` fault is
+        injected this step, so the gradient is poisoned before any reduction."""
+        return weight * float("nan") if self.faults.poisons(self.step) else weight
+
     def after_backward(self, loss: float, flat=None) -> None:
         """Mid-step (DDP's allreduces in flight): injected faults, then the loss check."""
-        self.faults.fire(self.step, getattr(flat, "grad", None))
+        self.faults.fire(self.step)
         self.guard.check_loss(self.step, loss)
 
     def stats(self) -> dict:

@@ -37,9 +37,41 @@ def test_fault_spec_parses_and_rejects_typos():
     f.fire(2)  # nothing at step 2
     with pytest.raises(RuntimeError, match="injected fault.*raise on rank 1 at step 3"):
         f.fire(3)
-    grad = np.ones(4)
-    Faults(0, "0:2:nan").fire(2, grad)
-    assert np.isnan(grad).all()
+    nan = Faults(0, "0:2:nan")
+    assert nan.poisons(2) and not nan.poisons(1) and not f.poisons(3)
+
+
+def test_nan_fault_poisons_the_gradient_before_the_strategy_reduces_it():
+    """The NaN enters through the loss weight, so it is in the gradient that backward
+    hands to the strategy (a DDP allreduce that finished inside backward carries it to
+    every rank), not written into an already reduced gradient on one rank."""
+    from hpcdp.autograd import Tensor
+    from hpcdp.failure.steps import StepChecks
+    from hpcdp.nn import MLP
+    from hpcdp.step import LocalBatch, train_step
+    from hpcdp.strategies.base import SingleRank
+    from hpcdp.world import World
+
+    model = MLP([3, 4, 2], seed=0, dtype="float64")
+    opt = SGD(model.flat.numel, lr=0.1, momentum=0.0, dtype="float64")
+    strategy = SingleRank()
+    strategy.setup(model.flat, opt, World(comm=None, rank=0, size=1))
+    seen = []
+    checks = StepChecks("skip", 0, opt)
+    checks.faults = Faults(0, "0:2:nan")
+    x, y = np.ones((2, 3)), np.array([0, 1])
+    fetch = lambda idx: (Tensor(x[idx]), Tensor(y[idx]))  # noqa: E731
+    before = model.flat.data.copy()
+    for step in (1, 2):
+        train_step(model, strategy, LocalBatch([np.arange(2)], 2, np.arange(1)), fetch,
+                   after_backward=lambda m: seen.append(np.isnan(model.flat.grad).all()),
+                   checks=checks.at(step))
+        if step == 1:
+            after_one = model.flat.data.copy()
+    assert seen == [False, True]
+    assert not np.array_equal(after_one, before)             # step 1 applied
+    assert np.array_equal(model.flat.data, after_one)        # step 2 skipped
+    assert checks.stats()["nonfinite_skipped"] == 1.0
 
 
 # -- non-finite guard -----------------------------------------------------------------
