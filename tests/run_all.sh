@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Every test hpcdp has, each group under a timeout so a stuck rank cannot hang CI:
+# Every test hpcdp has, each group under a timeout so a stuck rank cannot hang CI.
+# It is the README's test command and CI's (.ci/run), and needs nothing installed by
+# hand: first it makes sure .venv has hpcdp and its test extras (tests/setup_venv.sh:
+# the README's install command when .venv is missing or incomplete), then:
 #   1. tests/unit  - one process, no MPI launcher
 #   2. tests/cuda  - the numba.cuda kernels, on the CUDA simulator unless HPCDP_REAL_GPU=1
 #   3. tests/mpi   - pytest-mpi under mpiexec with 2, 3 and 4 ranks (tests/run_mpi.sh)
-#   4. tests/slurm - jobs/train.sbatch under a real local Slurm (tests/run_slurm.sh;
-#                    needs Debian's slurm packages: bash .ci/slurm-setup.sh as root)
+#   4. tests/slurm - jobs/train.sbatch under a real local Slurm (tests/run_slurm.sh:
+#                    installs Debian's Slurm + munge when missing, as root, and
+#                    starts a one-node Slurm on loopback unless one answers)
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+echo "== test environment"
+bash tests/setup_venv.sh || { echo "FAILED: no Python environment to test with (see above)"; exit 1; }
 PY=${PYTHON:-.venv/bin/python}
 # One thread per process: several ranks share the cores.
 export NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
