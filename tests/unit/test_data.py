@@ -110,26 +110,6 @@ def test_markov_floor_equals_empirical_loss_of_the_true_chain(order):
     assert ds.info["loss_floor"] < ds.info["uniform_loss"] - 0.1
 
 
-def test_digits_loads_from_scikit_learn():
-    ds = load_dataset(DataConfig(kind="digits", seed=0), "classification")
-    assert ds.x_train.shape == (1438, 64) and ds.n_test == 359 and ds.n_classes == 10
-    assert 0.0 <= ds.x_train.min() and ds.x_train.max() <= 1.0
-
-
-def test_digits_without_scikit_learn_names_the_extra(monkeypatch):
-    import builtins
-    real_import = builtins.__import__
-
-    def fake_import(name, *args, **kw):
-        if name.startswith("sklearn"):
-            raise ImportError("No module named 'sklearn'")
-        return real_import(name, *args, **kw)
-
-    monkeypatch.setattr(builtins, "__import__", fake_import)
-    with pytest.raises(DataError, match=r"pip install 'hpcdp\[digits\]'"):
-        load_dataset(DataConfig(kind="digits"), "classification")
-
-
 # -- files -----------------------------------------------------------------------
 
 def _cls_arrays(n=50, d=6):
