@@ -94,6 +94,7 @@ class ModelConfig:
     # mlp
     sizes: list[int] = field(default_factory=lambda: [64, 128, 10])
     activation: str = "relu"
+    gelu: str = "tanh"  # GELU form (mlp with activation "gelu", gpt): "tanh" approximation or "exact" (erf)
     # gpt
     vocab_size: int = 16
     block_size: int = 32
@@ -102,6 +103,9 @@ class ModelConfig:
     n_embd: int = 32
     tied_head: bool = True
     dropout: float = 0.0
+    # Targets equal to this id are left out of the loss (padding), or "none"; the
+    # loss is the mean over the other positions, as PyTorch's ignore_index.
+    ignore_index: int | str = "none"
 
     def __post_init__(self):
         s = self.SECTION
@@ -120,6 +124,15 @@ class ModelConfig:
         if self.n_embd % self.n_head:
             raise ConfigError(f"{s}.n_embd: {self.n_embd} must be divisible by {s}.n_head = {self.n_head}")
         _range(s, "dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        _choice(s, "gelu", self.gelu, ("tanh", "exact"))
+        if isinstance(self.ignore_index, str) and self.ignore_index != "none":
+            raise ConfigError(f"{s}.ignore_index: {self.ignore_index!r} is not allowed; give an integer "
+                              "token id (e.g. -100 or a padding id) or \"none\"")
+
+    @property
+    def ignore(self) -> int | None:
+        """``ignore_index`` as an int, or None for "none"."""
+        return None if isinstance(self.ignore_index, str) else self.ignore_index
 
 
 DATA_KINDS = ("digits", "synthetic_classification", "synthetic_sequence", "npz", "hdf5", "npy", "tokens")
@@ -238,6 +251,10 @@ class OptimConfig:
     momentum: float = 0.9  # sgd
     nesterov: bool = False  # sgd
     weight_decay: float = 0.0  # sgd: L2 added to the gradient; adamw: decoupled
+    # Parameters that get no weight decay (hpcdp.optim.decay): a rule without a dot
+    # matches a part of the name, one with dots the whole name (fnmatch patterns).
+    # Default: biases, LayerNorms and the GPT embeddings; [] decays everything.
+    no_decay: list[str] = field(default_factory=lambda: ["bias", "ln_*", "wte", "wpe"])
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adamw
     eps: float = 1e-8  # adamw
     schedule: str = "constant"  # lr after warmup: constant or cosine decay to min_lr
@@ -255,6 +272,9 @@ class OptimConfig:
             raise ConfigError(f"{s}.nesterov: needs {s}.momentum > 0")
         _range(s, "weight_decay", self.weight_decay, 0.0)
         _finite(s, "weight_decay", self.weight_decay)
+        for i, rule in enumerate(self.no_decay):
+            if not rule or rule.strip() != rule:
+                raise ConfigError(f"{s}.no_decay[{i}]: {rule!r} must be a non-empty name pattern without spaces")
         if len(self.betas) != 2:
             raise ConfigError(f"{s}.betas: needs exactly 2 numbers [beta1, beta2], got {self.betas!r}")
         for i, b in enumerate(self.betas):

@@ -45,11 +45,15 @@ class LocalBatch:
     ``micro``: index arrays (into the dataset), one per micro-batch, in order; any
     may be empty. ``global_samples``: samples in the global batch (all ranks).
     ``filler``: indices of one sample that an empty micro-batch runs with weight 0.
+    ``weights``: each micro-batch's share of the global mean loss, when it is not
+    ``len(idx) / global_samples`` (padded sequences: counted tokens over the global
+    batch's, hpcdp.nn.padding).
     """
 
     micro: Sequence[np.ndarray]
     global_samples: int
     filler: np.ndarray
+    weights: Sequence[float] | None = None
 
     @property
     def samples(self) -> int:
@@ -80,7 +84,7 @@ def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
     loss_part = 0.0
     for m, idx in enumerate(batch.micro):
         strategy.begin_backward(last_micro=(m == n_micro - 1))
-        weight = len(idx) / batch.global_samples
+        weight = len(idx) / batch.global_samples if batch.weights is None else batch.weights[m]
         if len(idx) == 0:  # keep the hooks firing: one sample, weight 0
             idx = batch.filler
         x, y = fetch(idx)

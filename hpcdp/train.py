@@ -25,7 +25,7 @@ import numpy as np
 
 from hpcdp.config import Config, ConfigError, dump_toml
 from hpcdp.data import Dataset, load_dataset
-from hpcdp.data.batches import BatchSource
+from hpcdp.data.batches import BatchSource, read_pairs
 from hpcdp.generate import sample_at_end
 from hpcdp.metrics import MetricsWriter, StepGather
 from hpcdp.optim import build_optimizer, lr_at
@@ -59,8 +59,9 @@ def check_model_fits_data(model_cfg, ds: Dataset) -> None:
 
 
 def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, backend,
-             timeout: float | None = None) -> dict:
+             timeout: float | None = None, ignore_index=None) -> dict:
     """Test loss and accuracy; workers split the test set (shard rule) and sum.
+    Positions whose target is ``ignore_index`` (padding) are not counted.
 
     Every worker runs the same number of forward passes (computed from the largest
     piece) so strategies that communicate inside forward stay in step.
@@ -86,6 +87,9 @@ def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, b
                 y = ds.y_test[lo:hi]
                 logits = logits.reshape(-1, logits.shape[-1])
                 y = y.reshape(-1)
+                if ignore_index is not None:
+                    keep = y != ignore_index
+                    logits, y = logits[keep], y[keep]
                 mx = logits.max(axis=1, keepdims=True)
                 lse = mx[:, 0] + np.log(np.exp(logits - mx).sum(axis=1))
                 sums += (float((lse - logits[np.arange(len(y)), y]).sum()),
@@ -110,7 +114,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
     from hpcdp.failure.agree import on_root, stage
     from hpcdp.failure.skew import schedule_differences, schedule_text
     from hpcdp.failure.steps import StepChecks, release
+    from hpcdp.nn.padding import slice_weight
 
+    ignore = cfg.model.ignore if cfg.model.kind == "gpt" else None
     if world is None:
         from hpcdp.world import World
         world = World.from_mpi(device=cfg.run.device)
@@ -193,7 +199,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
 
     def run_eval(step):
         res = evaluate(model, ds, cfg.train.eval_batch, strategy.dp_rank, strategy.dp_size, comm, be,
-                       timeout=cfg.comm.timeout)
+                       timeout=cfg.comm.timeout, ignore_index=ignore)
         if floor is not None:
             res["loss_floor"] = floor
         if writer_rank:
@@ -217,6 +223,10 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             optimizer.lr = lr
             batch = batches.get(step - 1)  # this rank's samples of the step, read (prefetched)
             global_n = batch.n_global
+            if ignore is not None:  # padding: each micro-batch weighs its counted tokens (hpcdp.nn.padding)
+                y_global = read_pairs(ds, batches.sampler.global_indices(step - 1))[1]
+                batch.local.weights = [slice_weight(batch.fetch(idx)[1], y_global, ignore)
+                                       for idx in batch.local.micro]
             # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
             loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
                                    checks=checks.at(step)).loss

@@ -53,8 +53,9 @@ def _signatures():
         out += [
             (f"rowwise.softmax[{f}]", rk["softmax"], (i64, A, A, i64)),
             (f"rowwise.softmax_bwd[{f}]", rk["softmax_bwd"], (i64, A, A, A, i64)),
-            (f"rowwise.xent[{f}]", rk["xent"], (A, I, A, A, i64)),
-            (f"rowwise.xent_bwd[{f}]", rk["xent_bwd"], (A, I, A, A, i64, f)),
+            (f"rowwise.xent[{f}]", rk["xent"], (A, I, A, A, i64, int64, b)),
+            (f"rowwise.xent_counted[{f}]", rk["xent_counted"], (I, int64, A, i64)),
+            (f"rowwise.xent_bwd[{f}]", rk["xent_bwd"], (A, I, A, A, i64, f, A, int64, b)),
             (f"rowwise.ln_fwd[{f}]", rk["ln_fwd"], (A, A, A, A, A, A, i64, f, f)),
             (f"rowwise.ln_bwd_x[{f}]", rk["ln_bwd_x"], (A, A, A, A, A, A, i64, f)),
             (f"rowwise.ln_bwd_wb[{f}]", rk["ln_bwd_wb"], (A, A, A, A, A, A, i64, i64)),

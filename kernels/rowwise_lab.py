@@ -116,7 +116,7 @@ def cross_entropy_case(rng, R, C):
     rows_ref = -np.log(p_ref[np.arange(R), t])
 
     def run(x_, t_, probs, row_loss):
-        rowwise.launch_rows(k, R, C, x_.reshape(R * C), t_, probs, row_loss, C)
+        rowwise.launch_rows(k, R, C, x_.reshape(R * C), t_, probs, row_loss, C, np.int64(0), False)
     return dict(inputs=[x, t], outs=[(R * C,), (R,)], bytes=8 * R * C, run=run,
                 ref=lambda: [p_ref.reshape(-1), rows_ref])
 

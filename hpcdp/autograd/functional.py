@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from . import ops
 from .tensor import Tensor, make_result
 
 _ACTIVATIONS = (None, "relu", "gelu", "tanh")
+GELU_MODES = ("tanh", "exact")
 
 
 def _int_ids(x, be, what):
@@ -22,8 +25,10 @@ def _int_ids(x, be, what):
     return data
 
 
-def linear(x, w, b=None, activation=None):
+def linear(x, w, b=None, activation=None, gelu="tanh"):
     """act(x @ w + b) for x (..., in), w (in, out), b (out,) in one graph node.
+    ``gelu``: "tanh" (the approximation, GPT-2's) or "exact" (erf), when
+    ``activation == "gelu"``.
 
     Cost: one GEMM forward; backward one GEMM per operand that needs a gradient
     (none for the input of the first layer). The bias is added in place into the
@@ -32,6 +37,8 @@ def linear(x, w, b=None, activation=None):
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {_ACTIVATIONS}, got {activation!r}")
+    if gelu not in GELU_MODES:
+        raise ValueError(f"linear: gelu must be one of {GELU_MODES}, got {gelu!r}")
     be = x.backend
     xs, ws = x.shape, w.shape
     if len(ws) != 2 or xs[-1] != ws[0]:
@@ -49,7 +56,7 @@ def linear(x, w, b=None, activation=None):
     elif activation == "relu":
         y = be.relu(z)
     elif activation == "gelu":
-        y = be.gelu(z)
+        y = be.gelu(z, gelu)
     else:
         y = be.tanh(z)
     out_shape = xs[:-1] + (nout,)
@@ -59,7 +66,7 @@ def linear(x, w, b=None, activation=None):
         if activation == "relu":
             g = be.relu_backward(y, g)
         elif activation == "gelu":
-            g = be.gelu_backward(z, g)
+            g = be.gelu_backward(z, g, gelu)
         elif activation == "tanh":
             g = be.mul(g, be.sub(1.0, be.mul(y, y)))
         gx = gw = gb = None
@@ -78,9 +85,15 @@ def linear(x, w, b=None, activation=None):
     return make_result(y_out, be, parents, backward)
 
 
-def cross_entropy(logits, targets):
+def cross_entropy(logits, targets, ignore_index=None):
     """Mean negative log-likelihood of int ``targets`` (shape logits.shape[:-1])
-    under softmax(logits); fused and stable (log-sum-exp with the row max)."""
+    under softmax(logits); fused and stable (log-sum-exp with the row max).
+
+    ``ignore_index`` (PyTorch's): positions whose target equals it are left out; the
+    mean is over the counted positions and their gradient is zero. A batch with no
+    counted position has loss 0 and zero gradient (PyTorch gives NaN): a data-parallel
+    rank whose slice is all padding then adds nothing, as it should.
+    """
     be = logits.backend
     t = _int_ids(targets, be, "cross_entropy")
     if tuple(t.shape) != logits.shape[:-1]:
@@ -89,12 +102,29 @@ def cross_entropy(logits, targets):
     c = logits.shape[-1]
     x2 = be.reshape(logits.data, (-1, c))
     t1 = be.reshape(t, (-1,))
-    loss, probs = be.cross_entropy(x2, t1)
+    if ignore_index is not None:
+        ignore_index = int(ignore_index)
+    loss, probs = be.cross_entropy(x2, t1, ignore_index)
     shape = logits.shape
 
     def backward(gy):
-        return (be.reshape(be.cross_entropy_backward(probs, t1, gy), shape),)
+        return (be.reshape(be.cross_entropy_backward(probs, t1, gy, ignore_index), shape),)
     return make_result(loss, be, (logits,), backward)
+
+
+def check_ids(ids, n: int, what: str, be) -> None:
+    """ValueError naming an id outside [0, n) and the vocabulary size: NumPy would
+    wrap -1 to the last row and raise a bare IndexError for ids >= n, a GPU kernel
+    would read out of bounds. Host ids cost a min and a max; ids already on a GPU are
+    copied to the host first (a sync and B*T*8 bytes, per forward)."""
+    if ids.size == 0:
+        return
+    host = ids if isinstance(ids, np.ndarray) else be.to_numpy(ids)
+    lo, hi = int(host.min()), int(host.max())
+    if lo < 0 or hi >= n:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what}: token id {bad} is out of range for vocabulary size {n}; "
+                         f"ids must be in [0, {n})")
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
@@ -111,12 +141,17 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return make_result(y, be, (x, weight, bias), backward)
 
 
-def embedding(table, ids):
+def embedding(table, ids, what="embedding", check=True):
     """table[ids] for int ids of any shape; the gradient accumulates repeated ids
-    deterministically (dense (V, D) gradient, no atomics)."""
+    deterministically (dense (V, D) gradient, no atomics). An id outside
+    [0, rows) is a ValueError naming it and the table size (``what`` names the table;
+    ``check=False`` skips the check for ids the caller made itself)."""
     be = table.backend
-    idx = _int_ids(ids, be, "embedding")
     v = table.shape[0]
+    raw = ids.data if isinstance(ids, Tensor) else ids
+    idx = _int_ids(ids, be, "embedding")
+    if check:  # host ids: checked before any copy
+        check_ids(raw if isinstance(raw, np.ndarray) else idx, v, what, be)
 
     def backward(gy):
         return (be.embedding_backward(gy, idx, v),)

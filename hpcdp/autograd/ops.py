@@ -335,9 +335,10 @@ def relu(x):
     return make_result(y, be, (x,), lambda gy: (be.relu_backward(y, gy),))
 
 
-def gelu(x):
+def gelu(x, mode="tanh"):
+    """GELU; ``mode`` "tanh" (the approximation) or "exact" (erf)."""
     be = x.backend
-    return make_result(be.gelu(x.data), be, (x,), lambda gy: (be.gelu_backward(x.data, gy),))
+    return make_result(be.gelu(x.data, mode), be, (x,), lambda gy: (be.gelu_backward(x.data, gy, mode),))
 
 
 def softmax(x, axis=-1):

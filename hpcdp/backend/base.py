@@ -140,11 +140,13 @@ class Backend(ABC):
     def relu_backward(self, x, gy): ...
 
     @abstractmethod
-    def gelu(self, x):
-        """tanh-approximation GELU (as in GPT-2)."""
+    def gelu(self, x, mode="tanh"):
+        """GELU. ``mode="tanh"``: the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi)
+        (x + 0.044715 x^3))) (GPT-2's, PyTorch's approximate='tanh'); ``"exact"``:
+        0.5 x (1 + erf(x / sqrt(2))) (PyTorch's default)."""
 
     @abstractmethod
-    def gelu_backward(self, x, gy): ...
+    def gelu_backward(self, x, gy, mode="tanh"): ...
 
     @abstractmethod
     def dropout_mask(self, shape, p, seed):
@@ -183,13 +185,16 @@ class Backend(ABC):
         """x[..., i, j] = value where j > i (last two axes); returns a new array."""
 
     @abstractmethod
-    def cross_entropy(self, logits, targets):
+    def cross_entropy(self, logits, targets, ignore_index=None):
         """Mean negative log-likelihood of int targets over rows of (N, C) logits.
-        Returns (loss as a 0-d array, probs) where probs are kept for backward."""
+        Returns (loss as a 0-d array, probs) where probs are kept for backward.
+        ``ignore_index``: rows whose target equals it are left out and the mean is
+        over the other rows (PyTorch's ignore_index); no row counted gives loss 0."""
 
     @abstractmethod
-    def cross_entropy_backward(self, probs, targets, gscale):
-        """d(mean loss)/d(logits) * gscale (a Python float or a 0-d backend array)."""
+    def cross_entropy_backward(self, probs, targets, gscale, ignore_index=None):
+        """d(mean loss)/d(logits) * gscale (a Python float or a 0-d backend array);
+        rows left out by ``ignore_index`` get zero gradient."""
 
     @abstractmethod
     def layernorm(self, x, weight, bias, eps):

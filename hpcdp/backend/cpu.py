@@ -65,6 +65,17 @@ def tune_malloc() -> bool:
     return ok
 
 
+def _ignore_args(ignore_index):
+    """(ignore, use_ignore) as the cross-entropy kernels take them."""
+    return (np.int64(0), False) if ignore_index is None else (np.int64(ignore_index), True)
+
+
+def _gelu_mode(mode):
+    if mode not in ("tanh", "exact"):
+        raise ValueError(f"gelu: mode must be 'tanh' or 'exact', got {mode!r}")
+    return mode
+
+
 class CPUBackend(Backend):
     name = "cpu"
 
@@ -173,9 +184,13 @@ class CPUBackend(Backend):
         np.tanh(t, out=t)
         return t
 
-    def gelu(self, x):
+    def gelu(self, x, mode="tanh"):
         x = np.ascontiguousarray(x)
         xf = x.reshape(-1)
+        if _gelu_mode(mode) == "exact":
+            y = np.empty_like(xf)
+            K.gelu_exact(xf, y)
+            return y.reshape(x.shape)
         t = self._gelu_tanh(xf)
         # separate output: with out aliasing an input, LLVM's runtime overlap check
         # drops the loop to scalar code (3x slower)
@@ -183,12 +198,15 @@ class CPUBackend(Backend):
         K.gelu_outer(xf, t, y)
         return y.reshape(x.shape)
 
-    def gelu_backward(self, x, gy):
+    def gelu_backward(self, x, gy, mode="tanh"):
         x = np.ascontiguousarray(x)
         gy = np.ascontiguousarray(gy, dtype=x.dtype)
         xf = x.reshape(-1)
-        t = self._gelu_tanh(xf)
         gx = np.empty_like(xf)
+        if _gelu_mode(mode) == "exact":
+            K.gelu_exact_bwd(xf, gy.reshape(-1), gx)
+            return gx.reshape(x.shape)
+        t = self._gelu_tanh(xf)
         K.gelu_bwd_t(xf, t, gy.reshape(-1), gx)
         return gx.reshape(x.shape)
 
@@ -247,26 +265,28 @@ class CPUBackend(Backend):
         K.causal_fill(x3, y.dtype.type(value), y)
         return y.reshape(shape)
 
-    def _check_targets(self, targets, n, c):
+    def _check_targets(self, targets, n, c, ignore_index):
         if targets.ndim != 1 or targets.shape[0] != n:
             raise ValueError(f"cross_entropy: targets shape {targets.shape} does not match "
                              f"{n} rows of logits")
-        if n and (targets.min() < 0 or targets.max() >= c):
-            raise ValueError(f"cross_entropy: targets must be in [0, {c}), got range "
-                             f"[{targets.min()}, {targets.max()}]")
+        kept = targets if ignore_index is None else targets[targets != ignore_index]
+        if kept.size and (kept.min() < 0 or kept.max() >= c):
+            bad = kept.min() if kept.min() < 0 else kept.max()
+            raise ValueError(f"cross_entropy: target {bad} is out of range: targets must be in "
+                             f"[0, {c})" + ("" if ignore_index is None else f" or equal ignore_index {ignore_index}"))
 
-    def cross_entropy(self, logits, targets):
+    def cross_entropy(self, logits, targets, ignore_index=None):
         x = K.rows(logits)
         t = np.ascontiguousarray(targets, dtype=np.int64).reshape(-1)
-        self._check_targets(t, x.shape[0], x.shape[1])
+        self._check_targets(t, x.shape[0], x.shape[1], ignore_index)
         probs = np.empty_like(x)
-        loss = K.cross_entropy_fwd(x, t, probs)
+        loss = K.cross_entropy_fwd(x, t, probs, *_ignore_args(ignore_index))
         return np.asarray(loss, dtype=x.dtype), probs
 
-    def cross_entropy_backward(self, probs, targets, gscale):
+    def cross_entropy_backward(self, probs, targets, gscale, ignore_index=None):
         t = np.ascontiguousarray(targets, dtype=np.int64).reshape(-1)
         gx = np.empty_like(probs)
-        K.cross_entropy_bwd(probs, t, float(gscale), gx)
+        K.cross_entropy_bwd(probs, t, float(gscale), gx, *_ignore_args(ignore_index))
         return gx
 
     def layernorm(self, x, weight, bias, eps):

@@ -30,7 +30,8 @@ def build_model(cfg, *, dtype="float32", device="cpu", seed=None, storage=("data
 
     mlp: ``sizes`` (list), ``activation`` (default "relu").
     gpt: ``vocab_size, block_size, n_layer, n_head, n_embd``, ``tied_head``
-    (default True), ``dropout`` (default 0.0).
+    (default True), ``dropout`` (default 0.0), ``ignore_index`` (default "none":
+    targets to leave out of the loss). Both: ``gelu`` ("tanh", default, or "exact").
     ``seed`` comes from the keyword when given, else ``cfg.seed``, else 0.
     ``storage``: which full buffers to allocate now (``FlatParams.materialize``);
     ``()`` builds only the layout and init recipes (a sharded strategy's start).
@@ -42,12 +43,14 @@ def build_model(cfg, *, dtype="float32", device="cpu", seed=None, storage=("data
         raise ValueError(f"model seed must be >= 0, got {seed} (a config's -1 means "
                          f"'use run.seed': resolve it before build_model)")
     if kind == "mlp":
-        return MLP(_get(cfg, "sizes"), _get(cfg, "activation", "relu"),
+        return MLP(_get(cfg, "sizes"), _get(cfg, "activation", "relu"), gelu=_get(cfg, "gelu", "tanh"),
                    seed=seed, dtype=dtype, device=device, storage=storage)
     if kind == "gpt":
         sizes = {k: int(_get(cfg, k)) for k in _GPT_KEYS}
+        ignore = _get(cfg, "ignore_index", "none")
         return GPT(**sizes, tied_head=bool(_get(cfg, "tied_head", True)),
-                   dropout=float(_get(cfg, "dropout", 0.0)),
+                   dropout=float(_get(cfg, "dropout", 0.0)), gelu=_get(cfg, "gelu", "tanh"),
+                   ignore_index=None if ignore in (None, "none") else int(ignore),
                    seed=seed, dtype=dtype, device=device, storage=storage)
     raise ValueError(f"model kind must be 'mlp' or 'gpt', got {kind!r}")
 

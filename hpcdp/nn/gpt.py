@@ -23,7 +23,7 @@ class GPT(Module):
     """Input int64 ids (B, T) with T <= block_size; logits (B, T, vocab_size)."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, *, tied_head=True,
-                 dropout=0.0, seed=0, dtype="float32", device="cpu",
+                 dropout=0.0, gelu="tanh", ignore_index=None, seed=0, dtype="float32", device="cpu",
                  storage=("data", "grad")):
         for k, v in dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer,
                          n_head=n_head, n_embd=n_embd).items():
@@ -34,6 +34,10 @@ class GPT(Module):
         self.vocab_size, self.block_size = int(vocab_size), int(block_size)
         self.n_layer, self.n_head, self.n_embd = int(n_layer), int(n_head), int(n_embd)
         self.tied_head = bool(tied_head)
+        if gelu not in F.GELU_MODES:
+            raise ValueError(f"GPT gelu must be one of {F.GELU_MODES}, got {gelu!r}")
+        self.gelu = gelu
+        self.ignore_index = None if ignore_index is None else int(ignore_index)
         reg = ParamRegistry(seed=seed, dtype=dtype, device=device)
         proj_std = 0.02 / math.sqrt(2 * n_layer)
         # The root unit's parameters first, then the blocks: each unit is one
@@ -44,7 +48,7 @@ class GPT(Module):
         self.ln_f = LayerNorm(reg, "ln_f", n_embd)
         self.lm_head = None if tied_head else Linear(reg, "lm_head", n_embd, vocab_size,
                                                      bias=False, std=0.02)
-        self.h = [Block(reg, f"h.{i}", n_embd, n_head, proj_std=proj_std, dropout=dropout)
+        self.h = [Block(reg, f"h.{i}", n_embd, n_head, proj_std=proj_std, dropout=dropout, gelu=gelu)
                   for i in range(n_layer)]
         self.flat = reg.finalize(storage)
         attach_units(self, self.flat)
@@ -56,7 +60,9 @@ class GPT(Module):
         return [(f"h.{i}", block) for i, block in enumerate(self.h)]
 
     def forward(self, ids):
-        ids = self.backend.asarray(ids.data if hasattr(ids, "requires_grad") else ids, "int64")
+        ids = ids.data if hasattr(ids, "requires_grad") else ids
+        if not hasattr(ids, "shape"):
+            ids = self.backend.asarray(ids, "int64")
         if len(ids.shape) != 2:
             raise ValueError(f"GPT input must be int ids (batch, time), got shape {tuple(ids.shape)}")
         b, t = ids.shape
@@ -64,7 +70,8 @@ class GPT(Module):
             raise ValueError(f"sequence length {t} exceeds block_size {self.block_size}")
         # Positions by lookup (a copy), not a slice of wpe: a view would keep the
         # parameter's storage alive in the graph after a sharded strategy releases it.
-        x = self.wte(ids) + self.wpe(self._positions(t))                 # (B,T,C) + (T,C)
+        # Token ids are checked against vocab_size; the positions are ours (< block_size).
+        x = self.wte(ids) + self.wpe(self._positions(t), check=False)   # (B,T,C) + (T,C)
         x = self.drop(x)
         for block in self.h:
             x = block(x)
@@ -83,5 +90,11 @@ class GPT(Module):
         return pos[:t]
 
     def loss(self, ids, targets):
-        """Scalar mean cross-entropy over all B*T positions; targets int (B, T)."""
-        return F.cross_entropy(self(ids), targets)
+        """Scalar mean cross-entropy over the B*T positions whose target is not
+        ``ignore_index`` (all of them when it is None); targets int (B, T).
+
+        Padding: pad sequences on the right, give the padded positions any valid
+        input id and the target ``ignore_index``. Attention is causal, so a real
+        position never attends to the padding after it: no attention mask is needed.
+        (Left padding would need one; it is not supported.)"""
+        return F.cross_entropy(self(ids), targets, self.ignore_index)

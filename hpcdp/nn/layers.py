@@ -19,7 +19,7 @@ class Linear(Module):
     ``std`` given: GPT-2 style, W ~ N(0, std), b = 0.
     """
 
-    def __init__(self, reg, name, n_in, n_out, *, bias=True, std=None, activation=None):
+    def __init__(self, reg, name, n_in, n_out, *, bias=True, std=None, activation=None, gelu="tanh"):
         if n_in < 1 or n_out < 1:
             raise ValueError(f"Linear {name}: sizes must be >= 1, got {n_in} -> {n_out}")
         if std is None:
@@ -29,10 +29,10 @@ class Linear(Module):
         else:
             self.weight = reg.normal(f"{name}.weight", (n_in, n_out), std)
             self.bias = reg.constant(f"{name}.bias", (n_out,), 0.0) if bias else None
-        self.activation = activation
+        self.activation, self.gelu = activation, gelu
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias, self.activation)
+        return F.linear(x, self.weight, self.bias, self.activation, self.gelu)
 
 
 class LayerNorm(Module):
@@ -48,10 +48,12 @@ class LayerNorm(Module):
 class Embedding(Module):
     def __init__(self, reg, name, num_embeddings, dim, std=0.02):
         self.weight = reg.normal(f"{name}.weight", (num_embeddings, dim), std)
-        self.num_embeddings = num_embeddings
+        self.num_embeddings, self.name = num_embeddings, name
 
-    def forward(self, ids):
-        return F.embedding(self.weight, ids)
+    def forward(self, ids, check=True):
+        """Rows of the table; an id outside [0, num_embeddings) is a ValueError
+        (``check=False``: ids the caller made itself, e.g. positions)."""
+        return F.embedding(self.weight, ids, what=f"Embedding {self.name}", check=check)
 
 
 class Dropout(Module):
@@ -103,10 +105,11 @@ class CausalSelfAttention(Module):
 
 
 class MLPBlock(Module):
-    """GPT feed-forward: Linear(C, 4C) + GELU (fused), Linear(4C, C), dropout."""
+    """GPT feed-forward: Linear(C, 4C) + GELU (fused; ``gelu`` "tanh" or "exact"),
+    Linear(4C, C), dropout."""
 
-    def __init__(self, reg, name, n_embd, *, proj_std, dropout=0.0):
-        self.c_fc = Linear(reg, f"{name}.c_fc", n_embd, 4 * n_embd, std=0.02, activation="gelu")
+    def __init__(self, reg, name, n_embd, *, proj_std, dropout=0.0, gelu="tanh"):
+        self.c_fc = Linear(reg, f"{name}.c_fc", n_embd, 4 * n_embd, std=0.02, activation="gelu", gelu=gelu)
         self.c_proj = Linear(reg, f"{name}.c_proj", 4 * n_embd, n_embd, std=proj_std)
         self.drop = Dropout(reg, dropout)
 
@@ -117,12 +120,12 @@ class MLPBlock(Module):
 class Block(Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
-    def __init__(self, reg, name, n_embd, n_head, *, proj_std, dropout=0.0):
+    def __init__(self, reg, name, n_embd, n_head, *, proj_std, dropout=0.0, gelu="tanh"):
         self.ln_1 = LayerNorm(reg, f"{name}.ln_1", n_embd)
         self.attn = CausalSelfAttention(reg, f"{name}.attn", n_embd, n_head,
                                         proj_std=proj_std, dropout=dropout)
         self.ln_2 = LayerNorm(reg, f"{name}.ln_2", n_embd)
-        self.mlp = MLPBlock(reg, f"{name}.mlp", n_embd, proj_std=proj_std, dropout=dropout)
+        self.mlp = MLPBlock(reg, f"{name}.mlp", n_embd, proj_std=proj_std, dropout=dropout, gelu=gelu)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))

@@ -15,7 +15,7 @@ ACTIVATIONS = ("relu", "gelu", "tanh")
 class MLP(Module):
     """``MLP([784, 1024, 1024, 10], "relu", seed=0)``: float inputs (B, D), logits (B, C)."""
 
-    def __init__(self, sizes, activation="relu", *, seed=0, dtype="float32", device="cpu",
+    def __init__(self, sizes, activation="relu", *, gelu="tanh", seed=0, dtype="float32", device="cpu",
                  storage=("data", "grad")):
         sizes = [int(s) for s in sizes]
         if len(sizes) < 2 or min(sizes) < 1:
@@ -23,11 +23,13 @@ class MLP(Module):
                              f"got {sizes}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"MLP activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if gelu not in F.GELU_MODES:
+            raise ValueError(f"MLP gelu must be one of {F.GELU_MODES}, got {gelu!r}")
         self.sizes, self.activation = sizes, activation
         reg = ParamRegistry(seed=seed, dtype=dtype, device=device)
         n = len(sizes) - 1
         self.layers = [Linear(reg, f"fc{i}", sizes[i], sizes[i + 1],
-                              activation=activation if i < n - 1 else None)
+                              activation=activation if i < n - 1 else None, gelu=gelu)
                        for i in range(n)]
         self.flat = reg.finalize(storage)
         attach_units(self, self.flat)

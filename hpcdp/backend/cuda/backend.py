@@ -301,8 +301,8 @@ class CUDABackend(Backend):
     def relu(self, a):
         return self._unary(ew.RELU, a)
 
-    def gelu(self, x):
-        return self._unary(ew.GELU, x)
+    def gelu(self, x, mode="tanh"):
+        return self._unary(ew.GELU_EXACT if _gelu_mode(mode) == "exact" else ew.GELU, x)
 
     def _same_shape(self, what, x, gy):
         if tuple(x.shape) != tuple(gy.shape):
@@ -314,10 +314,11 @@ class CUDABackend(Backend):
         ew.binary_same(ew.RELU_BWD, _flat(x), _flat(gy), _flat(out))
         return out
 
-    def gelu_backward(self, x, gy):
+    def gelu_backward(self, x, gy, mode="tanh"):
         self._same_shape("gelu_backward", x, gy)
         out = self._alloc(x.shape, gy.dtype)
-        ew.binary_same(ew.GELU_BWD, _flat(x), _flat(gy), _flat(out))
+        op = ew.GELU_EXACT_BWD if _gelu_mode(mode) == "exact" else ew.GELU_BWD
+        ew.binary_same(op, _flat(x), _flat(gy), _flat(out))
         return out
 
     def dropout_mask(self, shape, p, seed, dtype=np.float32):
@@ -438,23 +439,39 @@ class CUDABackend(Backend):
             raise ValueError(f"{what}: {t.size} targets for {rows} rows of logits")
         return t
 
-    def cross_entropy(self, logits, targets):
+    def _counted(self, t, rows, ignore_index, dtype):
+        """(1,) device array: rows whose target is not ``ignore_index``, at least 1
+        (so a batch with none counted divides 0 by 1). Three small kernels, no sync."""
+        w = self._alloc((max(rows, 1),), dtype)
+        if rows:
+            rowwise.kernels(dtype)["xent_counted"][ew.grid(rows)](_flat(t), np.int64(ignore_index), w, rows)
+        count = self._alloc((1,), dtype)
+        red.reduce3(red.SUM, w, count, 1, rows, 1, dtype, self._alloc)
+        ew.binary_scalar(ew.MAXIMUM, count, 1.0, count)
+        return count
+
+    def cross_entropy(self, logits, targets, ignore_index=None):
         logits = self._operand(logits)
         rows, C = self._rows(logits)
         t = self._targets(targets, rows, "cross_entropy")
         probs = self._alloc(logits.shape, logits.dtype)
         row_loss = self._alloc((max(rows, 1),), logits.dtype)
+        use = ignore_index is not None
         rowwise.launch_rows(rowwise.kernels(logits.dtype)["xent"], rows, C, _flat(logits),
-                            _flat(t), _flat(probs), row_loss, C)
+                            _flat(t), _flat(probs), row_loss, C, np.int64(ignore_index if use else 0), use)
         total = self._alloc((1,), logits.dtype)
         red.reduce3(red.SUM, row_loss, total, 1, rows, 1, logits.dtype, self._alloc)
         loss = self._alloc((), logits.dtype)
-        ew.binary_scalar(ew.MUL, total, 1.0 / max(rows, 1), _flat(loss))
+        if use:
+            ew.binary_same(ew.DIV, total, self._counted(t, rows, ignore_index, logits.dtype), _flat(loss))
+        else:
+            ew.binary_scalar(ew.MUL, total, 1.0 / max(rows, 1), _flat(loss))
         return loss, probs
 
-    def cross_entropy_backward(self, probs, targets, gscale):
+    def cross_entropy_backward(self, probs, targets, gscale, ignore_index=None):
         rows, C = self._rows(probs)
         t = self._targets(targets, rows, "cross_entropy_backward")
+        use = ignore_index is not None
         gx = self._alloc(probs.shape, probs.dtype)
         if is_device_array(gscale):
             g = _flat(self._operand(gscale, probs.dtype))
@@ -462,8 +479,10 @@ class CUDABackend(Backend):
             g = self._alloc((1,), probs.dtype)
             ew.fill(g, float(np.asarray(gscale)))
         T = np.dtype(probs.dtype).type
+        count = self._counted(t, rows, ignore_index, probs.dtype) if use else g  # g: unread filler
         rowwise.launch_rows(rowwise.kernels(probs.dtype)["xent_bwd"], rows, C, _flat(probs),
-                            _flat(t), g, _flat(gx), C, T(1.0 / max(rows, 1)))
+                            _flat(t), g, _flat(gx), C, T(1.0 / max(rows, 1)), count,
+                            np.int64(ignore_index if use else 0), use)
         return gx
 
     def layernorm(self, x, weight, bias, eps):
@@ -522,6 +541,12 @@ class CUDABackend(Backend):
     def adamw_update(self, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
         optim.adamw(_flat(param), _flat(grad), _flat(m), _flat(v), lr, beta1, beta2, eps,
                     weight_decay, step)
+
+
+def _gelu_mode(mode):
+    if mode not in ("tanh", "exact"):
+        raise ValueError(f"gelu: mode must be 'tanh' or 'exact', got {mode!r}")
+    return mode
 
 
 def _shape(shape):

@@ -21,9 +21,9 @@ TPB = 256
 MAX_BLOCKS = 65535
 
 # unary op codes
-NEG, EXP, LOG, SQRT, TANH, RELU, GELU, COPY = range(8)
+NEG, EXP, LOG, SQRT, TANH, RELU, GELU, COPY, GELU_EXACT = range(9)
 # binary op codes
-ADD, SUB, MUL, DIV, RELU_BWD, GELU_BWD, RSUB, RDIV, MAXIMUM, EQ = range(10)
+ADD, SUB, MUL, DIV, RELU_BWD, GELU_BWD, RSUB, RDIV, MAXIMUM, EQ, GELU_EXACT_BWD = range(11)
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -41,6 +41,7 @@ def _kernels(dtype):
     T = np.dtype(dtype).type
     Z, HALF, ONE = T(0), T(0.5), T(1)
     C0, C1, C3 = T(GELU_C), T(0.044715), T(3 * 0.044715)
+    RSQRT2, INV_SQRT_2PI = T(1.0 / math.sqrt(2.0)), T(1.0 / math.sqrt(2.0 * math.pi))
 
     @cuda.jit(device=True)  # NVVM inlines small device functions at -O3
     def un(op, x):
@@ -58,6 +59,8 @@ def _kernels(dtype):
             return x if x > Z else Z
         if op == GELU:
             return HALF * x * (ONE + math.tanh(C0 * (x + C1 * x * x * x)))
+        if op == GELU_EXACT:
+            return HALF * x * (ONE + math.erf(x * RSQRT2))
         return x
 
     @cuda.jit(device=True)  # NVVM inlines small device functions at -O3
@@ -82,6 +85,8 @@ def _kernels(dtype):
             return b / a
         if op == EQ:
             return ONE if a == b else Z
+        if op == GELU_EXACT_BWD:  # a = x, b = gy: Phi(x) + x phi(x)
+            return b * (HALF * (ONE + math.erf(a * RSQRT2)) + a * INV_SQRT_2PI * math.exp(-HALF * a * a))
         return max(a, b)
 
     @cuda.jit

@@ -117,7 +117,7 @@ def _kernels(dtype):
             j += cuda.blockDim.x
 
     @cuda.jit
-    def xent(x, targets, probs, row_loss, C):
+    def xent(x, targets, probs, row_loss, C, ignore, use_ignore):
         sm_m = cuda.shared.array(SMEM, t)
         sm_s = cuda.shared.array(SMEM, t)
         r = cuda.blockIdx.x
@@ -129,15 +129,31 @@ def _kernels(dtype):
             probs[base + j] = math.exp(x[base + j] - m) * inv
             j += cuda.blockDim.x
         if cuda.threadIdx.x == 0:
-            row_loss[r] = m + math.log(s) - x[base + targets[r]]
+            tr = targets[r]
+            if use_ignore and tr == ignore:  # left out: never read x at an ignored (maybe negative) id
+                row_loss[r] = Z
+            else:
+                row_loss[r] = m + math.log(s) - x[base + tr]
 
     @cuda.jit
-    def xent_bwd(probs, targets, g, gx, C, inv_rows):
-        # gx = (probs - onehot(target)) * g / n_rows, g read on the device (no sync)
+    def xent_counted(targets, ignore, w, n):
+        # w[r] = 1 for a row that counts, 0 for one whose target is ``ignore``
+        i = cuda.grid(1)
+        while i < n:
+            w[i] = Z if targets[i] == ignore else ONE
+            i += cuda.gridsize(1)
+
+    @cuda.jit
+    def xent_bwd(probs, targets, g, gx, C, inv_rows, count, ignore, use_ignore):
+        # gx = (probs - onehot(target)) * g / rows counted, g (and with ``use_ignore``
+        # the count, clamped >= 1) read on the device: no sync. Ignored rows get 0.
         r = cuda.blockIdx.x
         base = r * C
-        scale = g[0] * inv_rows
         tr = targets[r]
+        if use_ignore:
+            scale = Z if tr == ignore else g[0] / count[0]
+        else:
+            scale = g[0] * inv_rows
         j = cuda.threadIdx.x
         while j < C:
             p = probs[base + j]
@@ -227,7 +243,7 @@ def _kernels(dtype):
             gw[c] = smw[0, tx]
             gb[c] = smb[0, tx]
 
-    return dict(softmax=softmax, softmax_bwd=softmax_bwd, xent=xent, xent_bwd=xent_bwd,
+    return dict(softmax=softmax, softmax_bwd=softmax_bwd, xent=xent, xent_bwd=xent_bwd, xent_counted=xent_counted,
                 ln_fwd=ln_fwd, ln_bwd_x=ln_bwd_x, ln_bwd_wb=ln_bwd_wb)
 
 
