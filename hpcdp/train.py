@@ -142,7 +142,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
             from hpcdp.nn import build_model
             model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device, storage=())
         flat = model.flat
-        optimizer = build_optimizer(cfg.optim, dtype=cfg.run.dtype, device=cfg.run.device)
+        optimizer = build_optimizer(cfg.optim, layout=flat.layout, dtype=cfg.run.dtype, device=cfg.run.device)
         checks = StepChecks(cfg.train.on_nonfinite, world.rank, optimizer)  # non-finite guard
         check_state_fits(cfg, strategy, flat, world)  # refuse before allocating the state
         flat.materialize(strategy.full_storage)  # the full buffers this strategy keeps (maybe none)

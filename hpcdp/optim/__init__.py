@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 
 from .adamw import AdamW
+from .decay import DEFAULT_NO_DECAY, decay_ranges, local_runs
 from .sgd import SGD
 
 
-def build_optimizer(optim_cfg, *, size=None, dtype="float32", device="cpu"):
+def build_optimizer(optim_cfg, *, size=None, layout=None, dtype="float32", device="cpu"):
     """SGD or AdamW from an :class:`hpcdp.config.OptimConfig`; state sized on first step
-    unless ``size`` is given."""
+    unless ``size`` is given. With the model's ``layout``, weight decay applies only to
+    the parameters no ``optim.no_decay`` rule matches (:mod:`.decay`)."""
     c = optim_cfg
     if c.kind == "sgd":
         opt = SGD(size, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay,
@@ -22,6 +24,8 @@ def build_optimizer(optim_cfg, *, size=None, dtype="float32", device="cpu"):
     else:
         raise ValueError(f"optim.kind: {c.kind!r} is not allowed; choose one of 'sgd', 'adamw'")
     opt.clip_grad_norm = float(getattr(c, "clip_grad_norm", 0.0))
+    if layout is not None:
+        opt.set_decay_ranges(decay_ranges(layout, c.no_decay))
     return opt
 
 
@@ -42,4 +46,4 @@ def lr_at(optim_cfg, step: int, total_steps: int) -> float:
     return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + math.cos(math.pi * frac))
 
 
-__all__ = ["AdamW", "SGD", "build_optimizer", "lr_at"]
+__all__ = ["AdamW", "SGD", "build_optimizer", "lr_at", "decay_ranges", "local_runs", "DEFAULT_NO_DECAY"]

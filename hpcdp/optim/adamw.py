@@ -24,6 +24,6 @@ class AdamW(FlatState):
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         super().__init__(("m", "v"), size, dtype, get_backend(device))
 
-    def _update(self, param, grad, state) -> None:
+    def _update(self, param, grad, state, weight_decay) -> None:
         self.backend.adamw_update(param, grad, state["m"], state["v"], self.lr,
-                                  self.beta1, self.beta2, self.eps, self.weight_decay, self.steps)
+                                  self.beta1, self.beta2, self.eps, weight_decay, self.steps)

@@ -25,6 +25,6 @@ class SGD(FlatState):
         self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
         super().__init__(("momentum_buf",) if momentum else (), size, dtype, get_backend(device))
 
-    def _update(self, param, grad, state) -> None:
+    def _update(self, param, grad, state, weight_decay) -> None:
         self.backend.sgd_update(param, grad, state.get("momentum_buf"), self.lr,
-                                self.momentum, self.weight_decay, self.nesterov)
+                                self.momentum, weight_decay, self.nesterov)

@@ -15,9 +15,19 @@ is the one-piece case.
 ``clip_grad_norm`` (0: off) is read by the strategies: they compute the global L2
 norm of the reduced gradient over all ranks (``hpcdp.optim.clip``) and scale the
 gradient before ``step``.
+
+Weight-decay groups (:mod:`.decay`): ``set_decay_ranges(ranges)`` limits weight decay
+to those (offset, size) ranges of the full flat buffer (default: decay everything);
+``set_slice(pieces)`` says which ranges of the full buffer the arrays given to a
+step hold, concatenated (default: the whole buffer; a ZeRO rank: its owned ranges,
+a PS server: its shard). A step then runs the update once per run of decayed /
+undecayed elements (``decay_runs``), with weight_decay or 0: elementwise updates, so
+the result is exactly that of two parameter groups.
 """
 
 from __future__ import annotations
+
+from .decay import local_runs
 
 
 class FlatState:
@@ -29,6 +39,9 @@ class FlatState:
         self.size = None
         self.state: dict = {}
         self.steps = 0  # optimizer steps taken (AdamW's bias correction uses it)
+        self.decay_ranges = None  # None: every element decays
+        self.slice = None  # None: the arrays are the whole flat buffer
+        self._runs = None
         if size is not None:
             self._allocate(int(size))
 
@@ -59,17 +72,46 @@ class FlatState:
     def step_pieces(self, pieces) -> None:
         """In place: one update of several ``(param, grad)`` pieces (1-D each); the
         state is the pieces concatenated in the order given."""
-        self._check_pieces(pieces)
+        total = self._check_pieces(pieces)
         self.steps += 1
+        runs = self.decay_runs(total)  # (lo, hi, weight_decay) over the pieces concatenated
         lo = 0
         for param, grad in pieces:
             n = int(param.shape[0])
-            if n:
-                self._update(param, grad, {k: v[lo:lo + n] for k, v in self.state.items()})
+            for a, b, wd in runs:  # the runs that fall in this piece [lo, lo + n)
+                s, e = max(a, lo), min(b, lo + n)
+                if s < e:
+                    self._update(param[s - lo:e - lo], grad[s - lo:e - lo],
+                                 {k: v[s:e] for k, v in self.state.items()}, wd)
             lo += n
 
-    def _update(self, param, grad, state) -> None:  # pragma: no cover - abstract
+    def _update(self, param, grad, state, weight_decay) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def set_decay_ranges(self, ranges) -> None:
+        """Weight decay only on these (offset, size) ranges of the full flat buffer
+        (sorted, disjoint; e.g. ``decay_ranges(flat.layout, rules)``); None: everywhere."""
+        self.decay_ranges = None if ranges is None else [(int(o), int(s)) for o, s in ranges]
+        self._runs = None
+
+    def set_slice(self, pieces) -> None:
+        """The arrays given to ``step`` hold these (offset, size) ranges of the full
+        flat buffer, concatenated in this order: a PS shard's one range, a ZeRO rank's
+        owned ranges. None: the whole buffer."""
+        self.slice = None if pieces is None else [(int(o), int(s)) for o, s in pieces]
+        self._runs = None
+
+    def decay_runs(self, n: int) -> list[tuple[int, int, float]]:
+        """(lo, hi, weight_decay) runs covering a local array of ``n`` elements."""
+        if self.decay_ranges is None or self.weight_decay == 0.0:
+            return [(0, n, self.weight_decay)]
+        if self.slice is not None and n and not sum(size for _, size in self.slice):
+            return [(0, n, 0.0)]  # a rank that owns nothing (ZeRO's one-element NaN probe)
+        if self._runs is None or self._runs[0] != n:
+            pieces = self.slice if self.slice is not None else [(0, n)]
+            runs = local_runs(self.decay_ranges, pieces, n)
+            self._runs = (n, [(lo, hi, on) for lo, hi, on in runs])
+        return [(lo, hi, self.weight_decay if on else 0.0) for lo, hi, on in self._runs[1]]
 
     def state_arrays(self) -> dict:
         """Name -> state buffer (empty until sized)."""

@@ -99,6 +99,8 @@ class ParameterServer(Strategy):
             off, size = roles.shard(numel, s_idx)
             params = np.array(flat.data[off:off + size], copy=True)
             opt = optimizer if server_update else None
+            if opt is not None:  # the server steps its shard: weight decay on the shard's slice
+                opt.set_slice([(off, size)])
             if cfg.mode == "sync":
                 self.server = SyncServerPart(self.comm, s_idx, params, workers=roles.workers, local_worker=local_w,
                                              aggregate=self.aggregate, optimizer=opt, ledger=self.ledger,

@@ -62,6 +62,9 @@ class ZeroStrategy(Strategy):
             self.local[b] = pos
             pos += self.mine[b][1]
         self.shard_numel = pos
+        # Weight-decay groups: the optimizer's arrays are the owned ranges, concatenated
+        # in this (flat) order; it applies its slice of the groups (hpcdp.optim.decay).
+        optimizer.set_slice([self.mine[b] for b in sorted(self.mine, key=lambda b: self.local[b])])
         self._snap = self.ledger.snapshot() if self.ledger is not None else None
 
     def _require_units(self) -> None:
