@@ -15,6 +15,9 @@ cd "$(dirname "$0")/.."
 echo "== test environment"
 bash tests/setup_venv.sh || { echo "FAILED: no Python environment to test with (see above)"; exit 1; }
 PY=${PYTHON:-.venv/bin/python}
+# As an activated venv would: its mpiexec (the MPICH wheel's, the MPI mpi4py was built
+# for) and hpcdp come first on PATH, before a system MPI's.
+export PATH="$(cd "$(dirname "$(command -v "$PY")")" && pwd):$PATH"
 # One thread per process: several ranks share the cores.
 export NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
