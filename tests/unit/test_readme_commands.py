@@ -53,6 +53,14 @@ def test_run_all_prepares_the_venv_before_any_group():
     assert text.index("bash tests/setup_venv.sh") < text.index("-m pytest")
 
 
+def test_run_all_puts_the_venv_first_on_path():
+    """A test that looks mpiexec up on PATH must find the venv's (the MPI mpi4py was
+    built for), not a system MPI's, without an activated venv."""
+    text = (REPO / "tests" / "run_all.sh").read_text()
+    assert 'export PATH="$(cd "$(dirname "$(command -v "$PY")")" && pwd):$PATH"' in text
+    assert text.index("export PATH=") < text.index("-m pytest")
+
+
 def test_nothing_outside_the_checkout_is_used():
     for path in [*(REPO / "tests").rglob("*.sh"), *(REPO / "tests").rglob("*.py"), *(REPO / ".ci").iterdir()]:
         if path.name == Path(__file__).name:
