@@ -33,7 +33,7 @@ else
   NUMBA_ENABLE_CUDASIM=1 timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider || failed+=(cuda-sim)
 fi
 
-echo "== MPI tests (2, 3, 4 ranks)"
+echo "== MPI tests (1, 2, 3, 4 ranks)"
 PYTHON="$PY" bash tests/run_mpi.sh || failed+=(mpi)
 
 echo "== fault injection (real mpiexec jobs, one rank broken)"; timeout 900 "$PY" -m pytest tests/faults -q -p no:cacheprovider || failed+=(faults)
