@@ -142,3 +142,46 @@ def test_padded_gpt_with_decay_groups_equals_one_rank(layout, kind):
     # elements into ~1e-13 steps: compare against the size of the parameters
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 1e-11, f"relative difference {err:.3g}"
+
+
+@pytest.mark.parametrize("kind", ["npz", "hdf5"])  # in memory / read from disk per step
+def test_train_loop_on_padded_files_equals_one_rank(kind, tmp_path_factory):
+    """run_training (hpcdp train's loop) with a reserved pad id (0) as model.ignore_index:
+    each rank's loss weighs its counted tokens, so DDP on N ranks equals one rank."""
+    import io
+
+    import h5py
+
+    from hpcdp.config import load_config
+    from hpcdp.failure.agree import on_root
+    from hpcdp.nn import build_model
+    from hpcdp.train import run_training
+
+    comm = MPI.COMM_WORLD
+    folder = on_root(comm, lambda: str(tmp_path_factory.mktemp("padded")), what="a test folder", timeout=30.0)
+    path = f"{folder}/padded.{'npz' if kind == 'npz' else 'h5'}"
+    if comm.Get_rank() == 0:
+        x, y = _padded_data(48, seed=5)
+        y = np.where(y == PAD, 0, np.maximum(y, 1))  # pad target 0, real targets 1..10
+        if kind == "npz":
+            np.savez(path, x=x, y=y)
+        else:
+            with h5py.File(path, "w") as f:
+                f["x"], f["y"] = x, y
+    comm.Barrier()
+    sets = [f"data.kind={kind}", f'data.path="{path}"', 'model.kind="gpt"', "model.vocab_size=11",
+            "model.block_size=6", "model.n_layer=2", "model.n_head=2", "model.n_embd=8", "model.ignore_index=0",
+            'optim.kind="adamw"', f"optim.lr={LR}", f"optim.weight_decay={WD}", "train.steps=4",
+            "train.global_batch=8", 'run.dtype="float64"']
+    results = {}
+    for name, world, strategy in (("ranks", None, "ddp"), ("one", MPI.COMM_SELF, "none")):
+        from hpcdp.world import World
+        w = World.from_mpi() if world is None else World(comm=world, rank=0, size=1)
+        out = f"{folder}/run-{name}" + ("" if world is None else f"-{comm.Get_rank()}")
+        cfg = load_config(None, sets + [f'parallel.strategy="{strategy}"', f'run.out_dir="{out}"'])
+        model = build_model(cfg.model, dtype="float64", device="cpu")
+        res = run_training(cfg, world=w, model=model, out=io.StringIO())
+        results[name] = (np.array(model.flat.data), res["eval"]["loss"])
+    err = np.abs(results["ranks"][0] - results["one"][0]).max() / np.abs(results["one"][0]).max()
+    assert err < 1e-11, f"relative difference {err:.3g}"
+    assert results["ranks"][1] == pytest.approx(results["one"][1], rel=1e-10)  # eval skips padding alike
