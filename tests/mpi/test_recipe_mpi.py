@@ -2,8 +2,9 @@
 
 1. One step with zero gradients (the loss times 0): every element the default rules
    decay is multiplied by exactly 1 - lr*wd, every other element is unchanged, on
-   every worker, for DDP and parameter-server layouts where servers step their shard
-   (the optimizer sees its slice of the groups) or workers step the whole buffer.
+   every worker, for DDP, ZeRO stages 1-3 (each rank steps several owned ranges) and
+   parameter-server layouts where servers step their shard (the optimizer sees its
+   slice of the groups) or workers step the whole buffer.
 2. A GPT with AdamW (decay groups) on right-padded sequences (``ignore_index``) for a
    few steps equals one-rank training on the same global batches: each rank's loss is
    weighted by its counted tokens over the global batch's (hpcdp.nn.padding).
@@ -31,6 +32,9 @@ LAYOUTS = {
     "ps-2-colocated-server": lambda: _ps(2, True, "server"),
     "ps-1-dedicated-server": lambda: _ps(1, False, "server"),
     "ps-1-colocated-worker": lambda: _ps(1, True, "worker"),
+    "zero-1": lambda: _zero(1),
+    "zero-2": lambda: _zero(2),
+    "zero-3": lambda: _zero(3),
 }
 NEEDS = {"ps-2-colocated-server": 2, "ps-1-dedicated-server": 2}
 
@@ -43,6 +47,13 @@ def _ddp():
 def _ps(servers, colocated, update):
     from hpcdp.strategies.ps import ParameterServer
     return ParameterServer(servers=servers, colocated=colocated, mode="sync", update=update, timeout=60.0)
+
+
+def _zero(stage):
+    """ZeRO with tiny groups: each rank owns several disjoint flat ranges."""
+    from hpcdp.config_parallel import ZeroConfig
+    from hpcdp.strategies.zero import make_zero
+    return make_zero(ZeroConfig(stage=stage, bucket_mb=64 * 8 / 2**20), timeout=60.0)
 
 
 def _world(comm=None):
@@ -71,14 +82,15 @@ def _padded_data(n, seed=11):
 
 
 def train(strategy, world, *, steps=3, global_batch=8, zero_grad_loss=False, kind="adamw"):
-    """The step sequence of hpcdp/strategies/base.py; returns (flat params, initial params)
-    on workers, (None, initial) on dedicated servers."""
+    """hpcdp.step.train_step, padded data, weights by counted tokens; returns (full
+    params, initial params) on workers, (None, initial) on dedicated servers."""
     from hpcdp.autograd import Tensor
     from hpcdp.nn import build_model
     from hpcdp.nn.padding import slice_weight
+    from hpcdp.step import LocalBatch, train_step
 
     model = build_model(GPT_CFG, dtype="float64", seed=3)
-    flat, p0 = model.flat, model.flat.data.copy()
+    flat, p0 = model.flat, np.array(model.flat.data)
     strategy.setup(flat, _optimizer(flat.layout, kind), world)
     if not strategy.is_worker:
         try:
@@ -91,17 +103,15 @@ def train(strategy, world, *, steps=3, global_batch=8, zero_grad_loss=False, kin
         for s in range(steps):
             g = np.arange(s * global_batch, (s + 1) * global_batch)
             off, size = shard_range(global_batch, strategy.dp_size, strategy.dp_rank)
-            idx = g[off:off + size] if size else g[:1]
-            weight = slice_weight(Y[g[off:off + size]], Y[g], PAD)
-            flat.zero_grad()
-            strategy.begin_backward(last_micro=True)
-            loss = model.loss(Tensor(X[idx]), Tensor(Y[idx]))
-            (loss * (0.0 if zero_grad_loss else weight)).backward()
-            strategy.finish_gradients()
-            strategy.step()
+            mine = g[off:off + size]
+            weights = [0.0 if zero_grad_loss else slice_weight(Y[mine], Y[g], PAD)]
+            batch = LocalBatch([mine], global_batch, filler=g[:1], weights=weights)
+            train_step(model, strategy, batch, lambda idx: (Tensor(X[idx]), Tensor(Y[idx])))
+        params = (np.array(strategy.gather_full_params(), dtype=np.float64)
+                  if hasattr(strategy, "gather_full_params") else np.array(flat.data))
     finally:
         strategy.close()
-    return np.array(flat.data), p0
+    return params, p0
 
 
 def _decayed_mask(layout, n):
