@@ -55,7 +55,7 @@ def test_model_gelu_key_reaches_gpt_and_mlp():
     ids = np.random.default_rng(0).integers(0, 16, size=(2, 6))
     out = {mode: build_model({"kind": "gpt", **GPT_SIZES, "gelu": mode}, dtype="float64")(ids).numpy()
            for mode in ("tanh", "exact")}
-    assert not np.allclose(out["tanh"], out["exact"])  # the key changes the model
+    assert np.abs(out["tanh"] - out["exact"]).max() > 1e-12  # the key changes the model (small init: small diff)
     assert np.abs(out["tanh"] - out["exact"]).max() < 1e-3  # same weights, nearly the same function
     mlp = build_model({"kind": "mlp", "sizes": [4, 6, 3], "activation": "gelu", "gelu": "exact"}, dtype="float64")
     assert all(layer.gelu == "exact" for layer in mlp.layers)
