@@ -20,6 +20,10 @@ Rules it owns:
   forward and backward, on ``batch.filler`` (one sample) with weight 0, so its
   hooks fire like every other rank's (collectives started from hooks, or gathers
   started from forward hooks, must be joined by every rank).
+- The random context: before each micro-batch's forward, ``model.streams`` (if the
+  model has one) is set to (``batch.step``, the micro-batch's dataset indices), so
+  every dropout mask is keyed by (seed, step, global sample index, layer), never by
+  rank or call count (hpcdp/nn/streams.py).
 - The returned ``loss`` is this rank's share of the global mean loss (the sum over
   ranks is the global mean), computed from ``loss.item()`` per micro-batch (one
   device sync per micro-batch on cuda).
@@ -48,12 +52,15 @@ class LocalBatch:
     ``weights``: each micro-batch's share of the global mean loss, when it is not
     ``len(idx) / global_samples`` (padded sequences: counted tokens over the global
     batch's, hpcdp.nn.padding).
+    ``step``: the 0-based optimizer step; with the dataset indices it keys every
+    random draw (dropout) of the step (hpcdp/nn/streams.py).
     """
 
     micro: Sequence[np.ndarray]
     global_samples: int
     filler: np.ndarray
     weights: Sequence[float] | None = None
+    step: int = 0
 
     @property
     def samples(self) -> int:
@@ -67,32 +74,30 @@ class StepResult:
 
 
 def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
-               after_backward: Callable[[int], None] | None = None, checks=None) -> StepResult:
+               after_backward: Callable[[int], None] | None = None, checks=None,
+               exact=None) -> StepResult:
     """Run one optimizer step of ``model`` under ``strategy`` (see module docstring).
 
     ``fetch(indices) -> (x, y)``: the inputs and targets of those samples, as
     Tensors on the model's backend (or arrays ``model.loss`` accepts).
     ``checks``: a :class:`hpcdp.failure.steps.StepChecks` (the non-finite loss check
     and the fault-injection hook), called once the step's backward is done.
+    ``exact``: an :class:`hpcdp.exact.mode.ExactMode` (``train.reproducible =
+    "exact"``): it runs the step instead, with the same micro-batch pass and checks.
     """
     n_micro = len(batch.micro)
     if n_micro < 1:
         raise ValueError("train_step: a batch needs at least one micro-batch")
     if batch.global_samples < 1:
         raise ValueError(f"train_step: global_samples must be >= 1, got {batch.global_samples}")
+    if exact is not None:  # per-micro-batch gradients summed in integers (hpcdp/exact/)
+        return exact.train_step(model, strategy, batch, fetch, after_backward=after_backward,
+                                checks=checks)
     strategy.zero_grad()
     loss_part = 0.0
     for m, idx in enumerate(batch.micro):
         strategy.begin_backward(last_micro=(m == n_micro - 1))
-        weight = len(idx) / batch.global_samples if batch.weights is None else batch.weights[m]
-        if len(idx) == 0:  # keep the hooks firing: one sample, weight 0
-            idx = batch.filler
-        x, y = fetch(idx)
-        loss = model.loss(x, y)
-        loss_part += loss.item() * weight
-        if checks is not None:
-            weight = checks.loss_weight(weight)  # a fault test's NaN enters here
-        (loss * weight).backward()
+        loss_part += micro_pass(model, batch, m, fetch, checks)
         if after_backward is not None:
             after_backward(m)
     if checks is not None:  # mid-step: DDP's allreduces are in flight
@@ -102,4 +107,24 @@ def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
     return StepResult(loss=loss_part, samples=batch.samples)
 
 
-__all__ = ["LocalBatch", "StepResult", "train_step"]
+def micro_pass(model, batch: LocalBatch, m: int, fetch: Callable, checks=None) -> float:
+    """Forward and backward of micro-batch ``m``: the random context, the loss weighting
+    (and ``checks.loss_weight``, where a fault test's NaN enters) and the empty-slice
+    rule. Returns its part of this rank's loss share."""
+    idx = batch.micro[m]
+    weight = len(idx) / batch.global_samples if batch.weights is None else batch.weights[m]
+    if len(idx) == 0:  # keep the hooks firing: one sample, weight 0
+        idx = batch.filler
+    x, y = fetch(idx)
+    streams = getattr(model, "streams", None)
+    if streams is not None:  # dropout masks keyed by (seed, step, sample, layer)
+        streams.set(batch.step, idx)
+    loss = model.loss(x, y)
+    part = loss.item() * weight
+    if checks is not None:
+        weight = checks.loss_weight(weight)
+    (loss * weight).backward()
+    return part
+
+
+__all__ = ["LocalBatch", "StepResult", "train_step", "micro_pass"]

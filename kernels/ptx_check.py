@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from numba import boolean, cuda, float32, float64, int64, types
+from numba import boolean, cuda, float32, float64, int64, types, uint64
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,7 +26,7 @@ from hpcdp.backend.cuda import reduce as red  # noqa: E402
 
 
 def _signatures():
-    i64, b = int64, boolean
+    i64, u64, b = int64, uint64, boolean
     t6 = types.UniTuple(int64, 6)
     t3 = types.UniTuple(int64, 3)
     I = int64[::1]
@@ -43,7 +43,7 @@ def _signatures():
             (f"ew.fill[{f}]", k["fill"], (A, f, i64)),
             (f"ew.iadd[{f}]", k["iadd"], (A, A, i64, f)),
             (f"ew.causal_fill[{f}]", k["causal_fill"], (A, A, i64, i64, f, i64)),
-            (f"ew.dropout[{f}]", ew._dropout, (A, i64, float64, f, i64)),
+            (f"ew.dropout[{f}]", ew._dropout, (A, uint64[::1], i64, i64, u64, u64, u64, u64, u64, f, f)),
         ]
         rows, cols, partials = red._kernels(str(f) if f is float64 else "float32")
         out += [(f"red.rows[{f}]", rows, (i64, A, A, i64, f)),

@@ -158,13 +158,18 @@ def embedding(table, ids, what="embedding", check=True):
     return make_result(be.embedding(table.data, idx), be, (table,), backward)
 
 
-def dropout(x, p, seed, training=True):
-    """Zero each element with probability p and scale the rest by 1/(1-p). The mask
-    depends only on (shape, p, seed), so a run is reproducible."""
+def dropout(x, p, key, training=True):
+    """Zero each element with probability p and scale the rest by 1/(1-p).
+
+    ``key``: the random stream, a mapping with ``seed``, ``step``, ``layer`` and
+    ``samples`` (the global index of each sample along axis 0 of ``x``; see
+    :class:`hpcdp.nn.streams.RandomStreams`). The mask is a pure function of the
+    key and the element index, so it is the same on any rank and backend."""
     if not training or p == 0.0:
         return x
     be = x.backend
-    mask = be.dropout_mask(x.shape, p, seed)
+    mask = be.dropout_mask(x.shape, p, seed=key["seed"], step=key["step"], layer=key["layer"],
+                           samples=key["samples"])
     return make_result(be.mul(x.data, mask), be, (x,), lambda gy: (be.mul(gy, mask),))
 
 
@@ -175,13 +180,14 @@ def causal_mask_fill(x, value=float("-inf")):
                        lambda gy: (be.causal_mask_fill(gy, 0.0),))
 
 
-def causal_self_attention(q, k, v, dropout_p=0.0, seed=0, training=True):
-    """softmax(q k^T / sqrt(d) masked causally) v over (B, H, T, d) tensors."""
+def causal_self_attention(q, k, v, dropout_p=0.0, key=None, training=True):
+    """softmax(q k^T / sqrt(d) masked causally) v over (B, H, T, d) tensors;
+    ``key``: the attention dropout's random stream (see :func:`dropout`)."""
     if not (q.shape == k.shape == v.shape) or q.ndim != 4:
         raise ValueError(f"causal_self_attention: q, k, v must share one (B, H, T, d) "
                          f"shape, got {q.shape}, {k.shape}, {v.shape}")
     scale = 1.0 / math.sqrt(q.shape[-1])
     att = ops.mul(ops.matmul(q, k, trans_b=True), scale)  # (B, H, T, T)
     att = ops.softmax(causal_mask_fill(att))
-    att = dropout(att, dropout_p, seed, training)
+    att = dropout(att, dropout_p, key, training)
     return ops.matmul(att, v)

@@ -149,8 +149,11 @@ class Backend(ABC):
     def gelu_backward(self, x, gy, mode="tanh"): ...
 
     @abstractmethod
-    def dropout_mask(self, shape, p, seed):
-        """Mask of {0, 1/(1-p)} values, deterministic for (shape, p, seed)."""
+    def dropout_mask(self, shape, p, *, seed, step, layer, samples):
+        """float32 mask of {0, 1/(1-p)} values. Row b (axis 0) belongs to the sample
+        with global index ``samples[b]``; its elements are a pure function of
+        (seed, step, layer, samples[b], element index) through Philox4x32-10
+        (hpcdp/backend/philox.py), identical on every backend and rank."""
 
     # -- reductions -------------------------------------------------------
     @abstractmethod

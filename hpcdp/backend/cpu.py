@@ -16,6 +16,7 @@ import platform
 import numpy as np
 
 from . import cpu_kernels as K
+from . import philox as PX
 from .base import Backend
 
 
@@ -210,12 +211,15 @@ class CPUBackend(Backend):
         K.gelu_bwd_t(xf, t, gy.reshape(-1), gx)
         return gx.reshape(x.shape)
 
-    def dropout_mask(self, shape, p, seed):
+    def dropout_mask(self, shape, p, *, seed, step, layer, samples):
         # float32 mask: multiplying a float64 tensor by it promotes to float64.
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout p must be in [0, 1), got {p}")
-        mask = np.random.default_rng(seed).random(shape, dtype=np.float32) >= p
-        return np.multiply(mask, np.float32(1.0 / (1.0 - p)), dtype=np.float32)
+        batch, per = PX.check_key(shape, samples, step, layer)
+        k0, k1 = PX.split_seed(seed)
+        out = np.empty(batch * per, dtype=np.float32)
+        u = np.uint64
+        K.dropout_mask(out, np.ascontiguousarray(samples, dtype=np.uint64), per, u(step), u(layer),
+                       u(k0), u(k1), u(PX.threshold(p)), np.float32(1.0 / (1.0 - p)), np.float32(0.0))
+        return out.reshape(shape)
 
     # -- reductions -------------------------------------------------------
     def sum(self, x, axis=None, keepdims=False):

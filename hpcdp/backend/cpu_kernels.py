@@ -17,6 +17,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .philox import make_group_writer
+
 # LLVM may reorder float sums into SIMD lanes (reassoc), fuse multiply-adds
 # (contract) and use reciprocals (arcp); no nnan/ninf, so NaN and inf still
 # propagate. Serial kernels stay deterministic: the order is fixed per build.
@@ -280,6 +282,21 @@ def adamw(p, g, m, v, decay, a, b1, omb1, b2, omb2, ic2, eps):
         m[i] = mi
         v[i] = vi
         p[i] = p[i] * decay - a * mi / (math.sqrt(vi * ic2) + eps)
+
+
+_write_group = make_group_writer(njit)  # the same source the CUDA kernel compiles
+
+
+@njit(cache=True)
+def dropout_mask(out, samples, per, step, layer, k0, k1, thr, keep, drop):
+    """Flat mask of len(samples) rows of ``per`` elements: element j of row b is
+    ``keep`` or ``drop`` from Philox at counter (j // 4, samples[b], step, layer),
+    key (k0, k1) (hpcdp/backend/philox.py). Bit-identical to the CUDA kernel."""
+    groups = (per + 3) // 4
+    for b in range(samples.size):
+        s = samples[b]
+        for g in range(groups):
+            _write_group(out, b * per, g, per, s, step, layer, k0, k1, thr, keep, drop)
 
 
 @njit(cache=True)

@@ -79,7 +79,7 @@ class BatchSource:
         filler = self.sampler.global_indices(step)[:1]
         indices = np.concatenate(parts + [filler])
         x, y = read_pairs(self.ds, indices)
-        return Batch(LocalBatch(parts, global_n, filler), indices, x, y)
+        return Batch(LocalBatch(parts, global_n, filler, step=step), indices, x, y)
 
     def get(self, step: int) -> Batch:
         """The batch of 0-based ``step`` (and, with prefetch, start reading ``step + 1``)."""

@@ -51,6 +51,7 @@ class GPT(Module):
         self.h = [Block(reg, f"h.{i}", n_embd, n_head, proj_std=proj_std, dropout=dropout, gelu=gelu)
                   for i in range(n_layer)]
         self.flat = reg.finalize(storage)
+        self.streams = reg.streams  # train_step sets (step, samples) here (nn/streams.py)
         attach_units(self, self.flat)
         self.backend = self.flat.backend
         self.dtype = self.flat.dtype

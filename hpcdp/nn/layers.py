@@ -57,24 +57,24 @@ class Embedding(Module):
 
 
 class Dropout(Module):
-    """Each call draws a fresh mask from (model seed, layer stream, call count): runs
-    are reproducible from the seed alone."""
+    """Each element's keep/drop is keyed by (model seed, optimizer step, global sample
+    index, layer): the same on any rank, any backend, and after a restart
+    (hpcdp/nn/streams.py)."""
 
     def __init__(self, reg, p):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {p}")
         self.p = float(p)
-        self._base = (reg.seed * 1_000_003 + reg.next_stream()) % (1 << 62)
-        self._calls = 0
+        self.streams = reg.streams
+        self.layer = reg.next_stream()
 
-    def next_seed(self):
-        self._calls += 1
-        return (self._base * 1_000_033 + self._calls) % (1 << 62)
+    def key(self, batch):
+        return self.streams.key(self.layer, batch, who=f"dropout (p = {self.p})")
 
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        return F.dropout(x, self.p, self.next_seed(), True)
+        return F.dropout(x, self.p, self.key(x.shape[0]), True)
 
 
 class CausalSelfAttention(Module):
@@ -98,8 +98,8 @@ class CausalSelfAttention(Module):
         qkv = ops.transpose(ops.reshape(qkv, (b, t, 3, h, c // h)), (2, 0, 3, 1, 4))
         q, k, v = qkv[0], qkv[1], qkv[2]                          # (B, H, T, d) each
         p = self.attn_drop.p if self.training else 0.0
-        seed = self.attn_drop.next_seed() if p else 0
-        y = F.causal_self_attention(q, k, v, p, seed, self.training)
+        key = self.attn_drop.key(b) if p else None
+        y = F.causal_self_attention(q, k, v, p, key, self.training)
         y = ops.reshape(ops.transpose(y, (0, 2, 1, 3)), (b, t, c))
         return self.resid_drop(self.c_proj(y))
 

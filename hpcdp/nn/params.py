@@ -33,6 +33,7 @@ import numpy as np
 
 from ..autograd.tensor import Parameter
 from ..backend import get_backend
+from .streams import RandomStreams
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ class ParamRegistry:
         self.dtype, self.device = dtype, device
         self.backend = get_backend(device)
         self._entries = []
-        self._streams = 0
+        self.streams = RandomStreams(self.seed)  # the model's draw context (nn/streams.py)
         self.flat = None
 
     def _add(self, name, kind, shape, arg):
@@ -261,8 +262,7 @@ class ParamRegistry:
 
     def next_stream(self) -> int:
         """A distinct id per random stream (dropout layer), in construction order."""
-        self._streams += 1
-        return self._streams
+        return self.streams.new_layer()
 
     def finalize(self, storage=("data", "grad")) -> FlatParams:
         """The model's FlatParams; ``storage`` as in :meth:`FlatParams.materialize`."""

@@ -185,11 +185,12 @@ def test_causal_mask_fill_and_dropout_mask():
     y = be.causal_mask_fill(x, -5.0)
     np.testing.assert_array_equal(y[1], [[1, -5, -5], [1, 1, -5], [1, 1, 1]])
     assert np.all(x == 1)  # new array
-    m1, m2 = be.dropout_mask((50, 40), 0.2, 3), be.dropout_mask((50, 40), 0.2, 3)
+    key = dict(seed=3, step=0, layer=1, samples=np.arange(50))
+    m1, m2 = be.dropout_mask((50, 40), 0.2, **key), be.dropout_mask((50, 40), 0.2, **key)
     np.testing.assert_array_equal(m1, m2)
-    assert not np.array_equal(m1, be.dropout_mask((50, 40), 0.2, 4))
+    assert not np.array_equal(m1, be.dropout_mask((50, 40), 0.2, **{**key, "seed": 4}))
     with pytest.raises(ValueError, match="dropout"):
-        be.dropout_mask((2,), 1.0, 0)
+        be.dropout_mask((2,), 1.0, seed=0, step=0, layer=1, samples=np.arange(2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -117,8 +117,16 @@ def test_dropout_only_in_train_mode():
     e1, e2 = g(ids).data, g(ids).data
     np.testing.assert_array_equal(e1, e2)
     g.train()
-    t1, t2 = g(ids).data, g(ids).data
+    with pytest.raises(RuntimeError, match="streams.set"):
+        g(ids)  # no (step, samples) to key the masks by
+    samples = np.arange(len(ids))
+    g.streams.set(0, samples)
+    t1 = g(ids).data
+    g.streams.set(1, samples)
+    t2 = g(ids).data
     assert not np.allclose(t1, e1) and not np.allclose(t1, t2)
+    g.streams.set(0, samples)
+    np.testing.assert_array_equal(g(ids).data, t1)  # the key, not a call count, decides
     assert all(m.training for m in g.modules())
 
 

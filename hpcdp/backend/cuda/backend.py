@@ -15,6 +15,7 @@ import os
 import numpy as np
 from numba import cuda
 
+from .. import philox as PX
 from ..base import Backend
 from . import elementwise as ew
 from . import embedding as emb
@@ -321,11 +322,12 @@ class CUDABackend(Backend):
         ew.binary_same(op, _flat(x), _flat(gy), _flat(out))
         return out
 
-    def dropout_mask(self, shape, p, seed, dtype=np.float32):
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout_mask: p must be in [0, 1), got {p}")
+    def dropout_mask(self, shape, p, *, seed, step, layer, samples, dtype=np.float32):
+        batch, per = PX.check_key(shape, samples, step, layer)
         out = self._alloc(_shape(shape), dtype)
-        ew.dropout(_flat(out), p, seed)
+        if batch * per:
+            ids = cuda.to_device(np.ascontiguousarray(samples, dtype=np.uint64))  # B x 8 bytes
+            ew.dropout(_flat(out), p, seed, step, layer, ids, per)
         return out
 
     # -- reductions ------------------------------------------------------------

@@ -15,6 +15,8 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
+from .. import philox as PX
+from ..philox import make_group_writer
 from ._util import NDIM, blocks, flat_threads, pad, prod
 
 TPB = 256
@@ -178,53 +180,23 @@ def _s(dtype, v):
     return np.dtype(dtype).type(v)
 
 
-M32 = 0xFFFFFFFF
-
-
-@cuda.jit(device=True)  # NVVM inlines small device functions at -O3
-def _fmix32(h):
-    # murmur3 finaliser on the low 32 bits, in int64 arithmetic masked after each
-    # multiply (wrap-around identical on the GPU, the simulator and NumPy).
-    h = h & M32
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & M32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & M32
-    h ^= h >> 16
-    return h
+# The dropout mask: Philox4x32-10 from the same Python source the CPU backend
+# compiles with numba.njit (hpcdp/backend/philox.py), so both draw the same mask
+# bit for bit. One thread writes four elements of one sample's row.
+_write_group = make_group_writer(cuda.jit(device=True))
 
 
 @cuda.jit(cache=True)
-def _dropout(out, n, p, scale, seed):
-    """Counter-based: element i depends only on (seed, i), so the mask is the same
-    for any launch configuration (see ``dropout_mask_reference``)."""
-    s = _fmix32(seed ^ (seed >> 32))
-    i = cuda.grid(1)
-    while i < n:
-        h = _fmix32(((i & M32) * 0x9E3779B1 + s + (i >> 32)) & M32)
-        u = h * (1.0 / 4294967296.0)
-        out[i] = scale if u >= p else scale * 0
-        i += cuda.gridsize(1)
-
-
-def dropout_mask_reference(shape, p, seed, dtype=np.float32):
-    """The same mask computed with NumPy on the host (for tests and for a CPU
-    backend that wants bit-identical dropout)."""
-    def fmix(h):
-        h = h & M32
-        h ^= h >> 16
-        h = (h * 0x85EBCA6B) & M32
-        h ^= h >> 13
-        h = (h * 0xC2B2AE35) & M32
-        h ^= h >> 16
-        return h
-    seed = int(seed) & 0x7FFFFFFFFFFFFFFF
-    s = fmix(seed ^ (seed >> 32))
-    i = np.arange(prod(shape), dtype=np.uint64)
-    h = fmix(((i & M32) * np.uint64(0x9E3779B1) + np.uint64(s) + (i >> np.uint64(32))) & M32)
-    u = h.astype(np.float64) * (1.0 / 4294967296.0)
-    scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
-    return np.where(u >= p, scale, 0.0).astype(dtype).reshape(shape)
+def _dropout(out, samples, per, groups, step, layer, k0, k1, thr, keep, drop):
+    """Counter-based: element j of row b depends only on (key, samples[b], j), so
+    the mask is the same for any launch configuration and on any backend."""
+    n = samples.size * groups
+    t = cuda.grid(1)
+    while t < n:
+        b = t // groups
+        g = t - b * groups
+        _write_group(out, b * per, g, per, samples[b], step, layer, k0, k1, thr, keep, drop)
+        t += cuda.gridsize(1)
 
 
 # -- launchers -------------------------------------------------------------
@@ -280,9 +252,15 @@ def causal_fill(x_flat, out_flat, t1, t2, value):
                                                   _s(out_flat.dtype, value), n)
 
 
-def dropout(out_flat, p, seed):
+def dropout(out_flat, p, seed, step, layer, samples_dev, per):
+    """Fill ``out_flat`` (len(samples) rows of ``per``) with the mask of
+    (seed, step, layer, samples); ``samples_dev`` is a uint64 device array."""
     n = out_flat.size
     if n:
-        scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
-        _dropout[grid(n)](out_flat, n, float(p), _s(out_flat.dtype, scale),
-                          int(seed) & 0x7FFFFFFFFFFFFFFF)
+        groups = (per + 3) // 4
+        k0, k1 = PX.split_seed(seed)
+        u = np.uint64
+        scale = 1.0 / (1.0 - p)
+        _dropout[grid(samples_dev.size * groups)](
+            out_flat, samples_dev, per, groups, u(step), u(layer), u(k0), u(k1),
+            u(PX.threshold(p)), _s(out_flat.dtype, scale), _s(out_flat.dtype, 0.0))
