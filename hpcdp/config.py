@@ -225,6 +225,10 @@ class TrainConfig:
     last_batch: str = "drop"  # short last batch of an epoch: drop it or keep it
     eval_batch: int = 512  # samples per forward pass during evaluation (per rank)
     on_nonfinite: str = "stop"  # non-finite loss / gradient norm: "stop" the run, or "skip" the update
+    # "fast": reduce in whatever order is quickest; "exact": weights bit-identical for
+    # any rank count and strategy (hpcdp/exact/, docs/reproducibility.md)
+    reproducible: str = "fast"
+    exact_micro_batch: int = 0  # exact mode: samples per fixed micro-batch (must divide global_batch)
 
     def __post_init__(self):
         s = self.SECTION
@@ -241,6 +245,11 @@ class TrainConfig:
         _choice(s, "last_batch", self.last_batch, ("drop", "keep"))
         _range(s, "eval_batch", self.eval_batch, 1)
         _choice(s, "on_nonfinite", self.on_nonfinite, ("stop", "skip"))
+        _choice(s, "reproducible", self.reproducible, ("fast", "exact"))
+        _range(s, "exact_micro_batch", self.exact_micro_batch, 0)
+        if self.reproducible == "exact":
+            from hpcdp.exact.rules import check_train
+            check_train(self)
 
 
 @dataclass
@@ -392,6 +401,9 @@ class Config:
                               "needs 'synthetic_sequence', 'tokens', 'npz', 'hdf5' or 'npy' (token sequences)")
         if self.model.kind == "mlp" and self.data.kind in ("synthetic_sequence", "tokens"):
             raise ConfigError(f"data.kind: {self.data.kind!r} needs model.kind = 'gpt'")
+        if self.train.reproducible == "exact":
+            from hpcdp.exact.rules import check_config
+            check_config(self)
 
     def to_dict(self) -> dict:
         return {name: _section_to_dict(getattr(self, name)) for name in SECTIONS}

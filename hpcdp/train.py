@@ -26,6 +26,7 @@ import numpy as np
 from hpcdp.config import Config, ConfigError, dump_toml
 from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
+from hpcdp.exact.digest import weights_sha256
 from hpcdp.generate import sample_at_end
 from hpcdp.metrics import MetricsWriter, StepGather
 from hpcdp.optim import build_optimizer, lr_at
@@ -149,6 +150,10 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         checks.setup()
     with stage(world.comm, "strategy setup", timeout=setup_s, skew=schedule_differences) as agreed:
         strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
+        exact = None
+        if cfg.train.reproducible == "exact":  # bit-identical weights for any N (hpcdp/exact/)
+            from hpcdp.exact.mode import ExactMode
+            exact = ExactMode(cfg.train, strategy, world, flat)
         batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank)
         total = batches.total
         accum = cfg.train.grad_accum
@@ -193,6 +198,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         writer.log(f"run dir: {run_dir}")
         writer.log(f"data: {ds.describe()}" + (f"; loss floor (exact conditional entropy) "
                                                f"{floor:.4f} nats" if floor is not None else ""))
+        if exact is not None:
+            writer.log(exact.describe())
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
                    f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
                    f"{total} steps of {cfg.train.global_batch} samples ({batches.batches_per_epoch} per epoch)")
@@ -202,11 +209,14 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                        timeout=cfg.comm.timeout, ignore_index=ignore)
         if floor is not None:
             res["loss_floor"] = floor
+        if writer_rank or flat.data is None:  # sharded parameters: a gather on every worker
+            res["weights_sha256"] = weights_sha256(flat, strategy)  # equal for any N in exact mode
         if writer_rank:
             writer.write({"eval": {"step": step, **res}})
             writer.log(f"eval @ step {step}: loss {res['loss']:.4f}  accuracy {res['accuracy']:.4f}"
                        + (f"  (loss floor {floor:.4f})" if floor is not None else "")
-                       + f"  on {res['n']} {'tokens' if ds.task == 'sequence' else 'samples'}")
+                       + f"  on {res['n']} {'tokens' if ds.task == 'sequence' else 'samples'}"
+                       + f"  weights sha256 {res['weights_sha256']}")
         return res
 
     def fetch(batch, idx):  # samples of this step's batch, already read, as Tensors
@@ -229,8 +239,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                                        for idx in batch.local.micro]
             # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
             loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
-                                   checks=checks.at(step)).loss
-            stats = {**strategy.step_stats(), **checks.stats()}
+                                   checks=checks.at(step), exact=exact).loss
+            stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
             stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
             dt = time.perf_counter() - t0
             gather.add(loss_part, batch.n_local, dt, {**stats, "data_wait_s": batch.wait_s})
@@ -263,6 +273,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         raise
     finally:
         batches.close()
+        if exact is not None:
+            exact.close()
         writer.close()
         if comm is not world.comm:
             comm.Free()

@@ -67,6 +67,8 @@ class BatchSource:
     def __init__(self, ds, data_cfg, train_cfg, dp_size: int = 1, dp_rank: int = 0):
         self.ds, self.dp_size, self.dp_rank = ds, dp_size, dp_rank
         self.accum = train_cfg.grad_accum
+        exact = getattr(train_cfg, "reproducible", "fast") == "exact"
+        self.exact_micro = train_cfg.exact_micro_batch if exact else 0
         self.sampler = make_sampler(ds, train_cfg.global_batch, data_cfg.seed, train_cfg.last_batch)
         self.batches_per_epoch = self.sampler.batches_per_epoch
         self.total = train_cfg.steps or train_cfg.epochs * self.batches_per_epoch
@@ -74,8 +76,14 @@ class BatchSource:
         self._prefetch = Prefetcher(self._read) if data_cfg.prefetch and on_disk else None
 
     def _read(self, step: int) -> Batch:
-        local, global_n = self.sampler.local_indices(step, self.dp_size, self.dp_rank)
-        parts = micro_batches(local, self.accum)
+        if self.exact_micro:  # exact mode: whole fixed micro-batches (hpcdp/exact/batches.py)
+            from hpcdp.exact.batches import plan_micro_batches
+            g = self.sampler.global_indices(step)
+            parts, _ = plan_micro_batches(g, self.exact_micro, self.dp_size, self.dp_rank)
+            global_n = len(g)
+        else:
+            local, global_n = self.sampler.local_indices(step, self.dp_size, self.dp_rank)
+            parts = micro_batches(local, self.accum)
         filler = self.sampler.global_indices(step)[:1]
         indices = np.concatenate(parts + [filler])
         x, y = read_pairs(self.ds, indices)

@@ -76,6 +76,12 @@ class SyncServerPart:
             grads[self.local_worker] = local_grad
         agg = check_result(self.aggregate(grads), self.size, self.dtype,
                            where=f"server {self.index} update {self.updates}")
+        return self.apply_and_reply(agg, lr)
+
+    def apply_and_reply(self, agg, lr) -> np.ndarray:
+        """Update the shard with the aggregated gradient (or pass it on), reply to the
+        remote workers; returns the result for the local worker. (Exact mode's
+        integer server shares it: hpcdp/exact/ps.py.)"""
         if self.optimizer is not None:
             self.optimizer.lr = lr
             self.optimizer.step(self.params, agg)
@@ -84,7 +90,8 @@ class SyncServerPart:
             result = agg
         # Blocking sends: a worker posts its receives before waiting on anything.
         sends = [self.comm.Isend(result, dest=self.workers[w], tag=tp.TAG_REPLY) for w in self.remote]
-        wait(sends, self.timeout, f"the workers to take update {self.updates}", sources=ranks)
+        wait(sends, self.timeout, f"the workers to take update {self.updates}",
+             sources=[self.workers[w] for w in self.remote])
         if self.ledger is not None and self.remote:
             self.ledger.record("ps_pull", sent_bytes=result.nbytes * len(self.remote),
                                sent_msgs=len(self.remote))

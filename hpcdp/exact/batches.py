@@ -1,0 +1,45 @@
+"""The exact micro-batch plan: which fixed micro-batches of a global batch a rank runs.
+
+The global batch (the sampler's order, independent of N) is cut into micro-batches
+of ``train.exact_micro_batch`` samples by position: micro-batch j holds positions
+``[j*m, (j+1)*m)``, whatever N is. A rank takes whole micro-batches, a contiguous
+run of them by the one shard rule: rank r gets micro-batches
+``shard_range(M, N, r)``. Rule when N does not divide M: the first ``M % N`` ranks
+take one micro-batch more; when M < N some ranks hold none. Either way the result
+is the same bits (integer sums do not care who held what); only the time differs.
+
+Every rank runs the same number of passes, ``ceil(M / N)``: a rank with fewer real
+micro-batches runs filler passes (an empty micro-batch, which train_step runs on
+one sample with weight 0 and exact mode does not keep). A strategy that
+communicates inside forward or backward (ZeRO-3 gathers) then meets every rank;
+the fillers cost nothing on the critical path, since the fuller ranks run as many
+real passes.
+
+A short last batch (``train.last_batch = "keep"``) is cut the same way; its last
+micro-batch is shorter, the same on any N.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hpcdp.shard import shard_range
+
+
+def plan_micro_batches(global_idx: np.ndarray, micro: int, dp_size: int, dp_rank: int):
+    """``(micro-batches of this rank, padded with empty fillers to the common pass
+    count; M = micro-batches in the global batch)``."""
+    if micro < 1:
+        raise ValueError(f"train.exact_micro_batch: must be >= 1, got {micro}")
+    n = len(global_idx)
+    total = math.ceil(n / micro)
+    off, count = shard_range(total, dp_size, dp_rank)
+    passes = shard_range(total, dp_size, 0)[1]  # rank 0 holds the most
+    mine = [global_idx[j * micro:(j + 1) * micro] for j in range(off, off + count)]
+    fillers = [global_idx[:0]] * (passes - count)
+    return mine + fillers, total
+
+
+__all__ = ["plan_micro_batches"]
