@@ -11,6 +11,7 @@
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
     hpcdp data prepare --text PATH... --out corpus.h5   tokenize text for data.kind = "tokens"
     hpcdp data info corpus.h5           describe a token corpus
+    hpcdp check-exact --config FILE --ranks 1,2,3,4 [--strategies ddp,ps]   exact mode's hashes agree?
 
 Bad input (config, data files, a launch without a strategy) prints one error line
 on rank 0, without a traceback, and exits with status 2 on every rank. A failure on
@@ -87,6 +88,12 @@ def _scale(argv) -> int:
     return scale_main(argv) or 0
 
 
+def _check_exact(argv) -> int:
+    from hpcdp.exact.check import main as check_main
+
+    return check_main(argv)
+
+
 def _one_thread_per_rank_under_a_launcher() -> None:
     """Several ranks on one node each start a BLAS/numba thread pool as wide as the
     node: they then fight for the cores. Under an MPI launcher, default every pool to
@@ -101,7 +108,8 @@ def _one_thread_per_rank_under_a_launcher() -> None:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
-    commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data}
+    commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data,
+                "check-exact": _check_exact}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR

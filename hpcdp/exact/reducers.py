@@ -19,7 +19,6 @@ Any other strategy has no exact mode yet: a clear error at setup, before step 1.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -107,4 +106,3 @@ def build_reducer(strategy, codec, acc, worker_comm):
 
 
 __all__ = ["build_reducer", "LocalSum", "RingSum"]
-_ = time  # timing lives in mode.py

@@ -1,0 +1,86 @@
+"""``hpcdp check-exact``: the verdict table, and real mpiexec jobs that agree (exact
+mode) or do not (fast mode), with the exit status saying which."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdp.exact.check import format_table, parse_ranks, strategy_sets
+
+A, B = "a" * 64, "b" * 64
+
+
+def test_table_marks_the_differing_hash_and_job():
+    rows = [{"label": "ddp x1", "hashes": [(5, A), (10, A)]},
+            {"label": "ddp x2", "hashes": [(5, A), (10, B)]},
+            {"label": "ddp x2->x3 @5", "hashes": [(10, A)]}]  # a resumed job: later evals only
+    table, ok = format_table(rows)
+    assert not ok
+    lines = table.splitlines()
+    assert lines[1].endswith("yes") and lines[3].endswith("yes")
+    assert lines[2].endswith("NO") and f"{B[:16]}*" in lines[2]
+    assert format_table([rows[0], rows[2]])[1]
+    # a job that never reached the last eval is not "the same"
+    assert not format_table([rows[0], {"label": "short", "hashes": [(5, A)]}])[1]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="--ranks '1,x'"):
+        parse_ranks("1,x")
+    with pytest.raises(ValueError, match="'zero4' is not a strategy check-exact knows"):
+        strategy_sets("zero4")
+    assert parse_ranks("3,1,3") == [3, 1]
+
+
+CONFIG = """
+[run]
+seed = 1
+log_every = 100
+eval_every = 2
+[model]
+kind = "gpt"
+vocab_size = 8
+block_size = 8
+n_layer = 1
+n_head = 2
+n_embd = 8
+dropout = 0.2
+[data]
+kind = "synthetic_sequence"
+vocab_size = 8
+seq_len = 8
+n_samples = 200
+[train]
+steps = 4
+epochs = 0
+global_batch = 8
+exact_micro_batch = 2
+[optim]
+kind = "adamw"
+lr = 0.01
+"""
+
+
+def _check(tmp_path, *extra):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-m", "hpcdp.cli", "check-exact", "--config", str(cfg),
+                           "--ranks", "1,2", "--strategies", "ddp", "--out", str(tmp_path / "out"), *extra],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+
+
+def test_exact_jobs_agree_and_fast_jobs_do_not(tmp_path):
+    proc = _check(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "exact: all 2 jobs agree" in proc.stdout
+    # the same matrix in fast mode: float sums in another order on 2 ranks
+    proc = _check(tmp_path, "--set", 'train.reproducible="fast"')
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "NOT exact" in proc.stdout and proc.stdout.count("NO") >= 1
