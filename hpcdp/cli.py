@@ -8,6 +8,7 @@
     hpcdp bench data [options]          on-disk loader throughput and time waiting for data
     hpcdp bench comm-overhead [options] one small collective's time by layer (under mpiexec)
     hpcdp bench startup [options]       launch to first step and to exit, per rank count
+    hpcdp bench exact [options]         exact vs fast mode: step time, bytes, loss curves
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
     hpcdp data prepare --text PATH... --out corpus.h5   tokenize text for data.kind = "tokens"
     hpcdp data info corpus.h5           describe a token corpus
@@ -67,7 +68,8 @@ def _train(argv) -> int:
 def _bench(argv) -> int:
     commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives",
                 "faults": "hpcdp.bench.faults", "soak": "hpcdp.bench.soak", "data": "hpcdp.bench.data",
-                "comm-overhead": "hpcdp.bench.comm_overhead", "startup": "hpcdp.bench.startup"}
+                "comm-overhead": "hpcdp.bench.comm_overhead", "startup": "hpcdp.bench.startup",
+                "exact": "hpcdp.exact.bench"}
     if not argv or argv[0] not in commands:
         print(f"usage: hpcdp bench {{{','.join(commands)}}} [options]", file=sys.stderr)
         return USAGE_ERROR

@@ -82,27 +82,39 @@ def _hashes(run_dir: Path) -> list[tuple[int, str]]:
     return out
 
 
-def _launch(args, n: int, sets: list[str], run_dir: Path, resume: str | None = None) -> list[tuple[int, str]]:
+def launch_train(n: int, config, sets: list[str], run_dir: Path, *, timeout: float,
+                 resume: str | None = None, clear_env=(), echo: bool = True) -> subprocess.CompletedProcess:
+    """``mpiexec -n n hpcdp train`` in a fresh ``run_dir``, one thread per rank, the
+    children importing this hpcdp; ``clear_env``: variables unset for the job.
+    Raises RuntimeError (with the output's tail) if it fails or times out."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "hpcdp.cli", "train"]
-    if args.config:
-        cmd += ["--config", str(args.config)]
-    for s in ['train.reproducible="exact"', f'run.out_dir="{run_dir}"'] + sets:
+    if config:
+        cmd += ["--config", str(config)]
+    for s in [f'run.out_dir="{run_dir}"'] + list(sets):
         cmd += ["--set", s]
     if resume:
         cmd += ["--resume", resume]
-    env = {**os.environ, **THREAD_ENV, "PYTHONUNBUFFERED": "1"}
-    pkg_root = str(Path(__file__).resolve().parents[2])  # children import this hpcdp
+    env = {k: v for k, v in {**os.environ, **THREAD_ENV, "PYTHONUNBUFFERED": "1"}.items()
+           if k not in clear_env}
+    pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-    print(f"  $ {shlex.join(cmd)}", flush=True)
+    if echo:
+        print(f"  $ {shlex.join(cmd)}", flush=True)
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"job timed out after {args.timeout:g} s (--timeout): {shlex.join(cmd)}") from None
+        raise RuntimeError(f"job timed out after {timeout:g} s: {shlex.join(cmd)}") from None
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-2500:]
         raise RuntimeError(f"job failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}")
+    return proc
+
+
+def _launch(args, n: int, sets: list[str], run_dir: Path, resume: str | None = None) -> list[tuple[int, str]]:
+    launch_train(n, args.config, ['train.reproducible="exact"'] + sets, run_dir,
+                 timeout=args.timeout, resume=resume)
     found = _hashes(run_dir)
     if not found:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has no weights_sha256 (an hpcdp older than exact mode?)")
@@ -208,4 +220,4 @@ def main(argv=None) -> int:
         return 2
 
 
-__all__ = ["main", "format_table", "strategy_sets"]
+__all__ = ["main", "format_table", "strategy_sets", "launch_train"]
