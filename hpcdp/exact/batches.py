@@ -9,11 +9,11 @@ take one micro-batch more; when M < N some ranks hold none. Either way the resul
 is the same bits (integer sums do not care who held what); only the time differs.
 
 Every rank runs the same number of passes, ``ceil(M / N)``: a rank with fewer real
-micro-batches runs filler passes (an empty micro-batch, which train_step runs on
-one sample with weight 0 and exact mode does not keep). A strategy that
-communicates inside forward or backward (ZeRO-3 gathers) then meets every rank;
-the fillers cost nothing on the critical path, since the fuller ranks run as many
-real passes.
+micro-batches runs filler passes first (an empty micro-batch, which train_step
+runs on one sample with weight 0 and exact mode does not keep), so its last pass
+is a real one. A strategy that communicates inside forward or backward (ZeRO-3
+gathers) then meets every rank; the fillers cost nothing on the critical path,
+since the fuller ranks run as many real passes.
 
 A short last batch (``train.last_batch = "keep"``) is cut the same way; its last
 micro-batch is shorter, the same on any N.
@@ -29,7 +29,7 @@ from hpcdp.shard import shard_range
 
 
 def plan_micro_batches(global_idx: np.ndarray, micro: int, dp_size: int, dp_rank: int):
-    """``(micro-batches of this rank, padded with empty fillers to the common pass
+    """``(micro-batches of this rank, after empty fillers up to the common pass
     count; M = micro-batches in the global batch)``."""
     if micro < 1:
         raise ValueError(f"train.exact_micro_batch: must be >= 1, got {micro}")
@@ -39,7 +39,7 @@ def plan_micro_batches(global_idx: np.ndarray, micro: int, dp_size: int, dp_rank
     passes = shard_range(total, dp_size, 0)[1]  # rank 0 holds the most
     mine = [global_idx[j * micro:(j + 1) * micro] for j in range(off, off + count)]
     fillers = [global_idx[:0]] * (passes - count)
-    return mine + fillers, total
+    return fillers + mine, total
 
 
 __all__ = ["plan_micro_batches"]

@@ -1,25 +1,27 @@
 """``hpcdp bench exact``: what exact mode costs against fast mode, in one run.
 
 For each model config (the MLP of jobs/digits_ddp.toml, the GPT of
-jobs/gpt_ddp.toml) and each rank count, it launches ``hpcdp train`` jobs under DDP
-in three variants, interleaved round by round (load drift on a shared machine
-hits all of them alike):
+jobs/gpt_ddp.toml) and each rank count, ONE ``mpiexec`` job builds three contenders
+side by side in the same processes, each with its own model, optimizer, DDP
+strategy, communicator and byte ledger, all from the same seed and data:
 
 - ``fast``: today's mode, one micro-batch per rank;
 - ``fast-micro``: fast mode cut into the same micro-batches as exact mode
-  (``grad_accum = micro-batches per rank``), to separate the cost of smaller
+  (``grad_accum`` = micro-batches per rank), to separate the cost of smaller
   micro-batches from the cost of the integer sum; only where it differs from fast;
 - ``exact``: ``train.reproducible = "exact"`` with ``exact_micro_batch =
   global_batch / max(--ranks)`` (one micro-batch per rank at the largest count).
 
-Reported per job: the median step time after ``--warmup`` steps (median over
-rounds), and the bytes each rank sends per step (the ledger: ring allreduce of
-int64 plus the per-tensor MAX in exact mode). ``--curves`` also trains the GPT
-(dropout 0.1) for ``--curve-steps`` steps in both modes on 2 ranks and plots the
-training and eval loss side by side (exact must converge like fast).
+and runs them step by step in rotation (fast, exact, fast-micro, then the next
+order...), each step started by a barrier, so load drift on a shared machine hits
+all of them alike. Reported per contender: the median over steps (after
+``--warmup``) of the step's wall time on the slowest rank, and the bytes each rank
+sends per step (its ledger: ring allreduce of float32 or int64, plus exact mode's
+per-tensor MAX). ``--curves`` also trains the GPT (dropout 0.1) with ``hpcdp
+train`` in both modes on 2 ranks and plots the training and eval loss side by side.
 
-Children unset ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` (as ``hpcdp bench
-step`` does) and run one BLAS/numba thread per rank; every variant alike.
+The children run one BLAS/numba thread per rank and unset ``OPENBLAS_CORETYPE``
+and ``OPENBLAS_L2_SIZE`` (as ``hpcdp bench step`` does); every contender alike.
 """
 
 from __future__ import annotations
@@ -29,83 +31,140 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-from .check import launch_train, parse_ranks
+from .check import THREAD_ENV, find_mpiexec, launch_train, parse_ranks
 
 CLEARED_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
-MODELS = {
-    "mlp": (JOBS / "digits_ddp.toml", 64, []),
-    "gpt": (JOBS / "gpt_ddp.toml", 16, []),
-}
+MODELS = {"mlp": (JOBS / "digits_ddp.toml", 64), "gpt": (JOBS / "gpt_ddp.toml", 16)}
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _per_rank_median(steps: list[dict], key: str) -> float:
-    vals = []
-    for r in steps:
-        v = r.get("ranks", {}).get(key)
-        if isinstance(v, list) and v:
-            vals.append(sum(v) / len(v))
-    return statistics.median(vals) if vals else 0.0
-
-
-def summarize(run_dir: Path, warmup: int) -> dict:
-    steps = [r for r in _records(run_dir) if "step_time_s" in r]
-    use = steps[warmup:]
-    if not use:
-        raise RuntimeError(f"{run_dir}: {len(steps)} steps, need more than --warmup {warmup}")
-    return {"step_ms": 1e3 * statistics.median(r["step_time_s"] for r in use),
-            "bytes_sent": _per_rank_median(use, "bytes_sent"), "steps": len(use)}
-
-
-def variants(model: str, n: int, top: int) -> dict[str, list[str]]:
-    cfg, gb, extra = MODELS[model]
+def contenders(model: str, n: int, top: int) -> dict[str, list[str]]:
+    """name -> --set overrides; exact's micro-batch is global_batch / top."""
+    _, gb = MODELS[model]
     micro = gb // top
     per_rank = gb // micro // n
     out = {"fast": []}
     if per_rank > 1:
         out["fast-micro"] = [f"train.grad_accum={per_rank}"]
     out["exact"] = ['train.reproducible="exact"', f"train.exact_micro_batch={micro}"]
-    return {k: extra + v for k, v in out.items()}
+    return out
 
+
+# -- the worker (inside mpiexec) ---------------------------------------------------------
+
+class _Contender:
+    def __init__(self, cfg, ds, model, world):
+        from hpcdp.autograd import Tensor
+        from hpcdp.backend import get_backend
+        from hpcdp.data.sampler import GlobalSampler
+        from hpcdp.optim import build_optimizer
+        from hpcdp.strategies import build_strategy
+
+        self.cfg, self.model = cfg, model
+        be = get_backend("cpu")
+        self.opt = build_optimizer(cfg.optim, dtype=cfg.run.dtype)
+        self.strategy = build_strategy(cfg.parallel, world, cfg.comm)
+        self.strategy.setup(model.flat, self.opt, world)
+        self.exact = None
+        if cfg.train.reproducible == "exact":
+            from .mode import ExactMode
+            self.exact = ExactMode(cfg.train, self.strategy, world, model.flat)
+        self.sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
+        self.fetch = lambda idx: (Tensor(ds.x_train[idx], backend=be), Tensor(ds.y_train[idx], backend=be))
+        self.times, self.bytes = [], []
+
+    def step(self, step0: int) -> None:
+        from hpcdp.data.sampler import micro_batches
+        from hpcdp.optim import lr_at
+        from hpcdp.step import LocalBatch, train_step
+
+        s = self.strategy
+        self.opt.lr = lr_at(self.cfg.optim, step0 + 1, 10 ** 6)
+        if self.exact is None:
+            local, g = self.sampler.local_indices(step0, s.dp_size, s.dp_rank)
+            batch = LocalBatch(micro_batches(local, self.cfg.train.grad_accum), g,
+                               filler=self.sampler.global_indices(step0)[:1], step=step0)
+        else:
+            batch = self.exact.local_batch(self.sampler, step0)
+        t0 = time.perf_counter()
+        train_step(self.model, s, batch, self.fetch, exact=self.exact)
+        self.times.append(time.perf_counter() - t0)
+        self.bytes.append(s.step_stats().get("bytes_sent", 0.0))
+
+
+def worker(args) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcdp.config import load_config
+    from hpcdp.data import load_dataset
+    from hpcdp.nn import build_model
+    from hpcdp.train import task_of
+    from hpcdp.world import World
+
+    path, _ = MODELS[args.model]
+    names = args.contenders.split(",")
+    runs = {}
+    for name in names:
+        sets = contenders(args.model, MPI.COMM_WORLD.Get_size(), args.top)[name]
+        cfg = load_config(path, sets + ["train.steps=1", "train.epochs=0"])
+        ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
+        model = build_model(cfg.model, dtype=cfg.run.dtype)
+        runs[name] = _Contender(cfg, ds, model, World.from_mpi(MPI.COMM_WORLD.Dup()))
+    comm = MPI.COMM_WORLD
+    for step in range(args.steps):
+        order = names[step % len(names):] + names[:step % len(names)]  # rotate who goes first
+        for name in order:
+            comm.Barrier()
+            runs[name].step(step)
+    out = {}
+    for name, c in runs.items():
+        t = np.array(c.times[args.warmup:])
+        slowest = np.empty_like(t)
+        comm.Allreduce(t, slowest, op=MPI.MAX)  # the step's critical path
+        out[name] = {"step_ms": 1e3 * float(np.median(slowest)),
+                     "step_ms_iqr": [1e3 * float(q) for q in np.percentile(slowest, [25, 75])],
+                     "bytes_sent": float(statistics.median(c.bytes[args.warmup:])),
+                     "steps": int(len(t))}
+    if comm.Get_rank() == 0:
+        Path(args.json).write_text(json.dumps(out))
+
+
+# -- the driver -----------------------------------------------------------------------------
 
 def run_bench(args) -> dict:
     ranks = parse_ranks(args.ranks)
     top = max(ranks)
-    models = [m for m in args.models.split(",") if m]
-    for m in models:
-        if m not in MODELS:
-            raise ValueError(f"--models: {m!r}; choose from {', '.join(MODELS)}")
     out = Path(args.out)
-    results: dict = {}
-    for rnd in range(args.rounds):
-        for model in models:
-            cfg, gb, _ = MODELS[model]
-            steps = args.steps_mlp if model == "mlp" else args.steps_gpt
-            base = [f"train.steps={steps}", "train.epochs=0", "run.eval_every=0",
-                    f"run.log_every={steps}", f"train.global_batch={gb}"]
-            for n in ranks:
-                vs = list(variants(model, n, top).items())
-                if rnd % 2:
-                    vs.reverse()  # alternate the order: no variant always runs first
-                for name, sets in vs:
-                    run_dir = out / f"{model}-n{n}-{name}"
-                    launch_train(n, cfg, base + sets, run_dir, timeout=args.timeout,
-                                 clear_env=CLEARED_ENV, echo=False)
-                    s = summarize(run_dir, args.warmup)
-                    key = f"{model} n={n} {name}"
-                    results.setdefault(key, []).append(s)
-                    print(f"  round {rnd + 1}: {key:<22} {s['step_ms']:8.2f} ms/step  "
-                          f"{s['bytes_sent'] / 1024:9.1f} KiB sent/rank/step", flush=True)
-    table = {k: {"step_ms": statistics.median(x["step_ms"] for x in v),
-                 "bytes_sent": statistics.median(x["bytes_sent"] for x in v)} for k, v in results.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    table = {}
+    for model in [m for m in args.models.split(",") if m]:
+        if model not in MODELS:
+            raise ValueError(f"--models: {model!r}; choose from {', '.join(MODELS)}")
+        steps = args.steps_mlp if model == "mlp" else args.steps_gpt
+        for n in ranks:
+            names = list(contenders(model, n, top))
+            js = out / f"{model}-n{n}.json"
+            cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "hpcdp.exact.bench", "--worker",
+                   "--model", model, "--top", str(top), "--steps", str(steps), "--warmup",
+                   str(args.warmup), "--contenders", ",".join(names), "--json", str(js)]
+            env = {k: v for k, v in {**os.environ, **THREAD_ENV}.items() if k not in CLEARED_ENV}
+            pkg_root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"bench job failed: {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-2500:]}")
+            for name, r in json.loads(js.read_text()).items():
+                table[f"{model} n={n} {name}"] = r
+                print(f"  {model} n={n} {name:<10} {r['step_ms']:9.2f} ms/step "
+                      f"(IQR {r['step_ms_iqr'][0]:.2f}-{r['step_ms_iqr'][1]:.2f})  "
+                      f"{r['bytes_sent'] / 1024:9.1f} KiB sent/rank/step", flush=True)
     return table
 
 
@@ -114,23 +173,24 @@ def format_table(table: dict) -> str:
     for key, r in table.items():
         fast = table[key.rsplit(" ", 1)[0] + " fast"]
         t = r["step_ms"] / fast["step_ms"]
-        b = (r["bytes_sent"] / fast["bytes_sent"]) if fast["bytes_sent"] else float("nan")
-        lines.append(f"{key:<24} {r['step_ms']:9.2f} {t:7.2f} {r['bytes_sent'] / 1024:19.1f} "
-                     f"{'-' if b != b else f'{b:.2f}':>7}")
+        b = f"{r['bytes_sent'] / fast['bytes_sent']:.2f}" if fast["bytes_sent"] else "-"
+        lines.append(f"{key:<24} {r['step_ms']:9.2f} {t:7.2f} {r['bytes_sent'] / 1024:19.1f} {b:>7}")
     return "\n".join(lines)
 
 
+CURVE_CONFIG, CURVE_BATCH = JOBS / "gpt_small.toml", 32   # reaches near its loss floor
+
+
 def run_curves(args) -> dict:
-    """Loss curves of fast and exact mode on the GPT (2 ranks, dropout 0.1)."""
-    cfg, gb, _ = MODELS["gpt"]
-    out = Path(args.out)
-    base = [f"train.steps={args.curve_steps}", "train.epochs=0", "model.dropout=0.1",
+    """Loss curves of fast and exact mode on the small GPT (2 ranks, dropout 0.1)."""
+    cfg, gb = CURVE_CONFIG, CURVE_BATCH
+    base = [f"train.steps={args.curve_steps}", "train.epochs=0", "model.dropout=0.1", 'parallel.strategy="ddp"',
             f"run.eval_every={max(args.curve_steps // 10, 1)}", "run.log_every=1"]
     curves = {}
     for name, sets in (("fast", []), ("exact", ['train.reproducible="exact"', f"train.exact_micro_batch={gb // 2}"])):
-        run_dir = out / f"curve-{name}"
+        run_dir = Path(args.out) / f"curve-{name}"
         launch_train(2, cfg, base + sets, run_dir, timeout=args.timeout, clear_env=CLEARED_ENV, echo=False)
-        recs = _records(run_dir)
+        recs = [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines()]
         curves[name] = {"train": [(r["step"], r["loss"]) for r in recs if "loss" in r and "step" in r],
                         "eval": [(r["eval"]["step"], r["eval"]["loss"]) for r in recs if "eval" in r],
                         "floor": next((r["eval"].get("loss_floor") for r in recs if "eval" in r), None)}
@@ -145,15 +205,13 @@ def plot_curves(curves: dict, path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, name in zip(axes, ("fast", "exact")):
+        other = "exact" if name == "fast" else "fast"
         c = curves[name]
-        s, l = zip(*c["train"])
-        ax.plot(s, l, lw=0.6, alpha=0.6, label="train loss (step)")
-        es, el = zip(*c["eval"])
-        ax.plot(es, el, "o-", label="eval loss")
+        ax.plot(*zip(*c["train"]), lw=0.6, alpha=0.6, label="train loss (each step)")
+        ax.plot(*zip(*c["eval"]), "o-", label="eval loss")
+        ax.plot(*zip(*curves[other]["eval"]), "x:", color="gray", label=f"eval loss, {other} mode")
         if c["floor"]:
             ax.axhline(c["floor"], color="k", ls="--", lw=0.8, label="loss floor")
-        other = curves["exact" if name == "fast" else "fast"]["eval"]
-        ax.plot(*zip(*other), "x:", color="gray", label=f"eval loss ({'exact' if name == 'fast' else 'fast'})")
         ax.set(title=f"{name} mode", xlabel="step")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("cross-entropy (nats/token)")
@@ -163,25 +221,33 @@ def plot_curves(curves: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def build_parser(p=None):
-    p = p or argparse.ArgumentParser(prog="hpcdp bench exact", description=__doc__.split("\n\n")[0])
+def build_parser():
+    p = argparse.ArgumentParser(prog="hpcdp bench exact", description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--models", default="mlp,gpt")
-    p.add_argument("--steps-mlp", type=int, default=60)
-    p.add_argument("--steps-gpt", type=int, default=30)
+    p.add_argument("--steps-mlp", type=int, default=200)
+    p.add_argument("--steps-gpt", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--curves", action="store_true", help="also the loss curves of fast vs exact (GPT)")
-    p.add_argument("--curve-steps", type=int, default=300)
+    p.add_argument("--curve-steps", type=int, default=600)
     p.add_argument("--png", default="docs/exact_vs_fast_loss.png")
     p.add_argument("--out", default="runs/bench-exact")
     p.add_argument("--json", default="", help="write the results here")
-    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--timeout", type=float, default=3600.0)
+    # the worker's arguments (set by the driver)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--top", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--contenders", help=argparse.SUPPRESS)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
     meta = {"date": datetime.now().isoformat(timespec="seconds"), "cpu": platform.processor(),
             "load_before": os.getloadavg(), "env_cleared": list(CLEARED_ENV)}
     t0 = time.time()
@@ -191,8 +257,9 @@ def main(argv=None) -> int:
     result = {"meta": meta, "table": table}
     if args.curves:
         curves = run_curves(args)
-        plot_curves(curves, Path(args.png), f"GPT (jobs/gpt_ddp.toml, dropout 0.1), 2 ranks, "
-                                            f"{args.curve_steps} steps: fast vs exact mode")
+        plot_curves(curves, Path(args.png), f"GPT (jobs/gpt_small.toml, dropout 0.1, global batch "
+                                            f"{CURVE_BATCH}), DDP on 2 ranks, {args.curve_steps} steps: "
+                                            f"fast vs exact mode (micro-batches of {CURVE_BATCH // 2})")
         result["curves_final_eval"] = {k: v["eval"][-1] for k, v in curves.items()}
         print(f"wrote {args.png}")
     meta["wall_s"] = time.time() - t0
@@ -202,4 +269,8 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["main", "variants", "format_table"]
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "contenders", "format_table"]

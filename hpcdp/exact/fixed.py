@@ -2,32 +2,39 @@
 
 Floating-point addition is not associative, so a sum reduced in a different order
 (another rank count, another ring position) gives other bits. Integer addition is
-associative. Exact mode therefore converts each micro-batch's gradient to int64
-fixed point with one power-of-two scale per parameter tensor that every rank agrees
-on, sums integers (locally, through the ring or on a server: any order gives the
-same integers) and converts back once.
+associative. Exact mode therefore converts each micro-batch's gradient to int64 fixed point at
+one power-of-two scale that every rank agrees on, sums integers (locally, through
+the ring or on a server: any order gives the same integers) and converts back once.
 
-The scale. For tensor t, ``max_t`` is the largest |g| over every micro-batch of the
-global batch (a MAX reduction, exact in any order). With ``max_t < 2**E``
-(``frexp``) and M micro-batches in the global batch, ``c = ceil(log2 M)``::
+The scale. ``max`` is the largest |g| of any finite tensor over every micro-batch
+of the global batch (a MAX reduction per tensor, exact in any order). With
+``max < 2**E`` (``frexp``), ``E_q`` = E rounded up to a multiple of 8 (the band),
+and M micro-batches in the global batch, ``c = ceil(log2 M)``, every element of the
+gradient is converted at one power-of-two scale::
 
-    e_t = 62 - c - E        q = rint(g * 2**e_t)  (|q| <= 2**(62 - c))
+    e = 62 - c - E_q        q = rint(g * 2**e)  (|q| <= 2**(62 - c))
 
 so the sum of all M terms stays within 2**62 < 2**63: no partial sum in any order
-can overflow. Back: ``g_sum = float(Q) * 2**-e_t``, rounded once to the gradient's
-dtype.
+can overflow. Back: ``g_sum = float(Q) * 2**-e``, rounded once to the gradient's
+dtype. One scale for the whole gradient, in bands of 8 bits, because then the
+previous step's scale is right for most steps (mode.py: one collective instead of
+two); per-tensor scales cross band edges far more often (with ~30 tensors, in most
+steps one of them does).
 
-Precision kept and lost. A float32 gradient element within 2**(38 - c) of its
-tensor's max is converted with no rounding at all (24-bit significand, 62 - c bits
-of grid), so for M <= 64 every element down to 2**-32 of the tensor's largest one
-is summed exactly, and the sum is rounded once (to float64, then to float32). An
-element smaller than that is rounded to the grid: absolute error at most
-``2**-(e_t + 1) <= max_t * 2**-(61 - c)``, far below float32's own rounding of a
-sum of that tensor. Fast mode rounds after every addition instead.
+Precision kept and lost. The grid has 62 - c - (E_q - E) >= 55 - c bits below the
+largest element. A float32 element (24-bit significand) down to about
+``max * 2**-(31 - c)`` (2**-25 for M <= 64) lies on the grid and is converted with
+no rounding at all, so those elements are summed exactly and the sum is rounded
+once (to float64, then to float32). A smaller element is rounded to the grid:
+absolute error at most ``2**-(e + 1) <= max * 2**-(55 - c)``. For a tensor whose own
+largest gradient is ``r * max``, that error is ``2**-(55 - c) / r`` of its max:
+below float32's own rounding of that tensor's sum (2**-24) as long as r > 2**-(31-c),
+i.e. unless the tensor's gradients are 2**25 times smaller than the model's largest.
+Fast mode rounds after every addition instead.
 
-Non-finite gradients: if any element of tensor t is NaN or +-inf on any rank, the
+Non-finite gradients: if any element of tensor t is NaN or +-inf on any rank, its
 agreed max is inf and the whole summed tensor is NaN (as a float sum would
-propagate), on every rank alike.
+propagate), on every rank alike; the other tensors are scaled by the finite ones.
 
 Kernels are serial numba loops over (tensor segment) x (element) and work on any
 range ``[lo, lo + len)`` of the flat buffer, so a shard or a bucket is converted
@@ -37,13 +44,15 @@ only on its own value and its tensor's exponent).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
 FRACTION_BITS = 62                       # |any partial sum| < 2**62
+QUANTUM = 8                              # exponents move in steps of 8 bits (see below)
 NONFINITE = np.int64(np.iinfo(np.int64).min)  # exponent marker: the tensor's sum is NaN
+ZERO_EQ = np.int64(-(1 << 40))           # quantized exponent of an all-zero tensor
+INF_EQ = np.int64(1 << 40)               # ... of a tensor holding NaN or inf
+LIMIT = float(2 ** FRACTION_BITS)        # encode clamps here (a scale guessed too fine)
 
 
 def headroom_bits(n_micro: int) -> int:
@@ -53,16 +62,42 @@ def headroom_bits(n_micro: int) -> int:
     return (int(n_micro) - 1).bit_length()
 
 
-def exponents(global_max: np.ndarray, n_micro: int) -> np.ndarray:
-    """Per-tensor exponents e_t from the agreed per-tensor max |g| (module docstring)."""
-    c = headroom_bits(n_micro)
-    out = np.zeros(len(global_max), dtype=np.int64)
-    for t, m in enumerate(np.asarray(global_max, dtype=np.float64)):
-        if not math.isfinite(m):
-            out[t] = NONFINITE
-        elif m > 0.0:
-            out[t] = FRACTION_BITS - c - math.frexp(m)[1]
+def quantized_exponent(max_abs: np.ndarray) -> np.ndarray:
+    """Per tensor ``E_q = QUANTUM * ceil(E / QUANTUM)`` with ``max < 2**E`` (frexp):
+    the scale changes only when a tensor's max crosses a 2**8 boundary, so the one
+    of the previous step is usually right (mode.py). ZERO_EQ / INF_EQ mark an
+    all-zero and a non-finite tensor."""
+    m = np.asarray(max_abs, dtype=np.float64)
+    _, e = np.frexp(np.where(np.isfinite(m), m, 1.0))
+    eq = (-((-e) // QUANTUM) * QUANTUM).astype(np.int64)
+    eq[m == 0.0] = ZERO_EQ
+    eq[~np.isfinite(m)] = INF_EQ
+    return eq
+
+
+def band(eq: np.ndarray) -> np.int64:
+    """The one scale band of the whole gradient: the largest quantized exponent of a
+    finite tensor (ZERO_EQ if every tensor is zero or non-finite)."""
+    eq = np.asarray(eq, dtype=np.int64)
+    finite = eq[eq != INF_EQ]
+    return np.int64(finite.max()) if finite.size else ZERO_EQ
+
+
+def exponents_of(eq: np.ndarray, n_micro: int, at: int | None = None) -> np.ndarray:
+    """Per-tensor exponents: every finite tensor gets ``e = 62 - c - band`` (``at``:
+    that band; default ``band(eq)``), 0 if the band is ZERO_EQ; a non-finite tensor
+    gets NONFINITE."""
+    eq = np.asarray(eq, dtype=np.int64)
+    b = band(eq) if at is None else np.int64(at)
+    e = 0 if b == ZERO_EQ else FRACTION_BITS - headroom_bits(n_micro) - int(b)
+    out = np.full(len(eq), e, dtype=np.int64)
+    out[eq == INF_EQ] = NONFINITE
     return out
+
+
+def exponents(global_max: np.ndarray, n_micro: int) -> np.ndarray:
+    """Per-tensor exponents from the agreed per-tensor max |g| (module docstring)."""
+    return exponents_of(quantized_exponent(global_max), n_micro)
 
 
 def scale_factors(exps: np.ndarray, sign: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +136,9 @@ def encode_add(g, lo, seg_off, seg_len, exps, s1, s2, acc):
         b = min(seg_off[t] + seg_len[t], hi)
         f1, f2 = s1[t], s2[t]
         for i in range(a, b):
-            acc[i - lo] += np.int64(np.rint((np.float64(g[i - lo]) * f1) * f2))
+            v = np.rint((np.float64(g[i - lo]) * f1) * f2)
+            v = min(max(v, -LIMIT), LIMIT)   # only a scale guessed too fine gets here
+            acc[i - lo] += np.int64(v)
 
 
 @njit(cache=True)
@@ -152,4 +189,5 @@ class Codec:
         return [n for n, e in zip(self.names, self.exps) if e == NONFINITE]
 
 
-__all__ = ["Codec", "exponents", "headroom_bits", "FRACTION_BITS", "NONFINITE"]
+__all__ = ["Codec", "band", "exponents", "exponents_of", "quantized_exponent", "headroom_bits",
+           "FRACTION_BITS", "NONFINITE", "QUANTUM"]

@@ -1,26 +1,33 @@
-"""The exact step: fixed micro-batches, their gradients kept, one agreed scale, an
-integer sum, one decode.
+"""The exact step: fixed micro-batches, one agreed scale per tensor, an integer sum,
+one decode.
 
-Per step, on every worker (``ExactMode.train_step``, called by
-:func:`hpcdp.step.train_step` when ``train.reproducible = "exact"``)::
+The scale of tensor t depends on the max |g| over every micro-batch of the global
+batch (fixed.py), which no rank knows before its backward passes are done. Two
+ways to get it, with the SAME result bit for bit (the scale is always the one of
+this step's agreed max, never one left from earlier steps, so a resumed run needs
+no extra state):
 
-    for each pass (this rank's micro-batches, then fillers: batches.py)
-        forward + backward of the micro-batch alone (weight m_j / G)
-        keep its gradient (a copy), fold its per-tensor max |g| into a local max
-    MAX-allreduce the per-tensor maxima over the workers    (n_tensors float64: exact)
-    exponents from the global max (fixed.py); acc = sum_j rint(g_j * 2**e)   (int64)
-    the strategy's reducer sums acc over the workers, decodes, runs the optimizer
-
-Why keep the gradients: the scale must be known before converting, and it depends
-on every micro-batch of the global batch. Keeping them costs memory, k x Psi
-x itemsize for k micro-batches on this rank (plus Psi x 8 for the int64 sum);
-nothing has to be recomputed, nothing depends on earlier steps, so a run resumed
-from a checkpoint needs no extra state. The price in time: the gradient's
-communication cannot start during backward (the scale is not known yet), so it is
-exposed: measured in docs/results.md.
+- **guessed** (ddp, none; every step after the first): use the previous step's
+  scale band. It changes only when the gradient's largest element crosses a 2**8
+  band edge, so it is usually right. Each micro-batch is encoded as soon as its
+  backward ends, the last one bucket by bucket from the grad-ready hooks, and each
+  bucket's int64 allreduce starts right away, overlapped with the rest of backward
+  (as fast mode's float allreduce). Two counters ride along in each payload: how
+  many ranks saw a tensor of the bucket above the guessed band, and how many
+  inside it. The guess was right iff no rank was above and some rank was inside:
+  every rank sees the same sums and takes the same decision. One collective per
+  bucket, no extra sync point; memory: the int64 payloads (Psi x 8 bytes).
+- **agreed** (the first step, ps always, and a step whose guess was wrong): run
+  the passes keeping each micro-batch's gradient (k x Psi x itemsize for the k
+  micro-batches on this rank), MAX-allreduce the per-tensor maxima (n_tensors
+  float64: exact in any order), encode, sum, decode. When it follows a wrong
+  guess, the passes are run again: recomputation is deterministic (same weights,
+  data and dropout keys), so this costs time, never bits.
 
 Strategy hooks stay disarmed during exact backwards (``begin_backward(last_micro=
 False)``), so no float collective ever starts; ``finish_gradients`` is not called.
+Every rank runs the same number of passes: fillers (empty micro-batches, run on
+one sample with weight 0) come first, so the last pass is a real micro-batch.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import numpy as np
 from hpcdp.step import LocalBatch, StepResult, micro_pass
 
 from .batches import plan_micro_batches
-from .fixed import Codec, exponents
+from .fixed import Codec, band, exponents_of, quantized_exponent
 from .reducers import build_reducer
 
 
@@ -46,7 +53,6 @@ class ExactMode:
         self.ledger = getattr(world, "ledger", None)
         self._hcomm = hcomm
         self.codec = Codec(flat.layout)
-        self.acc = np.zeros(flat.numel, dtype=np.int64)
         self._kept: list = []          # reused host buffers, one per kept micro-batch
         # The workers' communicator: the MAX of the maxima runs among them only (a
         # dedicated parameter server never runs a step). Collective over the world.
@@ -57,7 +63,10 @@ class ExactMode:
             sub = world.comm.Split(0 if strategy.is_worker else MPI.UNDEFINED, world.rank)
             self.worker_comm = sub if strategy.is_worker else None  # a server gets COMM_NULL
             self._own_comm = strategy.is_worker
-        self.reducer = build_reducer(strategy, self.codec, self.acc, self.worker_comm)
+        self.reducer = build_reducer(strategy, self.codec, self.worker_comm)
+        self.acc = None if self.reducer.streaming else np.zeros(flat.numel, dtype=np.int64)
+        self.guess = None              # the scale band of the last agreed max
+        self.guesses = self.misses = 0
         self._stats: dict = {}
 
     @classmethod
@@ -80,46 +89,98 @@ class ExactMode:
         return LocalBatch(micro, len(g), filler=g[:1], step=step0)
 
     # -- the step -------------------------------------------------------------------
-    def _keep(self, i: int, grad_host: np.ndarray) -> np.ndarray:
-        while len(self._kept) <= i:
-            self._kept.append(np.empty_like(grad_host))
-        np.copyto(self._kept[i], grad_host)
-        return self._kept[i]
-
     def train_step(self, model, strategy, batch: LocalBatch, fetch, *, after_backward=None,
                    checks=None) -> StepResult:
-        flat, codec = self.flat, self.codec
         total = math.ceil(batch.global_samples / self.micro)
-        gmax = np.zeros(codec.n_tensors, dtype=np.float64)
-        kept, loss_part = [], 0.0
         t0 = time.perf_counter()
+        result = None
+        if self.guess is not None and self.reducer.streaming:
+            self.guesses += 1
+            result = self._guessed(model, strategy, batch, fetch, total, after_backward, checks)
+            self.misses += result is None
+        if result is None:
+            result = self._agreed(model, strategy, batch, fetch, total, after_backward, checks)
+        self._stats.update(exact_step_s=time.perf_counter() - t0,
+                           exact_guess_misses=float(self.misses), exact_guesses=float(self.guesses))
+        return result
+
+    def _passes(self, model, strategy, batch, fetch, after_backward, after_pass, before_last=None):
+        """Every pass of this rank (fillers first); ``after_pass(g)`` gets each real
+        micro-batch's gradient as a host array; ``before_last()`` runs before the
+        last real one's backward. Returns this rank's loss share."""
+        flat, loss = self.flat, 0.0
+        last = len(batch.micro) - 1
         for m, idx in enumerate(batch.micro):
             strategy.zero_grad()                        # each micro-batch's gradient alone
             strategy.begin_backward(last_micro=False)   # hooks disarmed: no float collective
-            loss_part += micro_pass(model, batch, idx, fetch)
+            if m == last and len(idx) and before_last is not None:
+                before_last()
+            loss += micro_pass(model, batch, idx, fetch)
             if after_backward is not None:
                 after_backward(m)
-            if len(idx) == 0:
-                continue                                # a filler pass: not part of the sum
-            g = flat.grad if isinstance(flat.grad, np.ndarray) else flat.backend.to_numpy(flat.grad)
-            codec.absmax_into(g, gmax)
-            last = m == len(batch.micro) - 1            # nothing zeroes flat.grad after it
-            kept.append(g if last and g is flat.grad else self._keep(len(kept), g))
+            if len(idx):
+                g = flat.grad if isinstance(flat.grad, np.ndarray) else flat.backend.to_numpy(flat.grad)
+                after_pass(g, m == last)
+        return loss
+
+    def _guessed(self, model, strategy, batch, fetch, total, after_backward, checks):
+        codec, red = self.codec, self.reducer
+        codec.set_exponents(exponents_of(np.zeros(codec.n_tensors, dtype=np.int64), total, at=self.guess))
+        local_max = np.zeros(codec.n_tensors)
+        red.begin(self.guess, local_max)
+        hooked = red.hooks_ok
+
+        def after_pass(g, is_last):
+            if is_last and hooked:
+                return                        # the hooks sealed every bucket of this one
+            codec.absmax_into(g, local_max)
+            red.encode_whole(g)
+
+        loss = self._passes(model, strategy, batch, fetch, after_backward, after_pass,
+                            before_last=red.arm if hooked else None)
+        if not red.flush():                   # a wrong guess: every rank saw the same sums
+            return None
         if checks is not None:  # the non-finite loss check, the fault hook (hpcdp.failure)
-            checks.after_backward(loss_part, flat)
-        t1 = time.perf_counter()
-        if self.worker_comm.Get_size() > 1:             # a sync point (n_tensors x 8 bytes)
-            self._hcomm.allreduce(gmax, comm=self.worker_comm, op="max", ledger=self.ledger)
-        codec.set_exponents(exponents(gmax, total))
-        self.acc.fill(0)
-        for g in kept:
-            codec.encode_add(g, self.acc)
-        t2 = time.perf_counter()
-        self.reducer.reduce_and_step(self.acc)
-        t3 = time.perf_counter()
-        self._stats = {"exact_backward_s": t1 - t0, "exact_scale_s": t2 - t1,
-                       "exact_reduce_step_s": t3 - t2, "exact_micro_batches": float(len(kept))}
-        return StepResult(loss=loss_part, samples=batch.samples)
+            checks.after_backward(loss, self.flat)
+        strategy.step()
+        return StepResult(loss=loss, samples=batch.samples)
+
+    def _keep(self, i: int, g: np.ndarray) -> np.ndarray:
+        while len(self._kept) <= i:
+            self._kept.append(np.empty_like(g))
+        np.copyto(self._kept[i], g)
+        return self._kept[i]
+
+    def _agreed(self, model, strategy, batch, fetch, total, after_backward, checks):
+        codec, red, flat = self.codec, self.reducer, self.flat
+        local_max = np.zeros(codec.n_tensors)
+        kept = []
+
+        def after_pass(g, is_last):
+            codec.absmax_into(g, local_max)
+            kept.append(g if is_last and g is flat.grad else self._keep(len(kept), g))
+
+        loss = self._passes(model, strategy, batch, fetch, after_backward, after_pass)
+        if checks is not None:
+            checks.after_backward(loss, flat)
+        global_max = local_max.copy()
+        if self.worker_comm is not None and self.worker_comm.Get_size() > 1:  # a sync point
+            self._hcomm.allreduce(global_max, comm=self.worker_comm, op="max", ledger=self.ledger)
+        eq = quantized_exponent(global_max)
+        self.guess = band(eq)                 # the next step's guess
+        codec.set_exponents(exponents_of(eq, total))
+        if red.streaming:
+            red.begin(self.guess, local_max)
+            for g in kept:
+                red.encode_whole(g)
+            red.flush(check=False)
+            strategy.step()
+        else:
+            self.acc.fill(0)
+            for g in kept:
+                codec.encode_add(g, self.acc)
+            red.reduce_and_step(self.acc)
+        return StepResult(loss=loss, samples=batch.samples)
 
     def step_stats(self) -> dict:
         """This step's figures (merged over the strategy's in metrics.jsonl)."""
@@ -128,6 +189,9 @@ class ExactMode:
         return out
 
     def close(self) -> None:
+        close = getattr(self.reducer, "close", None)
+        if close is not None:
+            close()
         if self._own_comm and self.worker_comm is not None:
             self.worker_comm.Free()
             self.worker_comm = None

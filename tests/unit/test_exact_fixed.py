@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcdp.exact.batches import plan_micro_batches
-from hpcdp.exact.fixed import FRACTION_BITS, NONFINITE, Codec, exponents, headroom_bits
+from hpcdp.exact.fixed import FRACTION_BITS, NONFINITE, QUANTUM, Codec, exponents, headroom_bits
 
 
 def layout(*sizes):
@@ -65,7 +65,7 @@ def test_sum_is_independent_of_order_and_partition():
 
 
 def test_correctly_rounded_where_the_grid_holds_the_inputs():
-    """Inputs within 2**-(38-c) of the tensor's max lie on the grid, so the integer sum
+    """Inputs within 2**-(31-c) of the tensor's max lie on the grid, so the integer sum
     is the exact sum, rounded once (math.fsum is exact, then rounded to float64)."""
     rng = np.random.default_rng(1)
     lay, n = layout(50)
@@ -81,9 +81,10 @@ def test_no_overflow_at_the_bound_and_exponent_rule():
     for m in (1, 2, 3, 4, 5, 64, 65, 1000):
         c = headroom_bits(m)
         assert 2 ** c >= m and (c == 0 or 2 ** (c - 1) < m)
-        for mx in (1.0, 0.75, 3.0e-30, 6.0e4):
+        for mx in (1.0, 0.75, 3.0e-30, 6.0e4, 2.0 ** 17, 2.0 ** 16 * 0.999):
             e = int(exponents(np.array([mx]), m)[0])
-            assert mx * 2.0 ** e < 2.0 ** (FRACTION_BITS - c) <= 2 * mx * 2.0 ** e
+            # below the bound, by at most the 8-bit band of the quantized exponent
+            assert mx * 2.0 ** e < 2.0 ** (FRACTION_BITS - c) <= 2 ** QUANTUM * mx * 2.0 ** e
     lay, n = layout(4)
     codec = Codec(lay)
     worst = [np.full(n, np.float32(-3.5)) for _ in range(65)]  # every term at the max
@@ -92,11 +93,25 @@ def test_no_overflow_at_the_bound_and_exponent_rule():
 
 
 def test_float64_gradients_with_extreme_exponents():
+    """Scales beyond float64's exponent range as one factor (e ~ 1060, e ~ -780)."""
     lay, n = layout(3, 3)
     codec = Codec(lay)
-    gs = [np.array([1e-300, -2e-300, 3e-301, 1e250, 0.0, -1e249]) for _ in range(3)]
-    out = exact_sum(codec, gs, [[0], [1, 2]])
-    np.testing.assert_allclose(out, 3 * gs[0], rtol=1e-15)
+    for g in (np.array([1e-300, -2e-300, 3e-301, 4e-302, 0.0, -1e-299]),
+              np.array([1e250, 0.0, -1e249, 3e248, 2e250, -5e249])):
+        out = exact_sum(codec, [g, g, g], [[0], [1, 2]])
+        np.testing.assert_allclose(out, 3 * g, rtol=1e-15)
+
+
+def test_one_scale_for_the_whole_gradient():
+    """Every finite tensor is converted at the scale of the largest element anywhere:
+    a tensor 2**-40 below it keeps only its top bits, one 2**-70 below it is lost."""
+    lay, n = layout(2, 2, 2)
+    codec = Codec(lay)
+    g = np.array([1.0, -0.5, 2.0 ** -40 * 1.75, 2.0 ** -41, 2.0 ** -70, 3.0 * 2.0 ** -71])
+    out = exact_sum(codec, [g, g], [[0], [1]])
+    np.testing.assert_array_equal(out[:4], 2 * g[:4])      # on the grid: exact
+    np.testing.assert_array_equal(out[4:], 0.0)            # below the grid (2**-(62-1-8))
+    assert len(set(codec.exps.tolist())) == 1
 
 
 def test_nonfinite_tensor_sums_to_nan_zero_tensor_to_zero():
@@ -185,4 +200,4 @@ def test_micro_batch_plan():
         assert total == 4 and len(passes) == 1  # every rank the same number of passes
         assert got == [list(g[i:i + 3]) for i in range(0, 12, 3)]  # whole micro-batches, in order
     mine, total = plan_micro_batches(g[:10], 4, 2, 1)  # a short last batch: 4, 4 | 2
-    assert total == 3 and [len(x) for x in mine] == [2, 0]
+    assert total == 3 and [len(x) for x in mine] == [0, 2]  # fillers first

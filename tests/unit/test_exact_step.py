@@ -1,0 +1,87 @@
+"""The exact step on one rank: the guessed scale (one collective, previous step's
+band) and the agreed scale (MAX first) give the same bits, also when the guess was
+wrong either way (too fine: a tensor above the band; too coarse: none inside) and
+the step is recomputed; a non-finite gradient makes its tensor NaN."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcdp.autograd import Tensor
+from hpcdp.config import config_from_dict
+from hpcdp.data.sampler import GlobalSampler
+from hpcdp.exact.fixed import QUANTUM
+from hpcdp.exact.mode import ExactMode
+from hpcdp.nn import build_model
+from hpcdp.optim import AdamW
+from hpcdp.step import train_step
+from hpcdp.strategies.base import SingleRank
+from hpcdp.world import World
+
+GPT = {"kind": "gpt", "vocab_size": 11, "block_size": 6, "n_layer": 2, "n_head": 2, "n_embd": 8,
+       "dropout": 0.2}
+CFG = config_from_dict({"train": {"steps": 4, "epochs": 0, "global_batch": 8, "reproducible": "exact",
+                                  "exact_micro_batch": 2}})
+
+
+def run(nudge=None, steps=4):
+    """Train ``steps`` exact steps; ``nudge(exact, step)`` may spoil the guess."""
+    model = build_model(GPT, seed=1)
+    strategy = SingleRank()
+    strategy.setup(model.flat, AdamW(lr=0.01, weight_decay=0.1), World(comm=MPI.COMM_SELF, rank=0, size=1))
+    exact = ExactMode(CFG.train, strategy, World(comm=MPI.COMM_SELF, rank=0, size=1), model.flat)
+    rng = np.random.default_rng(0)
+    X, Y = rng.integers(0, 11, size=(64, 6)), rng.integers(0, 11, size=(64, 6))
+    sampler = GlobalSampler(64, 8, seed=2)
+    for step in range(steps):
+        if nudge is not None:
+            nudge(exact, step)
+        batch = exact.local_batch(sampler, step)
+        assert len(batch.micro) == 4  # one rank: every micro-batch of the step
+        train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(Y[i])), exact=exact)
+    exact.close()
+    return hashlib.sha256(model.flat.data.tobytes()).hexdigest(), exact
+
+
+def test_guessed_and_agreed_scales_give_the_same_bits():
+    want, exact = run()
+    assert exact.guesses == 3 and exact.misses == 0  # steps 2-4 reused step 1's band
+
+    def agreed_only(ex, step):
+        ex.guess = None                 # every step takes the MAX-first path
+    got, ex = run(agreed_only)
+    assert got == want and ex.guesses == 0
+
+    for shift in (-QUANTUM, QUANTUM):   # too fine (overflow), too coarse (precision)
+        def spoil(ex, step, shift=shift):
+            if step == 2:
+                ex.guess = ex.guess + shift
+        got, ex = run(spoil)
+        assert got == want and ex.misses == 1, shift
+
+
+def test_a_nonfinite_gradient_makes_its_tensor_nan():
+    model = build_model(GPT, seed=1)
+    strategy = SingleRank()
+    world = World(comm=MPI.COMM_SELF, rank=0, size=1)
+    strategy.setup(model.flat, AdamW(lr=0.01), world)
+    exact = ExactMode(CFG.train, strategy, world, model.flat)
+    layout = model.flat.layout
+    poisoned = layout[0]
+    strategy.step = lambda: None        # look at the summed gradient, do not update
+
+    def after_backward(m):
+        if m == 1:
+            model.flat.grad[poisoned.offset] = np.inf
+    X = np.random.default_rng(0).integers(0, 11, size=(8, 6))
+    batch = exact.local_batch(GlobalSampler(8, 8, seed=0), 0)
+    train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(X[i])), exact=exact,
+               after_backward=after_backward)
+    g = model.flat.grad
+    assert np.isnan(g[poisoned.offset:poisoned.offset + poisoned.size]).all()
+    rest = g[layout[1].offset:]
+    assert np.isfinite(rest).all() and np.any(rest != 0)
+    exact.close()
