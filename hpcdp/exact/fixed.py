@@ -44,6 +44,8 @@ only on its own value and its tensor's exponent).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -64,15 +66,23 @@ def headroom_bits(n_micro: int) -> int:
 
 def quantized_exponent(max_abs: np.ndarray) -> np.ndarray:
     """Per tensor ``E_q = QUANTUM * ceil(E / QUANTUM)`` with ``max < 2**E`` (frexp):
-    the scale changes only when a tensor's max crosses a 2**8 boundary, so the one
-    of the previous step is usually right (mode.py). ZERO_EQ / INF_EQ mark an
-    all-zero and a non-finite tensor."""
-    m = np.asarray(max_abs, dtype=np.float64)
-    _, e = np.frexp(np.where(np.isfinite(m), m, 1.0))
-    eq = (-((-e) // QUANTUM) * QUANTUM).astype(np.int64)
-    eq[m == 0.0] = ZERO_EQ
-    eq[~np.isfinite(m)] = INF_EQ
-    return eq
+    the scale band. ZERO_EQ / INF_EQ mark an all-zero and a non-finite tensor."""
+    out = np.empty(len(max_abs), dtype=np.int64)
+    _quantized_exponent(np.ascontiguousarray(max_abs, dtype=np.float64), out)
+    return out
+
+
+@njit(cache=True)
+def _quantized_exponent(m, out):
+    for t in range(m.size):
+        v = m[t]
+        if not np.isfinite(v):
+            out[t] = INF_EQ
+        elif v == 0.0:
+            out[t] = ZERO_EQ
+        else:
+            e = np.int64(math.frexp(v)[1])
+            out[t] = -((-e) // QUANTUM) * QUANTUM
 
 
 def band(eq: np.ndarray) -> np.int64:
@@ -126,6 +136,20 @@ def absmax_into(g, lo, seg_off, seg_len, out):
 
 
 @njit(cache=True)
+def absmax_tensors(g, seg_off, seg_len, which, out):
+    """out[t] = max(out[t], max |g| over tensor t) for t in ``which``; g is the whole
+    flat buffer. NaN or inf makes it inf."""
+    for k in range(which.size):
+        t = which[k]
+        m = out[t]
+        for i in range(seg_off[t], seg_off[t] + seg_len[t]):
+            v = abs(np.float64(g[i]))
+            if not v <= m:
+                m = v if v == v else np.inf
+        out[t] = m
+
+
+@njit(cache=True)
 def encode_add(g, lo, seg_off, seg_len, exps, s1, s2, acc):
     """acc[i] += rint(g[i] * 2**e_t) for the elements of ``g`` = flat[lo:lo+len]."""
     hi = lo + g.size
@@ -165,6 +189,7 @@ class Codec:
         self.seg_off = np.array([s.offset for s in layout], dtype=np.int64)
         self.seg_len = np.array([s.size for s in layout], dtype=np.int64)
         self.names = [s.name for s in layout]
+        self.exps = None
         self.set_exponents(np.zeros(len(layout), dtype=np.int64))
 
     @property
@@ -172,12 +197,18 @@ class Codec:
         return len(self.seg_off)
 
     def set_exponents(self, exps) -> None:
-        self.exps = np.ascontiguousarray(exps, dtype=np.int64)
+        exps = np.ascontiguousarray(exps, dtype=np.int64)
+        if getattr(self, "exps", None) is not None and np.array_equal(exps, self.exps):
+            return  # the same scale as the last step: keep the factors
+        self.exps = exps
         self._enc = scale_factors(self.exps, +1)
         self._dec = scale_factors(self.exps, -1)
 
     def absmax_into(self, g, out, lo: int = 0) -> None:
         absmax_into(g, lo, self.seg_off, self.seg_len, out)
+
+    def absmax_tensors(self, g, which, out) -> None:
+        absmax_tensors(g, self.seg_off, self.seg_len, which, out)
 
     def encode_add(self, g, acc, lo: int = 0) -> None:
         encode_add(g, lo, self.seg_off, self.seg_len, self.exps, *self._enc, acc)

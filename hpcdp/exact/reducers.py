@@ -2,15 +2,15 @@
 
 ``BucketSum`` (strategies ``none`` and ``ddp``): the flat buffer is cut into DDP's
 bucket plan (one bucket for ``none``); each bucket's int64 sum lives in a payload
-buffer followed by two counters (how many ranks found a tensor of the bucket
-above the scale's band, and how many found one inside it: mode.py's acceptance
-test). The DDP bucket engine (strategies/engine.py) runs an int64 ring allreduce
+buffer; the last one launched (the buffer's first bucket) carries two counters in
+front of its sums (how many ranks found a tensor above the scale's band, and how
+many found one inside it: mode.py's acceptance test). The DDP bucket engine (strategies/engine.py) runs an int64 ring allreduce
 per payload, in plan order, either from the grad-ready hooks of the last
 micro-batch's backward (the scale is known in advance: overlap as in fast mode)
 or all at once after backward; then every bucket is decoded into ``flat.grad``.
 Integer addition is associative and commutative, so the ring's order, N and the
 bucket cuts do not change a bit. Bytes: twice the float32 allreduce (int64
-elements) plus 16 bytes per bucket.
+elements) plus 16 bytes of counters.
 
 ``ServerSum`` (``ps``, synchronous): the servers sum the integers (ps.py).
 
@@ -72,11 +72,18 @@ class BucketSum(_Reducer):
 
         s, flat = strategy, self.flat
         plan = getattr(s, "plan", None) or plan_buckets(flat.layout, max(flat.numel, 1))
+        if plan.buckets[-1].offset != 0:
+            raise RuntimeError("exact mode: the bucket plan must launch the buffer's first bucket last")
         self.plan = plan
         self.tensors = [np.array(b.params, dtype=np.int64) for b in plan.buckets]
-        self.payload = [np.zeros(b.size + 2, dtype=np.int64) for b in plan.buckets]
-        self.ints = [p[:b.size] for p, b in zip(self.payload, plan.buckets)]
-        self.grads = [self.grad_host[b.offset:b.offset + b.size] for b in plan.buckets]
+        self.all_tensors = np.arange(codec.n_tensors, dtype=np.int64)
+        # One int64 array: 2 counters, then the sums in flat order. The first bucket
+        # (offset 0) is launched last and carries the counters in front of its sums.
+        self.acc = np.zeros(2 + flat.numel, dtype=np.int64)
+        self.ints_all = self.acc[2:]
+        self.payload = [self.acc[(0 if b.offset == 0 else 2 + b.offset):2 + b.offset + b.size]
+                        for b in plan.buckets]
+        self.ints = [self.ints_all[b.offset:b.offset + b.size] for b in plan.buckets]
         single = comm is None or comm.Get_size() == 1
         algorithm = getattr(getattr(s, "cfg", None), "algorithm", "auto")
         timeout, ledger = getattr(s, "timeout", None), getattr(s, "ledger", None)
@@ -96,22 +103,21 @@ class BucketSum(_Reducer):
     def begin(self, guess_band: int, local_max: np.ndarray) -> None:
         """A new sum at the scale of band ``guess_band`` (the codec is set to it);
         ``local_max``: this rank's per-tensor max |g|, updated as passes run."""
-        for p in self.payload:
-            p.fill(0)
+        self.acc.fill(0)
         self.guess, self.local_max = guess_band, local_max
         self.last_grad = None      # True during the pass whose buckets the hooks seal
         self.engine.arm(False)
 
     def encode_whole(self, g: np.ndarray) -> None:
         """Add one micro-batch's whole gradient (host array) into every bucket."""
-        for b, bk in enumerate(self.plan.buckets):
-            self.codec.encode_add(g[bk.offset:bk.offset + bk.size], self.ints[b], lo=bk.offset)
+        self.codec.encode_add(g, self.ints_all)
 
     @property
     def hooks_ok(self) -> bool:
-        """Buckets can be sealed from the hooks (host gradients: a device gradient is
-        staged to the host once, after backward)."""
-        return self.on_host
+        """Buckets are sealed from the hooks when there is communication to overlap
+        and the gradient is on the host (a device gradient is staged to the host
+        once, after backward)."""
+        return self.on_host and not self.single
 
     def arm(self) -> None:
         """The coming backward is this rank's last micro-batch: each bucket is sealed
@@ -120,17 +126,14 @@ class BucketSum(_Reducer):
         self.engine.arm(True)
 
     def _seal(self, b: int) -> None:
-        bk, ts = self.plan.buckets[b], self.tensors[b]
-        codec = self.codec
-        if self.last_grad is not None:
-            g = self.flat.grad
-            for t in ts:  # whole tensors: all of them are final once the bucket is
-                lo, n = int(codec.seg_off[t]), int(codec.seg_len[t])
-                codec.absmax_into(g[lo:lo + n], self.local_max, lo=lo)
-            codec.encode_add(g[bk.offset:bk.offset + bk.size], self.ints[b], lo=bk.offset)
-        eq = quantized_exponent(self.local_max[ts])  # (a non-finite tensor counts as above)
-        self.payload[b][bk.size] = int(np.any(eq > self.guess))
-        self.payload[b][bk.size + 1] = int(np.any(eq == self.guess))
+        bk, codec = self.plan.buckets[b], self.codec
+        if self.last_grad is not None:  # whole tensors: all of them are final once the bucket is
+            codec.absmax_tensors(self.flat.grad, self.tensors[b], self.local_max)
+            codec.encode_add(self.flat.grad[bk.offset:bk.offset + bk.size], self.ints[b], lo=bk.offset)
+        if bk.offset == 0:  # the last bucket: every tensor is final, count this rank's verdict
+            eq = quantized_exponent(self.local_max)  # (a non-finite tensor counts as above)
+            self.acc[0] = int(np.any(eq > self.guess))
+            self.acc[1] = int(np.any(eq == self.guess))
 
     def flush(self, check: bool = True) -> bool:
         """Launch what the hooks did not, wait for every bucket; True if the scale was
@@ -139,12 +142,10 @@ class BucketSum(_Reducer):
         so every rank decides alike. ``check=False``: the scale was agreed (decode)."""
         self.engine.flush()
         self.last_grad = None
-        above = sum(int(p[-2]) for p in self.payload)
-        inside = sum(int(p[-1]) for p in self.payload)
+        above, inside = int(self.acc[0]), int(self.acc[1])
         if check and (above or not inside):
             return False
-        for b, bk in enumerate(self.plan.buckets):
-            self.codec.decode(self.ints[b], self.grads[b], lo=bk.offset)
+        self.codec.decode(self.ints_all, self.grad_host)
         self._to_device()
         return True
 
