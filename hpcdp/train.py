@@ -139,6 +139,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                           timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
         strategy = build_strategy(cfg.parallel, world, cfg.comm)
+        if cfg.train.reproducible == "exact":  # ZeRO 2-3 with integer reductions (hpcdp/exact/zero.py)
+            from hpcdp.exact.zero import exact_strategy
+            strategy = exact_strategy(strategy)
         if model is None:  # layout and init recipes only: nothing allocated yet
             from hpcdp.nn import build_model
             model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device, storage=())

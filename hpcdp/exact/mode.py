@@ -94,7 +94,9 @@ class ExactMode:
         total = math.ceil(batch.global_samples / self.micro)
         t0 = time.perf_counter()
         result = None
-        if self.guess is not None and self.reducer.streaming:
+        if self.reducer.shards:  # ZeRO 2-3: no full gradient (zero.py)
+            result = self._shard_step(model, strategy, batch, fetch, total, after_backward, checks)
+        elif self.guess is not None and self.reducer.streaming:
             self.guesses += 1
             result = self._guessed(model, strategy, batch, fetch, total, after_backward, checks)
             self.misses += result is None
@@ -104,7 +106,8 @@ class ExactMode:
                            exact_guess_misses=float(self.misses), exact_guesses=float(self.guesses))
         return result
 
-    def _passes(self, model, strategy, batch, fetch, after_backward, after_pass, before_last=None):
+    def _passes(self, model, strategy, batch, fetch, after_backward, after_pass, before_last=None,
+                checks=None):
         """Every pass of this rank (fillers first); ``after_pass(g)`` gets each real
         micro-batch's gradient as a host array; ``before_last()`` runs before the
         last real one's backward. Returns this rank's loss share."""
@@ -115,7 +118,7 @@ class ExactMode:
             strategy.begin_backward(last_micro=False)   # hooks disarmed: no float collective
             if m == last and len(idx) and before_last is not None:
                 before_last()
-            loss += micro_pass(model, batch, idx, fetch)
+            loss += micro_pass(model, batch, idx, fetch, checks)
             if after_backward is not None:
                 after_backward(m)
             if len(idx):
@@ -137,7 +140,7 @@ class ExactMode:
             red.encode_whole(g)
 
         loss = self._passes(model, strategy, batch, fetch, after_backward, after_pass,
-                            before_last=red.arm if hooked else None)
+                            before_last=red.arm if hooked else None, checks=checks)
         if not red.flush():                   # a wrong guess: every rank saw the same sums
             return None
         if checks is not None:  # the non-finite loss check, the fault hook (hpcdp.failure)
@@ -160,13 +163,10 @@ class ExactMode:
             codec.absmax_into(g, local_max)
             kept.append(g if is_last and g is flat.grad else self._keep(len(kept), g))
 
-        loss = self._passes(model, strategy, batch, fetch, after_backward, after_pass)
+        loss = self._passes(model, strategy, batch, fetch, after_backward, after_pass, checks=checks)
         if checks is not None:
             checks.after_backward(loss, flat)
-        global_max = local_max.copy()
-        if self.worker_comm is not None and self.worker_comm.Get_size() > 1:  # a sync point
-            self._hcomm.allreduce(global_max, comm=self.worker_comm, op="max", ledger=self.ledger)
-        eq = quantized_exponent(global_max)
+        eq = quantized_exponent(self._agree_max(local_max))
         self.guess = band(eq)                 # the next step's guess
         codec.set_exponents(exponents_of(eq, total))
         if red.streaming:
@@ -180,6 +180,56 @@ class ExactMode:
             for g in kept:
                 codec.encode_add(g, self.acc)
             red.reduce_and_step(self.acc)
+        return StepResult(loss=loss, samples=batch.samples)
+
+    # -- ZeRO stages 2 and 3: the stage's own hooks reduce each micro-batch (zero.py) ----
+    def _shard_passes(self, model, strategy, batch, fetch, after_backward, checks, local_max,
+                      maxima_only):
+        red, loss, last = self.reducer, 0.0, len(batch.micro) - 1
+        strategy.zero_grad()
+        red.begin(local_max, maxima_only)
+        for m, idx in enumerate(batch.micro):
+            red.pass_kind(real=len(idx) > 0)
+            strategy.begin_backward(last_micro=(m == last))
+            loss += micro_pass(model, batch, idx, fetch, checks)
+            if after_backward is not None:
+                after_backward(m)
+        strategy.finish_gradients()
+        return loss
+
+    def _agree_max(self, local_max):
+        global_max = local_max.copy()
+        if self.worker_comm is not None and self.worker_comm.Get_size() > 1:  # a sync point
+            self._hcomm.allreduce(global_max, comm=self.worker_comm, op="max", ledger=self.ledger)
+        return global_max
+
+    def _shard_step(self, model, strategy, batch, fetch, total, after_backward, checks):
+        codec, n = self.codec, self.codec.n_tensors
+        args = (model, strategy, batch, fetch, after_backward, checks)
+        if self.guess is not None:
+            self.guesses += 1
+            codec.set_exponents(exponents_of(np.zeros(n, dtype=np.int64), total, at=self.guess))
+            local_max = np.zeros(n)
+            loss = self._shard_passes(*args, local_max, False)
+            eq = quantized_exponent(local_max)
+            verdict = np.array([np.any(eq > self.guess), np.any(eq == self.guess)], dtype=np.int64)
+            if self.worker_comm is not None and self.worker_comm.Get_size() > 1:
+                self._hcomm.allreduce(verdict, comm=self.worker_comm, op="sum", ledger=self.ledger)
+            if not verdict[0] and verdict[1]:
+                return self._shard_finish(loss, batch, checks)
+            self.misses += 1
+        local_max = np.zeros(n)               # the agreed path: measure the maxima first
+        self._shard_passes(*args, local_max, True)
+        eq = quantized_exponent(self._agree_max(local_max))
+        self.guess = band(eq)
+        codec.set_exponents(exponents_of(eq, total))
+        loss = self._shard_passes(*args, np.zeros(n), False)
+        return self._shard_finish(loss, batch, checks)
+
+    def _shard_finish(self, loss, batch, checks):
+        if checks is not None:
+            checks.after_backward(loss, self.flat)
+        self.reducer.decode_and_step()
         return StepResult(loss=loss, samples=batch.samples)
 
     def step_stats(self) -> dict:

@@ -1,7 +1,8 @@
 """Exact mode on real ranks: the SHA-256 of the weights after 20 AdamW steps of a GPT
-with dropout is the one rank's, for N = 1..4, under DDP and the synchronous
-parameter server (colocated, dedicated, two servers), with accumulation (several
-micro-batches per rank) and without (one micro-batch per rank, or fewer than ranks).
+with dropout is the one rank's, for N = 1..4, under DDP, the synchronous parameter
+server (colocated, dedicated, two servers) and ZeRO stages 1-3, with accumulation
+(several micro-batches per rank) and without (one micro-batch per rank, or fewer
+than ranks).
 
 Run under ``mpiexec -n 1|2|3|4 python -m pytest --with-mpi``. Rank 0 first trains the
 one-rank reference on its own (COMM_SELF), then every rank runs the N-rank job; the
@@ -38,6 +39,9 @@ STRATEGIES = {
     "ps": ['parallel.strategy="ps"'],
     "ps-dedicated": ['parallel.strategy="ps"', "parallel.ps.colocated=false"],
     "ps-2-servers": ['parallel.strategy="ps"', "parallel.ps.servers=2", 'parallel.ps.update="worker"'],
+    "zero1": ['parallel.strategy="zero"', "parallel.zero.stage=1", "parallel.zero.bucket_mb=0.004"],
+    "zero2": ['parallel.strategy="zero"', "parallel.zero.stage=2", "parallel.zero.bucket_mb=0.004"],
+    "zero3": ['parallel.strategy="zero"', "parallel.zero.stage=3"],
 }
 _REFERENCE: dict = {}
 
@@ -69,7 +73,8 @@ def _reference(micro, tmp_path_factory):
 
 
 @pytest.mark.parametrize("strategy,micro", [("ddp", 3), ("ddp", 1), ("ddp", 12), ("ps", 3),
-                                            ("ps-dedicated", 3), ("ps-2-servers", 2)])
+                                            ("ps-dedicated", 3), ("ps-2-servers", 2), ("zero1", 3),
+                                            ("zero2", 3), ("zero3", 3), ("zero3", 12)])
 def test_weights_hash_equals_one_rank(strategy, micro, tmp_path_factory):
     comm = MPI.COMM_WORLD
     if strategy in ("ps-dedicated", "ps-2-servers") and comm.Get_size() < 2:

@@ -1,13 +1,15 @@
 """The exact step on one rank: the guessed scale (one collective, previous step's
 band) and the agreed scale (MAX first) give the same bits, also when the guess was
 wrong either way (too fine: a tensor above the band; too coarse: none inside) and
-the step is recomputed; a non-finite gradient makes its tensor NaN."""
+the step is recomputed, under none, DDP and ZeRO 1-3 alike (ZeRO 2-3 measure the
+maxima in a pass of their own); a non-finite gradient makes its tensor NaN."""
 
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from hpcdp.autograd import Tensor
@@ -27,12 +29,26 @@ CFG = config_from_dict({"train": {"steps": 4, "epochs": 0, "global_batch": 8, "r
                                   "exact_micro_batch": 2}})
 
 
-def run(nudge=None, steps=4):
+def make_strategy(kind):
+    if kind == "none":
+        return SingleRank()
+    if kind == "ddp":
+        from hpcdp.strategies.ddp import DDP, DDPConfig
+        return DDP(DDPConfig(bucket_mb=0.002))
+    from hpcdp.config_parallel import ZeroConfig
+    from hpcdp.exact.zero import exact_strategy
+    from hpcdp.strategies.zero import make_zero
+    return exact_strategy(make_zero(ZeroConfig(stage=int(kind[-1]), bucket_mb=0.002), timeout=60.0))
+
+
+def run(nudge=None, steps=4, kind="none"):
     """Train ``steps`` exact steps; ``nudge(exact, step)`` may spoil the guess."""
     model = build_model(GPT, seed=1)
-    strategy = SingleRank()
-    strategy.setup(model.flat, AdamW(lr=0.01, weight_decay=0.1), World(comm=MPI.COMM_SELF, rank=0, size=1))
-    exact = ExactMode(CFG.train, strategy, World(comm=MPI.COMM_SELF, rank=0, size=1), model.flat)
+    strategy = make_strategy(kind)
+    world = World.from_mpi(MPI.COMM_SELF)
+    model.flat.materialize(strategy.full_storage)
+    strategy.setup(model.flat, AdamW(lr=0.01, weight_decay=0.1), world)
+    exact = ExactMode(CFG.train, strategy, world, model.flat)
     rng = np.random.default_rng(0)
     X, Y = rng.integers(0, 11, size=(64, 6)), rng.integers(0, 11, size=(64, 6))
     sampler = GlobalSampler(64, 8, seed=2)
@@ -42,24 +58,32 @@ def run(nudge=None, steps=4):
         batch = exact.local_batch(sampler, step)
         assert len(batch.micro) == 4  # one rank: every micro-batch of the step
         train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(Y[i])), exact=exact)
+    params = strategy.gather_full_params() if hasattr(strategy, "gather_full_params") else model.flat.data
     exact.close()
-    return hashlib.sha256(model.flat.data.tobytes()).hexdigest(), exact
+    strategy.close()
+    return hashlib.sha256(np.ascontiguousarray(params).tobytes()).hexdigest(), exact
 
 
-def test_guessed_and_agreed_scales_give_the_same_bits():
-    want, exact = run()
+WANT = {}
+
+
+@pytest.mark.parametrize("kind", ["none", "ddp", "zero1", "zero2", "zero3"])
+def test_guessed_and_agreed_scales_give_the_same_bits(kind):
+    want, exact = run(kind=kind)
     assert exact.guesses == 3 and exact.misses == 0  # steps 2-4 reused step 1's band
+    WANT.setdefault("any", want)
+    assert want == WANT["any"]  # every strategy: the same bits
 
     def agreed_only(ex, step):
         ex.guess = None                 # every step takes the MAX-first path
-    got, ex = run(agreed_only)
+    got, ex = run(agreed_only, kind=kind)
     assert got == want and ex.guesses == 0
 
     for shift in (-QUANTUM, QUANTUM):   # too fine (overflow), too coarse (precision)
         def spoil(ex, step, shift=shift):
             if step == 2:
                 ex.guess = ex.guess + shift
-        got, ex = run(spoil)
+        got, ex = run(spoil, kind=kind)
         assert got == want and ex.misses == 1, shift
 
 
