@@ -1,5 +1,6 @@
 """``hpcdp check-exact``: the verdict table, and real mpiexec jobs that agree (exact
-mode) or do not (fast mode), with the exit status saying which."""
+mode) or do not (fast mode), with the exit status saying which; across a checkpoint
+restart on another rank count where this tree has checkpoints."""
 
 from __future__ import annotations
 
@@ -84,3 +85,19 @@ def test_exact_jobs_agree_and_fast_jobs_do_not(tmp_path):
     proc = _check(tmp_path, "--set", 'train.reproducible="fast"')
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "NOT exact" in proc.stdout and proc.stdout.count("NO") >= 1
+
+
+def test_restart_on_another_rank_count(tmp_path):
+    """2 ranks save after step 3; 3 ranks resume and finish: the same final hash as the
+    uninterrupted 1- and 2-rank runs. Without checkpoints: a clear error, exit 2."""
+    from hpcdp.config import SECTIONS
+
+    proc = _check(tmp_path, "--steps", "6", "--restart-at", "3", "--restart-ranks", "3")
+    if "checkpoint" not in SECTIONS:
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "--restart-at needs checkpoints" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("ddp x")]
+    assert [r.split()[1] for r in rows] == ["x1", "x2", "x2->x3"] and all(r.endswith("yes") for r in rows)
+    assert "exact: all 3 jobs agree" in proc.stdout
