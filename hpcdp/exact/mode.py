@@ -1,31 +1,34 @@
-"""The exact step: fixed micro-batches, one agreed scale per tensor, an integer sum,
-one decode.
+"""The exact step: fixed micro-batches, one agreed scale, an integer sum, one decode.
 
-The scale of tensor t depends on the max |g| over every micro-batch of the global
-batch (fixed.py), which no rank knows before its backward passes are done. Two
+The scale depends on the max |g| over every micro-batch of the global batch
+(fixed.py), which no rank knows before its backward passes are done. Two
 ways to get it, with the SAME result bit for bit (the scale is always the one of
 this step's agreed max, never one left from earlier steps, so a resumed run needs
 no extra state):
 
-- **guessed** (ddp, none; every step after the first): use the previous step's
+- **guessed** (none, ddp, zero; every step after the first): use the previous step's
   scale band. It changes only when the gradient's largest element crosses a 2**8
   band edge, so it is usually right. Each micro-batch is encoded as soon as its
   backward ends, the last one bucket by bucket from the grad-ready hooks, and each
   bucket's int64 allreduce starts right away, overlapped with the rest of backward
-  (as fast mode's float allreduce). Two counters ride along in each payload: how
-  many ranks saw a tensor of the bucket above the guessed band, and how many
-  inside it. The guess was right iff no rank was above and some rank was inside:
-  every rank sees the same sums and takes the same decision. One collective per
-  bucket, no extra sync point; memory: the int64 payloads (Psi x 8 bytes).
+  (as fast mode's float allreduce). Two counters ride along in the last bucket's
+  payload: how many ranks saw a tensor above the guessed band, and how many saw
+  one inside it. The guess was right iff no rank was above and some rank was
+  inside: every rank sees the same sums and takes the same decision. One
+  collective per bucket, no extra sync point; memory: the int64 payloads (Psi x 8
+  bytes). ZeRO 2-3 reduce each micro-batch from their own hooks (zero.py) and
+  agree on the counters in a two-element allreduce after the last one.
 - **agreed** (the first step, ps always, and a step whose guess was wrong): run
   the passes keeping each micro-batch's gradient (k x Psi x itemsize for the k
   micro-batches on this rank), MAX-allreduce the per-tensor maxima (n_tensors
-  float64: exact in any order), encode, sum, decode. When it follows a wrong
-  guess, the passes are run again: recomputation is deterministic (same weights,
-  data and dropout keys), so this costs time, never bits.
+  float64: exact in any order), encode, sum, decode. ZeRO 2-3 keep nothing: a
+  first set of passes measures the maxima, a second one sums. When it follows a
+  wrong guess, the passes are run again: recomputation is deterministic (same
+  weights, data and dropout keys), so this costs time, never bits.
 
-Strategy hooks stay disarmed during exact backwards (``begin_backward(last_micro=
-False)``), so no float collective ever starts; ``finish_gradients`` is not called.
+With full gradients (none, ddp, zero 1, ps) the strategy's own hooks stay disarmed
+during exact backwards (``begin_backward(last_micro=False)``), so no float
+collective ever starts, and ``finish_gradients`` is not called.
 Every rank runs the same number of passes: fillers (empty micro-batches, run on
 one sample with weight 0) come first, so the last pass is a real micro-batch.
 """
@@ -69,17 +72,9 @@ class ExactMode:
         self.guesses = self.misses = 0
         self._stats: dict = {}
 
-    @classmethod
-    def setup(cls, cfg, strategy, world, flat):
-        """The run's exact mode (after ``strategy.setup``, on every rank), or None in
-        fast mode."""
-        if cfg.train.reproducible != "exact":
-            return None
-        return cls(cfg.train, strategy, world, flat)
-
     def describe(self) -> str:
         return (f"reproducible = exact: micro-batches of {self.micro} samples, gradients summed in "
-                f"int64 fixed point (per-tensor scale); weights are bit-identical for any rank count")
+                f"int64 fixed point at one agreed scale; weights are bit-identical for any rank count")
 
     # -- the batch ---------------------------------------------------------------
     def local_batch(self, sampler, step0: int) -> LocalBatch:

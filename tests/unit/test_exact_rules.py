@@ -59,7 +59,7 @@ def test_unsupported_strategy_is_an_error_before_step_1():
     strategy.setup(m.flat, None, world)
     cfg = config_from_dict({"train": {**EXACT, "exact_micro_batch": 4}})
     with pytest.raises(ConfigError, match=r"parallel\.strategy: 'mine' has no exact mode yet"):
-        ExactMode.setup(cfg, strategy, world, m.flat)
+        ExactMode(cfg.train, strategy, world, m.flat)
 
 
 def test_cli_exits_2_with_the_message_before_training(tmp_path):
