@@ -113,7 +113,7 @@ class ExactMode:
             strategy.begin_backward(last_micro=False)   # hooks disarmed: no float collective
             if m == last and len(idx) and before_last is not None:
                 before_last()
-            loss += micro_pass(model, batch, idx, fetch, checks)
+            loss += micro_pass(model, batch, m, fetch, checks)
             if after_backward is not None:
                 after_backward(m)
             if len(idx):
@@ -186,7 +186,7 @@ class ExactMode:
         for m, idx in enumerate(batch.micro):
             red.pass_kind(real=len(idx) > 0)
             strategy.begin_backward(last_micro=(m == last))
-            loss += micro_pass(model, batch, idx, fetch, checks)
+            loss += micro_pass(model, batch, m, fetch, checks)
             if after_backward is not None:
                 after_backward(m)
         strategy.finish_gradients()
