@@ -1,0 +1,98 @@
+"""One save, from host snapshots to a committed checkpoint (every rank calls it).
+
+The phases and who runs them (each ends with an agreement, see agree.py, so a
+failure anywhere stops every rank with the same message instead of a hang)::
+
+    rank 0      prepare <root>/.step-S.tmp/                      (commit.prepare)
+    every rank  write its data: rank-<r>.h5 (layout "split"), or its hyperslabs of
+                shared.h5 (layout "shared", collective, h5py's mpio driver); fsync
+    rank 0      read the data files' metadata, check every tensor is covered once,
+                write index.h5, rename into place, write the marker, prune old ones
+
+Nothing here touches training state: the caller built a :class:`SaveJob` from host
+copies (or, for a synchronous save, views of buffers that do not change meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .agree import all_ok, on_root
+from .commit import commit, prepare, prune
+from .failpoint import failpoint
+from .format import SHARED_FILE, rank_file_name
+from .h5 import open_read
+from .index import build_tables, write_index
+from .shardfile import list_pieces, write_rank_file
+
+
+@dataclass
+class SaveJob:
+    root: Path                  # the checkpoints folder (checkpoint.dir)
+    step: int
+    snapshot: object            # this rank's Snapshot
+    expected: dict              # tensor -> (shape, dtype name), in index order
+    attrs: dict                 # index root attributes (strategy, config, ...)
+    state: dict                 # index /state attributes
+    arrays: dict = field(default_factory=dict)   # index /state datasets
+    layout: str = "split"
+    keep: int = 0
+
+
+def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
+    """Write ``job`` as the checkpoint of ``job.step``; returns its directory."""
+    rank = comm.Get_rank() if comm is not None else 0
+    size = comm.Get_size() if comm is not None else 1
+    tmp = Path(on_root(comm, lambda: str(prepare(job.root, job.step)), timeout=timeout))
+    if job.layout == "shared":
+        from .shared import write_shared
+        files = [SHARED_FILE]
+        all_ok(comm, lambda: write_shared(tmp / SHARED_FILE, job.snapshot, job.expected, comm,
+                                          step=job.step, timeout=timeout), timeout=timeout)
+    else:
+        files = [rank_file_name(r) for r in range(size)]
+        attrs = {"rank": rank, "world_size": size, "step": job.step}
+        all_ok(comm, lambda: write_rank_file(tmp / files[rank], job.snapshot, attrs, step=job.step, rank=rank),
+               timeout=timeout)
+    final = on_root(comm, lambda: str(_finish(job, tmp, files)), timeout=timeout)
+    return Path(final)
+
+
+def _finish(job: SaveJob, tmp: Path, files: list) -> Path:
+    """Rank 0: index, rename, marker, prune."""
+    where = f"checkpoint of step {job.step} in {tmp}"
+    found = []
+    for name in files:
+        with open_read(tmp / name) as f:
+            if job.layout == "shared":
+                from .shared import list_shared_pieces
+                found.append(list_shared_pieces(f))
+            else:
+                found.append(list_pieces(f))
+    failpoint("ckpt-before-index", step=job.step, rank=0)
+    table = build_tables(job.expected, found, files, where)
+    write_index(tmp, {**job.attrs, "layout": job.layout, "step": job.step}, job.expected, table, files,
+                job.state, job.arrays)
+    final = commit(tmp, job.step)
+    prune(job.root, job.keep)
+    return final
+
+
+def rank_scalar_arrays(comm, scalars: dict, *, timeout: float = 300.0) -> dict:
+    """``{key: (world size,) array}`` of every rank's scalars (the same keys on every
+    rank; float64, exact for integers below 2**53). One small allreduce."""
+    keys = sorted(scalars)
+    size = comm.Get_size() if comm is not None else 1
+    rank = comm.Get_rank() if comm is not None else 0
+    table = np.zeros((size, len(keys)), dtype=np.float64)
+    table[rank] = [float(scalars[k]) for k in keys]
+    if size > 1 and keys:
+        from .agree import allreduce_gently
+        allreduce_gently(table.reshape(-1), comm, "sum", timeout)
+    return {k: table[:, i].copy() for i, k in enumerate(keys)}
+
+
+__all__ = ["SaveJob", "save", "rank_scalar_arrays"]
