@@ -55,12 +55,15 @@ def _train(argv) -> int:
     p.add_argument("--config", help="TOML config file (default: the built-in digits MLP job)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key; the value is TOML (e.g. 0.05, true, [64, 10], \"s\")")
+    p.add_argument("--resume", metavar="DIR|latest",
+                   help="continue from a checkpoint: a step-* directory, a folder of them (its newest "
+                        "complete one), a run directory, or 'latest' (the newest in checkpoint.dir)")
     args = p.parse_args(argv)
     from hpcdp.failure.policy import run_job
 
     def train():
         from hpcdp.train import main_train
-        main_train(args.config, args.set)
+        main_train(args.config, args.set, resume=args.resume)
 
     return run_job(train)
 
