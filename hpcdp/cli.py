@@ -13,6 +13,7 @@
     hpcdp data prepare --text PATH... --out corpus.h5   tokenize text for data.kind = "tokens"
     hpcdp data info corpus.h5           describe a token corpus
     hpcdp check-exact --config FILE --ranks 1,2,3,4 [--strategies ddp,ps]   exact mode's hashes agree?
+    hpcdp ckpt {ls,info,verify,export} ...    inspect, check and export checkpoints
 
 Bad input (config, data files, a launch without a strategy) prints one error line
 on rank 0, without a traceback, and exits with status 2 on every rank. A failure on
@@ -99,6 +100,12 @@ def _check_exact(argv) -> int:
     return check_main(argv)
 
 
+def _ckpt(argv) -> int:
+    from hpcdp.io.cli import main as ckpt_main
+
+    return ckpt_main(argv)
+
+
 def _one_thread_per_rank_under_a_launcher() -> None:
     """Several ranks on one node each start a BLAS/numba thread pool as wide as the
     node: they then fight for the cores. Under an MPI launcher, default every pool to
@@ -114,7 +121,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
     commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data,
-                "check-exact": _check_exact}
+                "check-exact": _check_exact, "ckpt": _ckpt}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR
