@@ -36,20 +36,36 @@ def open_read(path) -> h5py.File:
                               "or truncated") from None
 
 
+def group_at(parent, path: str):
+    """The group ``parent/path``, creating missing levels WITHOUT timestamps (HDF5's
+    default group property list records times in v2 object headers, which parallel
+    HDF5 writes: the same save would differ in 8 bytes a second later)."""
+    group = parent
+    for part in [p for p in path.split("/") if p]:
+        if part not in group:
+            gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+            gcpl.set_obj_track_times(False)
+            h5py.h5g.create(group.id, part.encode(), gcpl=gcpl)
+        group = group[part]
+    return group
+
+
 def raw_dataset(group, name: str, n: int, dtype, **kw):
     """A 1-D contiguous dataset whose storage exists now and is never filled by HDF5
     (the caller writes the bytes at ``ds.id.get_offset()``)."""
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-    return group.create_dataset(name, shape=(int(n),), dtype=np.dtype(dtype), dcpl=dcpl,
-                                track_times=False, **kw)
+    parent, _, base = name.rpartition("/")
+    return group_at(group, parent).create_dataset(base, shape=(int(n),), dtype=np.dtype(dtype), dcpl=dcpl,
+                                                  track_times=False, **kw)
 
 
 def write_small(group, name: str, arr, block: int) -> None:
     """A small dataset written through h5py, with its block digests (index tables)."""
     arr = np.ascontiguousarray(arr)
-    ds = group.create_dataset(name, data=arr, track_times=False)
+    parent, _, base = name.rpartition("/")
+    ds = group_at(group, parent).create_dataset(base, data=arr, track_times=False)
     ds.attrs["block"] = np.int64(block)
     ds.attrs["sha256"] = block_digests(arr.reshape(-1), block)
 
@@ -108,5 +124,5 @@ def has_mpi() -> bool:
     return bool(h5py.get_config().mpi)
 
 
-__all__ = ["create", "open_read", "raw_dataset", "write_small", "read_small",
+__all__ = ["create", "open_read", "group_at", "raw_dataset", "write_small", "read_small",
            "pwrite_all", "pread_into", "fsync_file", "fsync_dir", "has_mpi"]

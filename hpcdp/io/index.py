@@ -27,7 +27,7 @@ import numpy as np
 from .checksum import block_elements
 from .errors import CheckpointError
 from .format import FORMAT_NAME, FORMAT_VERSION, INDEX_FILE
-from .h5 import create, open_read, read_small, write_small
+from .h5 import create, group_at, open_read, read_small, write_small
 from .ranges import coverage_problems
 from .shardfile import set_attrs
 
@@ -111,13 +111,13 @@ def write_index(ckpt_dir, attrs: dict, expected: dict, table: np.ndarray, files:
         set_attrs(f, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "index", **attrs})
         write_small(f, "files", _strings(files), blk)
         write_small(f, "file_bytes", sizes, blk)
-        t = f.create_group("tensors")
+        t = group_at(f, "tensors")
         write_small(t, "names", _strings(names), blk)
         write_small(t, "dtypes", _strings(expected[n][1] for n in names), blk)
         write_small(t, "ndim", ndim, blk)
         write_small(t, "dims", dims, blk)
         write_small(f, "pieces", table, blk)
-        s = f.create_group("state")
+        s = group_at(f, "state")
         set_attrs(s, state)
         for key in sorted(arrays):
             write_small(s, key, np.asarray(arrays[key]), blk)

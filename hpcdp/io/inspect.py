@@ -80,12 +80,13 @@ def export(ckpt_dir, out, *, optimizer: bool = False) -> int:
     if out.suffix == ".npz":
         np.savez(out, **arrays)
     else:
-        from .h5 import create
+        from .h5 import create, group_at
         from .shardfile import set_attrs
         with create(out) as f:
             set_attrs(f, {"step": index.step, "source": str(ckpt_dir), "config": index.attrs.get("config", "")})
             for name, arr in arrays.items():
-                f.create_dataset(name, data=arr, track_times=False)
+                parent, _, base = name.rpartition("/")
+                group_at(f, parent).create_dataset(base, data=arr, track_times=False)
     return len(arrays)
 
 
