@@ -4,16 +4,19 @@ A checkpoint stores every logical tensor (a parameter, or one optimizer state bu
 of a parameter) as pieces, each a half-open range ``[offset, offset + size)`` of the
 tensor's flattened elements (C order). Saving cuts what a rank owns of the model's
 flat buffers at parameter boundaries (:func:`split_by_layout`); loading intersects
-the ranges a rank needs with the stored pieces (:func:`intersect`). Which ranges a
-rank owns is the strategy's business (``hpcdp.shard.shard_range`` for replicated
-strategies, the ZeRO ownership function for sharded ones): the rule here is only
-"take the overlap", so a checkpoint written under any strategy and rank count is
-read under any other.
+the ranges a rank needs with the stored pieces (:func:`intersect`, the one in
+``hpcdp.ownership``). Which ranges a rank owns is the strategy's business
+(``hpcdp.shard.shard_range`` for replicated strategies,
+``hpcdp.ownership.owned_ranges`` for sharded ones): the rule here is only "take the
+overlap", so a checkpoint written under any strategy and rank count is read under
+any other.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, NamedTuple
+
+from hpcdp.ownership import intersect as _intersect
 
 
 class Span(NamedTuple):
@@ -29,22 +32,9 @@ class Span(NamedTuple):
 
 def intersect(ranges_a: Iterable[tuple[int, int]], ranges_b: Iterable[tuple[int, int]]) -> list[Span]:
     """Every non-empty overlap of an ``(offset, size)`` in ``ranges_a`` with one in
-    ``ranges_b``, sorted by offset. Each list must be free of overlaps within itself
-    (pieces of one tensor never overlap); then the result is too."""
-    a = sorted((int(o), int(s)) for o, s in ranges_a if s > 0)
-    b = sorted((int(o), int(s)) for o, s in ranges_b if s > 0)
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        lo = max(a[i][0], b[j][0])
-        hi = min(a[i][0] + a[i][1], b[j][0] + b[j][1])
-        if hi > lo:
-            out.append(Span(lo, hi - lo))
-        # advance whichever range ends first
-        if a[i][0] + a[i][1] <= b[j][0] + b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
+    ``ranges_b``, sorted by offset: :func:`hpcdp.ownership.intersect` (the function
+    ZeRO's ownership uses), as :class:`Span` values."""
+    return [Span(o, s) for o, s in _intersect(ranges_a, ranges_b)]
 
 
 def split_by_layout(layout, offset: int, size: int) -> list[tuple[str, Span, int]]:
