@@ -12,12 +12,12 @@ truncated file is named before anything else is read.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 
-from .checksum import first_bad_block
 from .errors import CheckpointError
 from .h5 import open_read, pread_into
 from .ranges import Span, blocks_covering, intersect
@@ -96,22 +96,25 @@ class Reader:
             raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
                                   f"{dtype} ({want_len},): wrong dtype or shape")
         block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
+        offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
         b0, b1 = blocks_covering(span, block)
-        elo, ehi = b0 * block, min(b1 * block, piece_size)
-        buf = np.empty(ehi - elo, dtype=dtype)
-        offset = ds.id.get_offset()
-        if offset is not None:
-            pread_into(fd, buf, offset + (ds_start + elo) * dtype.itemsize, self.dir / name)
-        else:  # not contiguous (repacked): let HDF5 read it
-            buf[...] = ds[ds_start + elo:ds_start + ehi]
-        self.bytes_read += buf.nbytes
-        bad = first_bad_block(buf, b0, block, digests)
-        if bad is not None:
-            lo_b, hi_b = bad * block, min((bad + 1) * block, piece_size)
-            raise CheckpointError(f"{where}: SHA-256 mismatch in block {bad} (elements "
-                                  f"[{piece_off + lo_b}, {piece_off + hi_b}) of the tensor): the file "
-                                  "is corrupt; use an earlier checkpoint")
-        out[...] = buf[span.offset - elo:span.end - elo]
+        for b in range(b0, b1):  # one checksum block at a time: 4 MiB of memory at most
+            lo, hi = b * block, min((b + 1) * block, piece_size)
+            inside = lo >= span.offset and hi <= span.end
+            # a block the span covers whole is read straight into `out` (no copy)
+            buf = out[lo - span.offset:hi - span.offset] if inside else np.empty(hi - lo, dtype=dtype)
+            if offset is not None:
+                pread_into(fd, buf, offset + (ds_start + lo) * dtype.itemsize, self.dir / name)
+            else:
+                buf[...] = ds[ds_start + lo:ds_start + hi]
+            self.bytes_read += buf.nbytes
+            if hashlib.sha256(buf.view(np.uint8)).digest() != digests[b].tobytes():
+                raise CheckpointError(f"{where}: SHA-256 mismatch in block {b} (elements "
+                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
+                                      "is corrupt; use an earlier checkpoint")
+            if not inside:
+                c0, c1 = max(lo, span.offset), min(hi, span.end)
+                out[c0 - span.offset:c1 - span.offset] = buf[c0 - lo:c1 - lo]
 
     def _digests(self, ds, piece_off, piece_size, where):
         """(block elements, this piece's digests, the piece's first element in ``ds``)."""

@@ -7,20 +7,24 @@ with attributes ``offset`` (element offset in the flattened tensor), ``block``
 carry the rank, the world size and this rank's scalars (optimizer step count, PS
 server version).
 
-Write order: digests (hashlib, GIL released), then the HDF5 structure (small), then
-the bulk bytes with ``pwrite`` at the offsets HDF5 allocated, then ``fsync``.
+Write order: the HDF5 structure (small; digests as zeros), then the bulk bytes with
+``pwrite`` at the offsets HDF5 allocated while a thread computes the digests, then
+the digests written in place (same shape: the file's layout does not move), then
+``fsync``.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
+import h5py
 import numpy as np
 
 from .checksum import block_digests, block_elements
 from .failpoint import failpoint
-from .format import FORMAT_NAME, FORMAT_VERSION
-from .h5 import create, pwrite_all, raw_dataset
+from .format import FORMAT_NAME, FORMAT_VERSION, LIBVER
+from .h5 import create, fsync_file, pwrite_all, raw_dataset
 
 
 def set_attrs(obj, attrs: dict) -> None:
@@ -38,29 +42,35 @@ def set_attrs(obj, attrs: dict) -> None:
 
 def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int) -> None:
     """Write ``snap`` (a :class:`~hpcdp.io.snapshot.Snapshot`) to ``path`` and fsync it."""
-    entries = []
-    for p in snap.pieces:
-        block = block_elements(p.data.dtype.itemsize)
-        entries.append((p, block, block_digests(p.data, block)))
+    pieces = snap.pieces
+    blocks = [block_elements(p.data.dtype.itemsize) for p in pieces]
     offsets = []
     with create(path) as f:
         set_attrs(f, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "rank",
                       **attrs, **snap.scalars})
-        for p, block, digests in entries:
+        for p, block in zip(pieces, blocks):
             ds = raw_dataset(f, f"{p.tensor}/{p.offset}", p.size, p.data.dtype)
             ds.attrs["offset"] = np.int64(p.offset)
             ds.attrs["block"] = np.int64(block)
-            ds.attrs["sha256"] = digests
+            ds.attrs["sha256"] = np.zeros((-(-p.size // block), 32), dtype=np.uint8)  # filled below
             offsets.append(ds.id.get_offset())
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        for i, ((p, _, _), off) in enumerate(zip(entries, offsets)):
-            pwrite_all(fd, p.data, off)
-            if i == len(entries) // 2:
-                failpoint("ckpt-mid-write", step=step, rank=rank)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    # The bytes and their digests at once: a thread hashes while this one writes
+    # (hashlib and pwrite both release the GIL), then the digests go in place.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digests = [pool.submit(block_digests, p.data, b) for p, b in zip(pieces, blocks)]
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for i, (p, off) in enumerate(zip(pieces, offsets)):
+                pwrite_all(fd, p.data, off)
+                if i == len(pieces) // 2:
+                    failpoint("ckpt-mid-write", step=step, rank=rank)
+        finally:
+            os.close(fd)
+        digests = [d.result() for d in digests]
+    with h5py.File(path, "r+", libver=LIBVER) as f:
+        for p, d in zip(pieces, digests):
+            f[f"{p.tensor}/{p.offset}"].attrs.modify("sha256", d)
+    fsync_file(path)
 
 
 def list_pieces(f) -> list[tuple[str, int, int, str]]:
