@@ -9,6 +9,7 @@
     hpcdp bench comm-overhead [options] one small collective's time by layer (under mpiexec)
     hpcdp bench startup [options]       launch to first step and to exit, per rank count
     hpcdp bench exact [options]         exact vs fast mode: step time, bytes, loss curves
+    hpcdp bench ckpt [options]          checkpoint write/read bandwidth vs dd, save stall
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
     hpcdp data prepare --text PATH... --out corpus.h5   tokenize text for data.kind = "tokens"
     hpcdp data info corpus.h5           describe a token corpus
@@ -73,7 +74,7 @@ def _bench(argv) -> int:
     commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives",
                 "faults": "hpcdp.bench.faults", "soak": "hpcdp.bench.soak", "data": "hpcdp.bench.data",
                 "comm-overhead": "hpcdp.bench.comm_overhead", "startup": "hpcdp.bench.startup",
-                "exact": "hpcdp.exact.bench"}
+                "exact": "hpcdp.exact.bench", "ckpt": "hpcdp.bench.ckpt"}
     if not argv or argv[0] not in commands:
         print(f"usage: hpcdp bench {{{','.join(commands)}}} [options]", file=sys.stderr)
         return USAGE_ERROR
