@@ -18,8 +18,9 @@ array (host or device) that holds it on this rank. Four methods, on every strate
                                        (optimizer step count, PS server version).
 
 The helpers below implement them for replicated strategies (none, ddp, PS with
-worker-side update): rank r of N writes ``shard_range(numel, N, r)`` of each buffer
-and restores whole buffers.
+worker-side update: rank r of N writes ``shard_range(numel, N, r)`` of each buffer
+and restores whole buffers) and for strategies that hold shards described by
+``owned_ranges`` (ZeRO: :class:`ShardedCheckpoint`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,62 @@ class ReplicatedCheckpoint:
         return optimizer_scalars(self.optimizer)
 
 
+def owned_pieces(buffer: str, ranges, store) -> list[Piece]:
+    """The pieces of ``buffer`` for global ``ranges`` that a rank holds concatenated in
+    flat order in ``store`` (a ZeRO shard buffer: :func:`hpcdp.ownership.owned_ranges`)."""
+    out, pos = [], 0
+    for off, size in ranges:
+        out.append(Piece(buffer, int(off), store[pos:pos + size]))
+        pos += size
+    if pos != int(store.shape[0]):
+        raise ValueError(f"checkpoint: {buffer} holds {store.shape[0]} elements here, its owned ranges "
+                         f"add up to {pos}")
+    return [p for p in out if p.size > 0]
+
+
+class ShardedCheckpoint:
+    """The four protocol methods for a strategy that says what it holds with
+    ``owned_ranges(kind)`` (ZeRO; ``hpcdp.ownership``). Optimizer state: the owned
+    "optim" ranges, concatenated in the optimizer's buffers, written and filled as
+    they are. Parameters: a replica (stages 1-2) writes ``shard_range(numel, N, r)``
+    and fills everything, like DDP; a shard (stage 3) writes and fills its owned
+    "params" ranges, held concatenated in ``self.param_shard()``. Gradients are
+    never written. Nobody gathers. Uses ``self.flat``, ``self.optimizer``,
+    ``self.dp_rank``, ``self.dp_size``."""
+
+    def _params_replicated(self) -> bool:
+        return [tuple(r) for r in self.owned_ranges("params")] == [(0, self.flat.numel)]
+
+    def _optim_pieces(self) -> list[Piece]:
+        ranges = self.owned_ranges("optim")
+        size = sum(s for _, s in ranges)
+        out = []
+        for name, arr in optimizer_buffers(self.optimizer, size).items():
+            out += owned_pieces(name, ranges, arr)
+        return out
+
+    def checkpoint_pieces(self) -> list[Piece]:
+        if self._params_replicated():
+            off, n = shard_range(self.flat.numel, self.dp_size, self.dp_rank)
+            params = [Piece(PARAM, off, self.flat.data[off:off + n])] if n else []
+        else:
+            params = owned_pieces(PARAM, self.owned_ranges("params"), self.param_shard())
+        return params + self._optim_pieces()
+
+    def checkpoint_targets(self) -> list[Piece]:
+        if self._params_replicated():
+            params = [Piece(PARAM, 0, self.flat.data)]
+        else:
+            params = owned_pieces(PARAM, self.owned_ranges("params"), self.param_shard())
+        return params + self._optim_pieces()
+
+    def checkpoint_restored(self) -> None:
+        pass
+
+    def checkpoint_scalars(self) -> dict:
+        return optimizer_scalars(self.optimizer)
+
+
 def to_host(array, backend=None) -> np.ndarray:
     """A host (numpy) view or copy of a backend array."""
     if isinstance(array, np.ndarray):
@@ -102,5 +159,5 @@ def to_host(array, backend=None) -> np.ndarray:
     return np.asarray(array.copy_to_host())  # numba device array
 
 
-__all__ = ["Piece", "ReplicatedCheckpoint", "optimizer_buffers", "replicated_pieces", "replicated_targets",
+__all__ = ["Piece", "ReplicatedCheckpoint", "ShardedCheckpoint", "owned_pieces", "optimizer_buffers", "replicated_pieces", "replicated_targets",
            "optimizer_scalars", "to_host"]

@@ -17,7 +17,7 @@ from hpcdp.io.errors import CheckpointError
 from hpcdp.io.format import INDEX_FILE, MARKER_FILE, rank_file_name
 from hpcdp.io.index import read_index
 from hpcdp.io.load import load
-from hpcdp.io.protocol import Piece, replicated_pieces
+from hpcdp.io.protocol import Piece, ShardedCheckpoint, replicated_pieces
 from hpcdp.io.ranges import Span, coverage_problems, intersect, split_by_layout
 from hpcdp.io.runstate import expected_tensors
 from hpcdp.io.save import SaveJob, _finish
@@ -25,6 +25,7 @@ from hpcdp.io.shardfile import write_rank_file
 from hpcdp.io.snapshot import take_snapshot
 from hpcdp.nn.params import FlatParams
 from hpcdp.optim import AdamW, SGD
+from hpcdp.ownership import owned_ranges
 from hpcdp.shard import shard_range
 
 
@@ -284,3 +285,59 @@ def test_ckpt_verify_exit_codes_and_export(tmp_path, capsys):
     assert main(["verify", str(tmp_path / "nothing-here")]) == 2
     (tmp_path / "empty").mkdir()
     assert main(["verify", str(tmp_path / "empty")]) == 2
+
+
+# -- ZeRO-style shards (owned_ranges), emulated: the protocol's ShardedCheckpoint ----------
+
+class _FakeZero(ShardedCheckpoint):
+    """Holds what ZeRO stage ``stage`` rank ``rank`` of ``size`` holds: the optimizer
+    state of its owned ranges concatenated, and at stage 3 its parameter shard."""
+
+    def __init__(self, flat, full_opt, stage, groups, rank, size):
+        self.stage, self.groups, self.dp_rank, self.dp_size = stage, groups, rank, size
+        self.flat = FlatParams.from_arrays([(s.name, np.zeros(s.shape)) for s in flat.layout],
+                                           dtype=flat.dtype)
+        ranges = owned_ranges("optim", stage, groups, size, rank)
+        self.optimizer = AdamW(lr=0.1, dtype=flat.dtype.name)
+        self.optimizer.ensure_size(sum(s for _, s in ranges))
+        if full_opt is not None:  # the writing side holds the real state
+            self.flat.data[...] = full_opt["param"]
+            for name in ("m", "v"):
+                self.optimizer.state[name][...] = np.concatenate(
+                    [full_opt[name][o:o + s] for o, s in ranges]) if ranges else []
+        pr = owned_ranges("params", stage, groups, size, rank)
+        self._shard = np.concatenate([self.flat.data[o:o + s] for o, s in pr]) if pr else np.zeros(0, flat.dtype)
+
+    def owned_ranges(self, kind):
+        return owned_ranges(kind, self.stage, self.groups, self.dp_size, self.dp_rank)
+
+    def param_shard(self):
+        return self._shard
+
+
+def _save_pieces_as(root, step, flat, opt, per_rank_pieces):
+    tmp = prepare(root, step)
+    files = [rank_file_name(r) for r in range(len(per_rank_pieces))]
+    for r, pieces in enumerate(per_rank_pieces):
+        snap = take_snapshot(pieces, flat.layout, copy=False)
+        write_rank_file(tmp / files[r], snap, {"rank": r}, step=step, rank=r)
+    job = SaveJob(root, step, None, expected_tensors(flat, opt), {}, {"step": step}, {})
+    return _finish(job, tmp, files)
+
+
+@pytest.mark.parametrize("n,stage_a,m,stage_b", [(3, 1, 2, 3), (2, 3, 4, 1), (4, 3, 3, 3), (1, 2, 3, 3)])
+def test_zero_shards_written_by_n_restored_by_m(tmp_path, n, stage_a, m, stage_b):
+    flat, opt = _state(shapes=((6, 5), (5,), (5, 9), (9,)))
+    full = {"param": np.array(flat.data), "m": opt.state["m"], "v": opt.state["v"]}
+    groups = [(0, 30), (30, 5), (35, 45), (80, 9)]  # units/buckets: every rank owns a piece of each
+    writers = [_FakeZero(flat, full, stage_a, groups, r, n) for r in range(n)]
+    if stage_a == 3:  # at stage 3 the replica buffer is not what is written: blank it
+        for w in writers:
+            w.flat.data[...] = np.nan
+    ckpt = _save_pieces_as(tmp_path / "ck", 5, flat, opt, [w.checkpoint_pieces() for w in writers])
+    for r in range(m):
+        z = _FakeZero(flat, None, stage_b, groups, r, m)
+        load(ckpt, z.checkpoint_targets(), flat.layout, expected_tensors(flat, opt), "adamw", None)
+        for p in z.checkpoint_targets():
+            buf = "param" if p.buffer == "param" else p.buffer.split("/")[1]
+            assert np.array_equal(p.array, full[buf][p.offset:p.offset + p.size]), (p.buffer, p.offset)
