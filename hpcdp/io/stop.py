@@ -11,7 +11,10 @@ signal at most, and no step waits on a blocking collective of its own (the wait
 completes a request that has had a whole step to finish).
 
 Installed only when checkpointing is configured; without it a signal keeps its
-default meaning (the job ends).
+default meaning (the job ends). Where ``hpcdp.failure.signals`` exists (the job's one
+place for signals), the flag is set through its graceful-stop registry
+(``on_stop_signal``: return True = "taken, this run stops cleanly"); otherwise this
+module installs its own handlers for the two signals and gives them back at close.
 """
 
 from __future__ import annotations
@@ -24,16 +27,35 @@ import numpy as np
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+def _registry():
+    try:
+        from hpcdp.failure.signals import on_stop_signal
+    except ImportError:
+        return None
+    return on_stop_signal
+
+
 class GracefulStop:
     def __init__(self, comm, *, timeout: float = 300.0, signals=SIGNALS):
-        self.comm, self.timeout = comm, timeout
+        self.comm, self.timeout, self.signals = comm, timeout, tuple(signals)
         self.received = 0
         self._prev: dict = {}
+        self._unregister = None
         self._req = None
         self._buf = None
-        if threading.current_thread() is threading.main_thread():
-            for s in signals:
+        register = _registry()
+        if register is not None:
+            self._unregister = register(self._take)
+        elif threading.current_thread() is threading.main_thread():
+            for s in self.signals:
                 self._prev[s] = signal.signal(s, self._handler)
+
+    def _take(self, signum) -> bool:
+        """For the job's signal registry: take SIGTERM / SIGUSR1 (not SIGINT)."""
+        if signum not in self.signals:
+            return False
+        self._handler(signum, None)
+        return True
 
     def _handler(self, signum, _frame) -> None:
         if not self.received:
@@ -66,6 +88,9 @@ class GracefulStop:
         for s, prev in self._prev.items():
             signal.signal(s, prev)
         self._prev = {}
+        if self._unregister is not None:
+            self._unregister()
+            self._unregister = None
 
 
 def signal_name(signum: int) -> str:
