@@ -125,3 +125,18 @@ def test_resume_at_same_ranks_is_bit_for_bit(n, strategy, model, asynchronous):
         assert not _step_dir(tmp / "b", HALF).exists()
     finally:
         remove(tmp)
+
+
+@pytest.mark.mpi
+def test_dedicated_parameter_servers_are_refused_on_every_rank():
+    _only_on(2)
+    from hpcdp.io.errors import CheckpointError
+
+    tmp = shared_dir()
+    try:
+        w = group(2)
+        cfg = config("ps1", tmp / "run", steps=2, every=1, parallel__ps={"servers": 1, "colocated": False})
+        with pytest.raises(CheckpointError, match="parallel.ps.colocated = false are not supported"):
+            train(cfg, w)
+    finally:
+        remove(tmp)
