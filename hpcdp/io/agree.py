@@ -35,6 +35,23 @@ def allreduce_gently(buf: np.ndarray, comm, op: str, timeout: float) -> np.ndarr
     return buf
 
 
+def allgather_rows(comm, rows: np.ndarray, *, timeout: float = 300.0) -> list:
+    """Every rank's ``rows`` (a (k, w) array, k may differ by rank; same dtype and w
+    everywhere), as a list in rank order. Two allreduces (counts, then the rows
+    zero-padded to the longest, each rank in its own slot): small tables only."""
+    rows = np.asarray(rows)
+    if comm is None or comm.Get_size() == 1:
+        return [rows]
+    size, rank = comm.Get_size(), comm.Get_rank()
+    counts = np.zeros(size, dtype=np.int64)
+    counts[rank] = rows.shape[0]
+    allreduce_gently(counts, comm, "sum", timeout)
+    table = np.zeros((size, int(counts.max()), *rows.shape[1:]), dtype=rows.dtype)
+    table[rank, :rows.shape[0]] = rows
+    allreduce_gently(table.reshape(-1), comm, "sum", timeout)  # one rank per slot: no carries
+    return [table[r, :counts[r]] for r in range(size)]
+
+
 def agree(comm, error: str | None, *, timeout: float = 300.0) -> None:
     """Raise on every rank if any rank passed an error; return quietly otherwise."""
     if comm is None or comm.Get_size() == 1:
@@ -95,4 +112,4 @@ def all_ok(comm, fn, *, timeout: float = 300.0):
     return result
 
 
-__all__ = ["agree", "on_root", "all_ok", "MESSAGE_BYTES"]
+__all__ = ["agree", "on_root", "all_ok", "allgather_rows", "allreduce_gently", "MESSAGE_BYTES"]

@@ -36,10 +36,16 @@ def open_read(path) -> h5py.File:
                               "or truncated") from None
 
 
-def group_at(parent, path: str):
+def group_at(parent, path: str, cache: dict | None = None):
     """The group ``parent/path``, creating missing levels WITHOUT timestamps (HDF5's
     default group property list records times in v2 object headers, which parallel
-    HDF5 writes: the same save would differ in 8 bytes a second later)."""
+    HDF5 writes: the same save would differ in 8 bytes a second later). ``cache``
+    (a dict the caller keeps while the file is open) saves looking every level up
+    again: a save makes ~3 datasets per parameter under the same groups."""
+    if not path:
+        return parent
+    if cache is not None and path in cache:
+        return cache[path]
     group = parent
     for part in [p for p in path.split("/") if p]:
         if part not in group:
@@ -47,17 +53,19 @@ def group_at(parent, path: str):
             gcpl.set_obj_track_times(False)
             h5py.h5g.create(group.id, part.encode(), gcpl=gcpl)
         group = group[part]
+    if cache is not None:
+        cache[path] = group
     return group
 
 
-def raw_dataset(group, name: str, n: int, dtype, **kw):
+def raw_dataset(group, name: str, n: int, dtype, cache: dict | None = None, **kw):
     """A 1-D contiguous dataset whose storage exists now and is never filled by HDF5
     (the caller writes the bytes at ``ds.id.get_offset()``)."""
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
     parent, _, base = name.rpartition("/")
-    return group_at(group, parent).create_dataset(base, shape=(int(n),), dtype=np.dtype(dtype), dcpl=dcpl,
+    return group_at(group, parent, cache).create_dataset(base, shape=(int(n),), dtype=np.dtype(dtype), dcpl=dcpl,
                                                   track_times=False, **kw)
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .agree import all_ok, on_root
+from .agree import all_ok, allgather_rows, on_root
+from .errors import CheckpointError
 from .commit import commit, prepare, prune
 from .failpoint import failpoint
 from .format import SHARED_FILE, rank_file_name
@@ -47,6 +48,7 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
     rank = comm.Get_rank() if comm is not None else 0
     size = comm.Get_size() if comm is not None else 1
     tmp = Path(on_root(comm, lambda: str(prepare(job.root, job.step)), timeout=timeout))
+    mine = all_ok(comm, lambda: _piece_rows(job), timeout=timeout)
     if job.layout == "shared":
         from .shared import write_shared
         files = [SHARED_FILE]
@@ -57,21 +59,46 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
         attrs = {"rank": rank, "world_size": size, "step": job.step}
         all_ok(comm, lambda: write_rank_file(tmp / files[rank], job.snapshot, attrs, step=job.step, rank=rank),
                timeout=timeout)
-    final = on_root(comm, lambda: str(_finish(job, tmp, files)), timeout=timeout)
+    # Every rank's piece table reaches rank 0 (its files are not reopened to learn it).
+    every = allgather_rows(comm, mine, timeout=timeout)
+    names = list(job.expected)
+    found = [[(names[t], o, n, job.expected[names[t]][1]) for t, o, n in rows] for rows in every]
+    if job.layout == "shared":
+        found = [sum(found, [])]
+    final = on_root(comm, lambda: str(_finish(job, tmp, files, found)), timeout=timeout)
     return Path(final)
 
 
-def _finish(job: SaveJob, tmp: Path, files: list) -> Path:
-    """Rank 0: index, rename, marker, prune."""
+def _piece_rows(job: SaveJob) -> np.ndarray:
+    """(tensor index, offset, size) of this rank's pieces; a piece of the wrong dtype
+    is refused here, naming the tensor."""
+    ids = {t: i for i, t in enumerate(job.expected)}
+    rows = []
+    for p in job.snapshot.pieces:
+        want = job.expected.get(p.tensor)
+        if want is None:
+            raise CheckpointError(f"save of step {job.step}: tensor {p.tensor} is not one of the model's "
+                                  "or optimizer's")
+        if p.data.dtype != np.dtype(want[1]):
+            raise CheckpointError(f"save of step {job.step}: tensor {p.tensor} is {p.data.dtype} here, "
+                                  f"the model's is {want[1]}")
+        rows.append((ids[p.tensor], p.offset, p.size))
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def _finish(job: SaveJob, tmp: Path, files: list, found: list | None = None) -> Path:
+    """Rank 0: index, rename, marker, prune. ``found``: per file, its pieces
+    ``(tensor, offset, size, dtype)``; None reads them from the files' metadata."""
     where = f"checkpoint of step {job.step} in {tmp}"
-    found = []
-    for name in files:
-        with open_read(tmp / name) as f:
-            if job.layout == "shared":
-                from .shared import list_shared_pieces
-                found.append(list_shared_pieces(f))
-            else:
-                found.append(list_pieces(f))
+    if found is None:
+        found = []
+        for name in files:
+            with open_read(tmp / name) as f:
+                if job.layout == "shared":
+                    from .shared import list_shared_pieces
+                    found.append(list_shared_pieces(f))
+                else:
+                    found.append(list_pieces(f))
     failpoint("ckpt-before-index", step=job.step, rank=0)
     table = build_tables(job.expected, found, files, where)
     write_index(tmp, {**job.attrs, "layout": job.layout, "step": job.step}, job.expected, table, files,

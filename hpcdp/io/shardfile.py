@@ -44,12 +44,12 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int) -> None:
     """Write ``snap`` (a :class:`~hpcdp.io.snapshot.Snapshot`) to ``path`` and fsync it."""
     pieces = snap.pieces
     blocks = [block_elements(p.data.dtype.itemsize) for p in pieces]
-    offsets = []
+    offsets, groups = [], {}
     with create(path) as f:
         set_attrs(f, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "rank",
                       **attrs, **snap.scalars})
         for p, block in zip(pieces, blocks):
-            ds = raw_dataset(f, f"{p.tensor}/{p.offset}", p.size, p.data.dtype)
+            ds = raw_dataset(f, f"{p.tensor}/{p.offset}", p.size, p.data.dtype, groups)
             ds.attrs["offset"] = np.int64(p.offset)
             ds.attrs["block"] = np.int64(block)
             ds.attrs["sha256"] = np.zeros((-(-p.size // block), 32), dtype=np.uint8)  # filled below

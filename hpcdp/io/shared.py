@@ -19,7 +19,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
-from .agree import allreduce_gently
+from .agree import allgather_rows
 from .checksum import block_digests, block_elements
 from .errors import CheckpointError
 from .failpoint import failpoint
@@ -37,28 +37,6 @@ def check_available() -> None:
         raise CheckpointError(NO_MPI)
 
 
-def _exchange(comm, rows: np.ndarray, digests: np.ndarray, timeout: float):
-    """Every rank's (tensor, offset, size, blocks) rows and digests, in rank order."""
-    size, rank = comm.Get_size(), comm.Get_rank()
-    counts = np.zeros((size, 2), dtype=np.int64)
-    counts[rank] = (len(rows), len(digests))
-    if size > 1:
-        allreduce_gently(counts.reshape(-1), comm, "sum", timeout)
-    max_rows, max_dig = int(counts[:, 0].max()), int(counts[:, 1].max())
-    all_rows = np.zeros((size, max_rows, 4), dtype=np.int64)
-    all_dig = np.zeros((size, max_dig, 32), dtype=np.uint8)
-    all_rows[rank, :len(rows)] = rows
-    all_dig[rank, :len(digests)] = digests
-    if size > 1:
-        allreduce_gently(all_rows.reshape(-1), comm, "sum", timeout)
-        allreduce_gently(all_dig.reshape(-1), comm, "sum", timeout)  # one rank per slot: no carries
-    out_rows, out_dig = [], []
-    for r in range(size):
-        out_rows.append(all_rows[r, :counts[r, 0]])
-        out_dig.append(all_dig[r, :counts[r, 1]])
-    return np.concatenate(out_rows), np.concatenate(out_dig)
-
-
 def write_shared(path, snap, expected: dict, comm, *, step: int, timeout: float = 300.0) -> None:
     """Collective: every rank of ``comm`` calls it with its snapshot; ``expected``
     (tensor -> (shape, dtype), the same everywhere) fixes the datasets and their order."""
@@ -73,9 +51,10 @@ def write_shared(path, snap, expected: dict, comm, *, step: int, timeout: float 
         digs.append(d)
     rows_a = np.array(rows, dtype=np.int64).reshape(-1, 4)
     digs_a = np.concatenate(digs) if digs else np.zeros((0, 32), np.uint8)
-    every_rows, every_dig = _exchange(comm, rows_a, digs_a, timeout)
+    every_rows = np.concatenate(allgather_rows(comm, rows_a, timeout=timeout))
+    every_dig = np.concatenate(allgather_rows(comm, digs_a, timeout=timeout))
     starts = np.concatenate([[0], np.cumsum(every_rows[:, 3])]).astype(np.int64)
-    mine = {}
+    mine, groups = {}, {}
     with h5py.File(path, "w", driver="mpio", comm=comm, libver=LIBVER) as f:
         set_attrs(f, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "shared",
                       "world_size": comm.Get_size(), "step": step})
@@ -85,7 +64,7 @@ def write_shared(path, snap, expected: dict, comm, *, step: int, timeout: float 
                 continue
             order = sel[np.argsort(every_rows[sel, 1], kind="stable")]
             shape, dtype = expected[name]
-            ds = raw_dataset(f, name, int(np.prod(shape, dtype=np.int64)), dtype)
+            ds = raw_dataset(f, name, int(np.prod(shape, dtype=np.int64)), dtype, groups)
             ds.attrs["shape"] = np.array(shape, dtype=np.int64)
             ds.attrs["pieces"] = every_rows[order][:, 1:3]
             ds.attrs["block"] = np.int64(block_elements(ds.dtype.itemsize))
