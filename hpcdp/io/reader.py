@@ -2,8 +2,8 @@
 
 A rank asks for ``[lo, lo + n)`` of one tensor; the reader intersects that with the
 tensor's pieces (``index.pieces``), and for each overlap reads the checksum blocks
-that cover it (never the whole piece), checks their SHA-256 and copies the wanted
-elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
+that cover it (never the whole piece), checks their SHA-256 (in a thread, while the
+next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
 
 Files are opened once (HDF5 metadata through h5py, bulk bytes with ``pread`` at the
 dataset's offset) and their size is compared with the index first: a missing or
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,18 @@ from .h5 import open_read, pread_into
 from .ranges import Span, blocks_covering, intersect
 
 
+def _sha256(buf: np.ndarray) -> bytes:
+    return hashlib.sha256(buf.view(np.uint8)).digest()
+
+
 class Reader:
     def __init__(self, ckpt_dir, index):
         self.dir, self.index = Path(ckpt_dir), index
         self.layout = index.attrs.get("layout", "split")
         self._open_files: dict = {}
         self.bytes_read = 0
+        # hashlib releases the GIL: one thread checks block k while block k + 1 is read
+        self._hasher = ThreadPoolExecutor(max_workers=1)
 
     # -- files -----------------------------------------------------------------
     def _file(self, fi: int):
@@ -55,6 +62,7 @@ class Reader:
             h5.close()
             os.close(fd)
         self._open_files = {}
+        self._hasher.shutdown(wait=True)
 
     def __enter__(self):
         return self
@@ -98,7 +106,8 @@ class Reader:
         block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
         offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
         b0, b1 = blocks_covering(span, block)
-        for b in range(b0, b1):  # one checksum block at a time: 4 MiB of memory at most
+        checks = []  # (block, lo, hi, future digest): hashing runs while the next block is read
+        for b in range(b0, b1):  # one checksum block at a time
             lo, hi = b * block, min((b + 1) * block, piece_size)
             inside = lo >= span.offset and hi <= span.end
             # a block the span covers whole is read straight into `out` (no copy)
@@ -108,13 +117,15 @@ class Reader:
             else:
                 buf[...] = ds[ds_start + lo:ds_start + hi]
             self.bytes_read += buf.nbytes
-            if hashlib.sha256(buf.view(np.uint8)).digest() != digests[b].tobytes():
-                raise CheckpointError(f"{where}: SHA-256 mismatch in block {b} (elements "
-                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
-                                      "is corrupt; use an earlier checkpoint")
+            checks.append((b, lo, hi, self._hasher.submit(_sha256, buf)))
             if not inside:
                 c0, c1 = max(lo, span.offset), min(hi, span.end)
                 out[c0 - span.offset:c1 - span.offset] = buf[c0 - lo:c1 - lo]
+        for b, lo, hi, digest in checks:
+            if digest.result() != digests[b].tobytes():
+                raise CheckpointError(f"{where}: SHA-256 mismatch in block {b} (elements "
+                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
+                                      "is corrupt; use an earlier checkpoint")
 
     def _digests(self, ds, piece_off, piece_size, where):
         """(block elements, this piece's digests, the piece's first element in ``ds``)."""
