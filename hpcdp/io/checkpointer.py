@@ -52,9 +52,11 @@ class Checkpointer:
         if self.c.layout == "shared":
             from .shared import check_available
             check_available()
-        self.comm = world.comm.Dup()
+        from hpcdp.failure.deadline import idup
+        what = "the other ranks to set up checkpointing"
+        self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
         if self.enabled and self.c.on_signal:
-            self.stop = GracefulStop(world.comm.Dup(), timeout=self.timeout)
+            self.stop = GracefulStop(idup(world.comm, self.timeout, what), timeout=self.timeout)
         if self.c.asynchronous:
             from .background import BackgroundSaver
             self.background = BackgroundSaver()
@@ -75,7 +77,7 @@ class Checkpointer:
         state = {
             "step": step, "next_epoch": next_epoch, "next_batch": next_batch,
             "global_batch": s.global_batch, "n_train": s.n, "batches_per_epoch": s.batches_per_epoch,
-            "data_seed": s.seed, "last_batch": s.last_batch,
+            "data_seed": s.seed, "last_batch": getattr(s, "last_batch", "drop"),
             "total_steps": self.total, "lr": lr_at(self.cfg.optim, max(step, 1), self.total),
             "lr_schedule": self.cfg.optim.schedule, "warmup_steps": self.cfg.optim.warmup_steps,
             "optimizer_kind": self.optimizer.kind,
