@@ -8,12 +8,13 @@ the next collective. The agreement is two small allreduces of
 :mod:`hpcdp.comm`, each bounded by the comm timeout: a rank that died (or never
 arrives) turns into ``CollectiveTimeout`` naming it, not a hang.
 
-The waits poll with short sleeps instead of spinning, so an agreement running in
-the background writer's thread leaves the GIL to training.
+In the background writer's thread the waits poll with short sleeps instead of
+spinning, so an agreement running there leaves the GIL to training.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -24,9 +25,16 @@ MESSAGE_BYTES = 2048  # longer messages are cut (they name the file first)
 
 
 def allreduce_gently(buf: np.ndarray, comm, op: str, timeout: float) -> np.ndarray:
+    """In-place allreduce of hpcdp.comm, bounded by ``timeout``. In the training
+    thread it polls like any collective (lowest latency: nothing else runs then); in
+    the background writer's thread it sleeps between polls, so the GIL stays with
+    training."""
     from hpcdp.comm import iallreduce
 
     req = iallreduce(buf, comm=comm, op=op, timeout=timeout)
+    if threading.current_thread() is threading.main_thread():
+        req.wait(timeout=timeout)
+        return buf
     deadline = time.monotonic() + timeout
     while not req.test():
         if time.monotonic() > deadline:
@@ -76,9 +84,10 @@ def _share_text(comm, text: str, root: int, timeout: float) -> str:
     return bytes(buf).rstrip(b"\0").decode(errors="replace")
 
 
-def on_root(comm, fn, *, timeout: float = 300.0, root: int = 0) -> str:
-    """Run ``fn() -> str`` on ``root`` and give every rank its result (short strings,
-    e.g. a path); a CheckpointError or OSError raised there is raised everywhere."""
+def on_root(comm, fn, *, timeout: float = 300.0, root: int = 0, share: bool = True):
+    """Run ``fn()`` on ``root``; an error raised there is raised on every rank. With
+    ``share`` every rank gets its result (a short string, e.g. a path); without, only
+    the outcome is shared (one allreduce less) and the value stays on ``root``."""
     value, error = "", None
     if comm is None or comm.Get_rank() == root:
         try:
@@ -92,7 +101,7 @@ def on_root(comm, fn, *, timeout: float = 300.0, root: int = 0) -> str:
             raise CheckpointError(error)
         return value
     agree(comm, error, timeout=timeout)
-    return _share_text(comm, value, root, timeout)
+    return _share_text(comm, value, root, timeout) if share else value
 
 
 def all_ok(comm, fn, *, timeout: float = 300.0):

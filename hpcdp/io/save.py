@@ -22,9 +22,9 @@ import numpy as np
 
 from .agree import all_ok, allgather_rows, on_root
 from .errors import CheckpointError
-from .commit import commit, prepare, prune
+from .commit import commit, prepare, prune, tmp_dir
 from .failpoint import failpoint
-from .format import SHARED_FILE, rank_file_name
+from .format import SHARED_FILE, rank_file_name, step_dir_name
 from .h5 import open_read
 from .index import build_tables, write_index
 from .shardfile import list_pieces, write_rank_file
@@ -47,7 +47,9 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
     """Write ``job`` as the checkpoint of ``job.step``; returns its directory."""
     rank = comm.Get_rank() if comm is not None else 0
     size = comm.Get_size() if comm is not None else 1
-    tmp = Path(on_root(comm, lambda: str(prepare(job.root, job.step)), timeout=timeout))
+    # rank 0 makes the temporary directory; its name is known to all (commit.tmp_dir)
+    on_root(comm, lambda: prepare(job.root, job.step), timeout=timeout, share=False)
+    tmp = tmp_dir(job.root, job.step)
     mine = all_ok(comm, lambda: _piece_rows(job), timeout=timeout)
     if job.layout == "shared":
         from .shared import write_shared
@@ -65,8 +67,8 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
     found = [[(names[t], o, n, job.expected[names[t]][1]) for t, o, n in rows] for rows in every]
     if job.layout == "shared":
         found = [sum(found, [])]
-    final = on_root(comm, lambda: str(_finish(job, tmp, files, found)), timeout=timeout)
-    return Path(final)
+    on_root(comm, lambda: _finish(job, tmp, files, found), timeout=timeout, share=False)
+    return Path(job.root) / step_dir_name(job.step)
 
 
 def _piece_rows(job: SaveJob) -> np.ndarray:

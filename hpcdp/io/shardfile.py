@@ -7,10 +7,10 @@ with attributes ``offset`` (element offset in the flattened tensor), ``block``
 carry the rank, the world size and this rank's scalars (optimizer step count, PS
 server version).
 
-Write order: the HDF5 structure (small; digests as zeros), then the bulk bytes with
-``pwrite`` at the offsets HDF5 allocated while a thread computes the digests, then
-the digests written in place (same shape: the file's layout does not move), then
-``fsync``.
+Write order, in one pass over the open file: the HDF5 structure (small), the bulk
+bytes with ``pwrite`` at the offsets HDF5 allocated (a second descriptor: HDF5 itself
+writes only metadata, elsewhere in the file), then the digests, which a thread has
+been computing meanwhile, as attributes; close, ``fsync``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import h5py
 import numpy as np
 
 from .checksum import block_digests, block_elements
 from .failpoint import failpoint
-from .format import FORMAT_NAME, FORMAT_VERSION, LIBVER
+from .format import FORMAT_NAME, FORMAT_VERSION
 from .h5 import create, fsync_file, pwrite_all, raw_dataset
 
 
@@ -44,32 +43,31 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int) -> None:
     """Write ``snap`` (a :class:`~hpcdp.io.snapshot.Snapshot`) to ``path`` and fsync it."""
     pieces = snap.pieces
     blocks = [block_elements(p.data.dtype.itemsize) for p in pieces]
-    offsets, groups = [], {}
-    with create(path) as f:
+    groups = {}
+    with create(path) as f, ThreadPoolExecutor(max_workers=1) as pool:
+        # digests in a thread from now on, while the structure is made and the bytes
+        # written (hashlib and pwrite release the GIL)
+        digests = [pool.submit(block_digests, p.data, b) for p, b in zip(pieces, blocks)]
         set_attrs(f, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "rank",
                       **attrs, **snap.scalars})
+        datasets = []
         for p, block in zip(pieces, blocks):
             ds = raw_dataset(f, f"{p.tensor}/{p.offset}", p.size, p.data.dtype, groups)
             ds.attrs["offset"] = np.int64(p.offset)
             ds.attrs["block"] = np.int64(block)
-            ds.attrs["sha256"] = np.zeros((-(-p.size // block), 32), dtype=np.uint8)  # filled below
-            offsets.append(ds.id.get_offset())
-    # The bytes and their digests at once: a thread hashes while this one writes
-    # (hashlib and pwrite both release the GIL), then the digests go in place.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        digests = [pool.submit(block_digests, p.data, b) for p, b in zip(pieces, blocks)]
+            datasets.append(ds)
+        # The bulk bytes go to the storage HDF5 allocated (early, never filled) through
+        # a second descriptor: HDF5 writes only metadata, elsewhere in the file.
         fd = os.open(path, os.O_WRONLY)
         try:
-            for i, (p, off) in enumerate(zip(pieces, offsets)):
-                pwrite_all(fd, p.data, off)
+            for i, (p, ds) in enumerate(zip(pieces, datasets)):
+                pwrite_all(fd, p.data, ds.id.get_offset())
                 if i == len(pieces) // 2:
                     failpoint("ckpt-mid-write", step=step, rank=rank)
         finally:
             os.close(fd)
-        digests = [d.result() for d in digests]
-    with h5py.File(path, "r+", libver=LIBVER) as f:
-        for p, d in zip(pieces, digests):
-            f[f"{p.tensor}/{p.offset}"].attrs.modify("sha256", d)
+        for ds, d in zip(datasets, digests):
+            ds.attrs["sha256"] = d.result()
     fsync_file(path)
 
 
