@@ -4,8 +4,9 @@ Same state saved twice gives byte-identical files because every file is created
 with fixed library-version bounds (``format.LIBVER``), no object timestamps
 (``track_times=False``, h5py's default, passed explicitly) and the same sequence of
 creations. Bulk data bypasses HDF5: a dataset is created with its storage allocated
-up front and no fill, its file offset is read back, the file is closed, and the
-bytes go in with ``os.pwrite`` (which releases the GIL, and runs at ``dd`` speed).
+up front and no fill, its file offset is read back, and the bytes go in with
+``os.pwrite`` through a second descriptor (HDF5 itself writes only metadata,
+elsewhere in the file); ``pwrite`` releases the GIL and copies at page-cache speed.
 Reads take the same path with ``os.pread``; a dataset that is not contiguous
 (someone repacked the file with chunks) is read through h5py instead.
 """
