@@ -100,6 +100,7 @@ def _evict(paths) -> None:
 def worker(args) -> None:
     from mpi4py import MPI
 
+    from hpcdp.io.checksum import hash_threads
     from hpcdp.io.load import load
     from hpcdp.io.protocol import Piece
     from hpcdp.io.runstate import expected_tensors
@@ -123,8 +124,12 @@ def worker(args) -> None:
     root = Path(args.dir) / f"hpcdp-{args.size}-{args.layout}-{size}"
     nbytes = np.array([snap.nbytes], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, nbytes)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    threads = hash_threads(local.Get_size())  # as the Checkpointer sizes it
+    local.Free()
     job = SaveJob(root, 1, snap, expected, {"strategy": "bench", "world_size": size},
-                  {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {}, layout=args.layout)
+                  {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {}, layout=args.layout,
+                  threads=threads)
     comm.Barrier()
     t0 = time.perf_counter()
     ckpt = save(job, comm)
@@ -139,7 +144,7 @@ def worker(args) -> None:
     targets = [Piece(p.buffer, p.offset, np.full_like(p.array, np.nan)) for p in pieces]
     comm.Barrier()
     t0 = time.perf_counter()
-    load(ckpt, targets, layout, expected, "adamw", comm)
+    load(ckpt, targets, layout, expected, "adamw", comm, threads=threads)
     t_read = time.perf_counter() - t0
     read_s = comm.allreduce(t_read, op=MPI.MAX)
     same = all(np.array_equal(a.array, b.array) for a, b in zip(pieces, targets))

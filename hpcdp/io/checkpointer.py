@@ -36,6 +36,8 @@ class Checkpointer:
         self.enabled = self.c.enabled
         self.root = Path(self.c.dir) if self.c.dir else self.run_dir / "checkpoints"
         self.timeout = float(cfg.comm.timeout)
+        from .checksum import hash_threads
+        self.threads = hash_threads(getattr(world, "local_size", 1))  # this rank's share of the node
         self.last_saved = -1
         self.stopped_by = 0
         self.saved_path: Path | None = None
@@ -110,7 +112,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         targets = self.strategy.checkpoint_targets()
         index, nbytes = load(path, targets, self.flat.layout, self.expected(), self.optimizer.kind,
-                             self.comm, backend=self.flat.backend, timeout=self.timeout)
+                             self.comm, backend=self.flat.backend, timeout=self.timeout, threads=self.threads)
         self._check_run_state(index, path)
         self.strategy.checkpoint_restored()
         restore_random_streams(self.model, index.arrays.get("random_streams", np.zeros(0)), f"checkpoint {path}")
@@ -177,7 +179,7 @@ class Checkpointer:
         rank_arrays = rank_scalar_arrays(self.comm, self.strategy.checkpoint_scalars(), timeout=self.timeout)
         attrs, state, arrays = self._state(step, rank_arrays)
         job = SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays,
-                      layout=self.c.layout, keep=self.c.keep)
+                      layout=self.c.layout, keep=self.c.keep, threads=self.threads)
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes

@@ -21,6 +21,7 @@ large buffers (so the asynchronous writer's hashing overlaps training).
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 
@@ -44,6 +45,26 @@ def block_digests(arr: np.ndarray, block: int) -> np.ndarray:
     return out
 
 
+def hash_threads(local_ranks: int = 1) -> int:
+    """Threads one rank hashes with: its share of the node's cores (1 to 8). SHA-256
+    is the CPU cost of a save and of a load; hashlib releases the GIL, so threads
+    scale it across cores."""
+    return max(1, min(8, (os.cpu_count() or 1) // max(1, int(local_ranks))))
+
+
+def submit_digests(pool, arr: np.ndarray, block: int, chunk_blocks: int = 16):
+    """Start hashing 1-D ``arr``'s blocks on ``pool``, ``chunk_blocks`` blocks per task
+    (so one large piece spreads over every thread); returns a function that waits and
+    gives the (blocks, 32) digests."""
+    arr = np.ascontiguousarray(arr).reshape(-1)
+    step = block * chunk_blocks
+    futures = [pool.submit(block_digests, arr[lo:lo + step], block) for lo in range(0, arr.shape[0], step)]
+
+    def result() -> np.ndarray:
+        return np.concatenate([f.result() for f in futures]) if futures else np.zeros((0, 32), np.uint8)
+    return result
+
+
 def first_bad_block(data: np.ndarray, first_block: int, block: int, digests: np.ndarray) -> int | None:
     """Check 1-D ``data``, which starts at block ``first_block`` of its piece, against
     the piece's ``digests``; returns the first bad block index (piece coordinates)."""
@@ -64,4 +85,5 @@ def sha256_file(path) -> str:
     return h.hexdigest()
 
 
-__all__ = ["block_elements", "block_digests", "first_bad_block", "sha256_file"]
+__all__ = ["block_elements", "block_digests", "submit_digests", "hash_threads", "first_bad_block",
+           "sha256_file"]

@@ -24,9 +24,9 @@ from .reader import Reader
 from .runstate import compatibility_problem
 
 
-def fill_targets(ckpt_dir, index, targets, layout, backend=None) -> int:
+def fill_targets(ckpt_dir, index, targets, layout, backend=None, threads: int = 1) -> int:
     """Read every target piece; returns the bytes read from data files."""
-    with Reader(ckpt_dir, index) as reader:
+    with Reader(ckpt_dir, index, threads) as reader:
         for piece in targets:
             on_host = isinstance(piece.array, np.ndarray)
             dtype = np.dtype(piece.array.dtype)
@@ -43,7 +43,7 @@ def fill_targets(ckpt_dir, index, targets, layout, backend=None) -> int:
 
 
 def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str, comm, *, backend=None,
-         timeout: float = 300.0):
+         timeout: float = 300.0, threads: int = 1):
     """Check compatibility and fill ``targets`` on every rank; returns
     ``(index, bytes read on this rank)`` or raises the same error everywhere."""
     ckpt_dir = Path(ckpt_dir)
@@ -53,7 +53,7 @@ def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str, comm, *
         problem = compatibility_problem(index, expected, optimizer_kind)
         if problem:
             raise CheckpointError(f"checkpoint {ckpt_dir}: {problem}")
-        return index, fill_targets(ckpt_dir, index, targets, layout, backend)
+        return index, fill_targets(ckpt_dir, index, targets, layout, backend, threads)
 
     return all_ok(comm, run, timeout=timeout)
 

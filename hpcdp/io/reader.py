@@ -29,13 +29,13 @@ def _sha256(buf: np.ndarray) -> bytes:
 
 
 class Reader:
-    def __init__(self, ckpt_dir, index):
+    def __init__(self, ckpt_dir, index, threads: int = 1):
         self.dir, self.index = Path(ckpt_dir), index
         self.layout = index.attrs.get("layout", "split")
         self._open_files: dict = {}
         self.bytes_read = 0
-        # hashlib releases the GIL: one thread checks block k while block k + 1 is read
-        self._hasher = ThreadPoolExecutor(max_workers=1)
+        # hashlib releases the GIL: threads check block k while block k + 1 is read
+        self._hasher = ThreadPoolExecutor(max_workers=threads)
 
     # -- files -----------------------------------------------------------------
     def _file(self, fi: int):

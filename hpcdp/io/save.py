@@ -41,6 +41,7 @@ class SaveJob:
     arrays: dict = field(default_factory=dict)   # index /state datasets
     layout: str = "split"
     keep: int = 0
+    threads: int = 1            # hashing threads of this rank (checksum.hash_threads)
 
 
 def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
@@ -55,12 +56,12 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
         from .shared import write_shared
         files = [SHARED_FILE]
         all_ok(comm, lambda: write_shared(tmp / SHARED_FILE, job.snapshot, job.expected, comm,
-                                          step=job.step, timeout=timeout), timeout=timeout)
+                                          step=job.step, timeout=timeout, threads=job.threads), timeout=timeout)
     else:
         files = [rank_file_name(r) for r in range(size)]
         attrs = {"rank": rank, "world_size": size, "step": job.step}
-        all_ok(comm, lambda: write_rank_file(tmp / files[rank], job.snapshot, attrs, step=job.step, rank=rank),
-               timeout=timeout)
+        all_ok(comm, lambda: write_rank_file(tmp / files[rank], job.snapshot, attrs, step=job.step, rank=rank,
+                                             threads=job.threads), timeout=timeout)
     # Every rank's piece table reaches rank 0 (its files are not reopened to learn it).
     every = allgather_rows(comm, mine, timeout=timeout)
     names = list(job.expected)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .checksum import block_digests, block_elements
+from .checksum import block_elements, submit_digests
 from .failpoint import failpoint
 from .format import FORMAT_NAME, FORMAT_VERSION
 from .h5 import create, fsync_file, pwrite_all, raw_dataset
@@ -39,15 +39,16 @@ def set_attrs(obj, attrs: dict) -> None:
         obj.attrs[key] = value
 
 
-def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int) -> None:
-    """Write ``snap`` (a :class:`~hpcdp.io.snapshot.Snapshot`) to ``path`` and fsync it."""
+def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: int = 1) -> None:
+    """Write ``snap`` (a :class:`~hpcdp.io.snapshot.Snapshot`) to ``path`` and fsync it;
+    ``threads`` hash (checksum.hash_threads)."""
     pieces = snap.pieces
     blocks = [block_elements(p.data.dtype.itemsize) for p in pieces]
     groups = {}
-    with create(path) as f, ThreadPoolExecutor(max_workers=1) as pool:
-        # digests in a thread from now on, while the structure is made and the bytes
+    with create(path) as f, ThreadPoolExecutor(max_workers=threads) as pool:
+        # digests in threads from now on, while the structure is made and the bytes
         # written (hashlib and pwrite release the GIL)
-        digests = [pool.submit(block_digests, p.data, b) for p, b in zip(pieces, blocks)]
+        digests = [submit_digests(pool, p.data, b) for p, b in zip(pieces, blocks)]
         set_attrs(f, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "rank",
                       **attrs, **snap.scalars})
         datasets = []
@@ -67,7 +68,7 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int) -> None:
         finally:
             os.close(fd)
         for ds, d in zip(datasets, digests):
-            ds.attrs["sha256"] = d.result()
+            ds.attrs["sha256"] = d()
     fsync_file(path)
 
 

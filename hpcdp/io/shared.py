@@ -16,11 +16,13 @@ Needs h5py built against the same MPI as mpi4py (``bash .ci/parallel-hdf5.sh``).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import h5py
 import numpy as np
 
 from .agree import allgather_rows
-from .checksum import block_digests, block_elements
+from .checksum import block_elements, submit_digests
 from .errors import CheckpointError
 from .failpoint import failpoint
 from .format import FORMAT_NAME, FORMAT_VERSION, LIBVER
@@ -37,18 +39,20 @@ def check_available() -> None:
         raise CheckpointError(NO_MPI)
 
 
-def write_shared(path, snap, expected: dict, comm, *, step: int, timeout: float = 300.0) -> None:
+def write_shared(path, snap, expected: dict, comm, *, step: int, timeout: float = 300.0,
+                 threads: int = 1) -> None:
     """Collective: every rank of ``comm`` calls it with its snapshot; ``expected``
     (tensor -> (shape, dtype), the same everywhere) fixes the datasets and their order."""
     check_available()
     tensors = list(expected)
     ids = {t: i for i, t in enumerate(tensors)}
     rows, digs = [], []
-    for p in snap.pieces:
-        block = block_elements(p.data.dtype.itemsize)
-        d = block_digests(p.data, block)
-        rows.append((ids[p.tensor], p.offset, p.size, len(d)))
-        digs.append(d)
+    with ThreadPoolExecutor(max_workers=threads) as pool:  # hashlib releases the GIL
+        pending = [submit_digests(pool, p.data, block_elements(p.data.dtype.itemsize)) for p in snap.pieces]
+        for p, result in zip(snap.pieces, pending):
+            d = result()
+            rows.append((ids[p.tensor], p.offset, p.size, len(d)))
+            digs.append(d)
     rows_a = np.array(rows, dtype=np.int64).reshape(-1, 4)
     digs_a = np.concatenate(digs) if digs else np.zeros((0, 32), np.uint8)
     every_rows = np.concatenate(allgather_rows(comm, rows_a, timeout=timeout))
