@@ -46,6 +46,10 @@ STRATEGIES = {
     "ps1": {"strategy": "ps", "ps": {"servers": 1, "mode": "sync"}},
     "ps_worker": {"strategy": "ps", "ps": {"servers": 2, "update": "worker"}},
     "ps_async": {"strategy": "ps", "ps": {"servers": 2, "mode": "async", "staleness": 0}},
+    # small groups: a rank owns several ranges (one per group), as on a real model
+    "zero1": {"strategy": "zero", "zero": {"stage": 1, "bucket_mb": 0.001}},
+    "zero2": {"strategy": "zero", "zero": {"stage": 2, "bucket_mb": 0.001}},
+    "zero3": {"strategy": "zero", "zero": {"stage": 3}},
 }
 
 

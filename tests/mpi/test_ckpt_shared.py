@@ -29,7 +29,7 @@ def _step(root, s):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("strategy", ["ddp", "ps"])
+@pytest.mark.parametrize("strategy", ["ddp", "ps", "zero3"])
 def test_shared_equals_split_and_loads_in_either_layout_at_any_rank_count(strategy):
     from hpcdp.io.checkpointer import Checkpointer
     from hpcdp.io.inspect import weights_sha256
