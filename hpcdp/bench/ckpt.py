@@ -163,8 +163,8 @@ def dd_point(files, ranks: int, directory: Path) -> dict:
     """``dd`` of the same bytes: R parallel ``dd conv=fsync`` copy the checkpoint's data
     files (one file each; the one shared file in R byte ranges) to new files on the
     same disk (the sources were just read: page cache), then, after eviction, R
-    parallel ``dd`` read the copies. Not /dev/zero: this disk writes zeros several
-    times faster than data (measured: 1635 vs 428 MiB/s), which would flatter dd."""
+    parallel ``dd`` read the copies. Not /dev/zero: the development VM's disk wrote
+    zeros several times faster than data, which would flatter dd."""
     sizes = [os.path.getsize(f) for f in files]
     jobs = []  # (source, skip bytes, count bytes)
     if len(files) == ranks:
