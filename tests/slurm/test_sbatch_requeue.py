@@ -66,7 +66,7 @@ def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
     cfg = tmp_path / "job.toml"
     cfg.write_text(CONFIG)
     runs = tmp_path / "runs"
-    job = Job(tmp_path, ["-n", "2", "--time=10"], ["--config", str(cfg)],
+    job = Job(tmp_path, ["-n", "2"], ["--config", str(cfg)],
               {"HPCDP_PYTHON": venv_python(), "HPCDP_RUN_ROOT": str(runs), "HPCDP_MAX_REQUEUE": "1",
                "HPCDP_SET": None, "HPCDP_LAUNCHER": None})
     try:
