@@ -9,10 +9,12 @@
     hpcdp bench comm-overhead [options] one small collective's time by layer (under mpiexec)
     hpcdp bench startup [options]       launch to first step and to exit, per rank count
     hpcdp bench exact [options]         exact vs fast mode: step time, bytes, loss curves
+    hpcdp bench ckpt [options]          checkpoint write/read bandwidth vs dd, save stall
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
     hpcdp data prepare --text PATH... --out corpus.h5   tokenize text for data.kind = "tokens"
     hpcdp data info corpus.h5           describe a token corpus
     hpcdp check-exact --config FILE --ranks 1,2,3,4 [--strategies ddp,ps]   exact mode's hashes agree?
+    hpcdp ckpt {ls,info,verify,export} ...    inspect, check and export checkpoints
 
 Bad input (config, data files, a launch without a strategy) prints one error line
 on rank 0, without a traceback, and exits with status 2 on every rank. A failure on
@@ -55,12 +57,15 @@ def _train(argv) -> int:
     p.add_argument("--config", help="TOML config file (default: the built-in digits MLP job)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key; the value is TOML (e.g. 0.05, true, [64, 10], \"s\")")
+    p.add_argument("--resume", metavar="DIR|latest",
+                   help="continue from a checkpoint: a step-* directory, a folder of them (its newest "
+                        "complete one), a run directory, or 'latest' (the newest in checkpoint.dir)")
     args = p.parse_args(argv)
     from hpcdp.failure.policy import run_job
 
     def train():
         from hpcdp.train import main_train
-        main_train(args.config, args.set)
+        main_train(args.config, args.set, resume=args.resume)
 
     return run_job(train)
 
@@ -69,7 +74,7 @@ def _bench(argv) -> int:
     commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives",
                 "faults": "hpcdp.bench.faults", "soak": "hpcdp.bench.soak", "data": "hpcdp.bench.data",
                 "comm-overhead": "hpcdp.bench.comm_overhead", "startup": "hpcdp.bench.startup",
-                "exact": "hpcdp.exact.bench"}
+                "exact": "hpcdp.exact.bench", "ckpt": "hpcdp.bench.ckpt"}
     if not argv or argv[0] not in commands:
         print(f"usage: hpcdp bench {{{','.join(commands)}}} [options]", file=sys.stderr)
         return USAGE_ERROR
@@ -96,6 +101,12 @@ def _check_exact(argv) -> int:
     return check_main(argv)
 
 
+def _ckpt(argv) -> int:
+    from hpcdp.io.cli import main as ckpt_main
+
+    return ckpt_main(argv)
+
+
 def _one_thread_per_rank_under_a_launcher() -> None:
     """Several ranks on one node each start a BLAS/numba thread pool as wide as the
     node: they then fight for the cores. Under an MPI launcher, default every pool to
@@ -111,7 +122,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
     commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data,
-                "check-exact": _check_exact}
+                "check-exact": _check_exact, "ckpt": _ckpt}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR

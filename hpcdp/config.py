@@ -1,7 +1,7 @@
 """Typed run configuration: dataclasses loaded from TOML, validated with clear errors.
 
 A config has one table per section (``run``, ``model``, ``data``, ``train``,
-``optim``, ``parallel``, ``comm``). Every dataclass validates itself in
+``optim``, ``parallel``, ``comm``, ``checkpoint``). Every dataclass validates itself in
 ``__post_init__`` and every error names the dotted key and what is allowed::
 
     optim.kind: 'adam' is not allowed; choose one of 'sgd', 'adamw'
@@ -371,9 +371,34 @@ class CommConfig:
         _range(s, "setup_timeout", self.setup_timeout, 0.0, lo_open=True)
 
 
+@dataclass
+class CheckpointConfig:
+    """``[checkpoint]``: sharded HDF5 checkpoints (hpcdp/io/, docs/checkpoints.md).
+    On when ``every > 0`` or ``dir`` is set."""
+    SECTION: ClassVar[str] = "checkpoint"
+    dir: str = ""            # folder of step-* checkpoints; "": <run dir>/checkpoints
+    every: int = 0           # save every K optimizer steps (0: not periodically)
+    keep: int = 0            # keep the L newest complete checkpoints (0: all)
+    final: bool = True       # also save after the last step
+    on_signal: bool = True   # SIGTERM / SIGUSR1: finish the step, save, exit 0
+    layout: str = "split"    # "split": one file per rank; "shared": one file (parallel HDF5)
+    asynchronous: bool = False  # copy to host memory, write in a background thread
+
+    def __post_init__(self):
+        s = self.SECTION
+        _range(s, "every", self.every, 0)
+        _range(s, "keep", self.keep, 0)
+        _choice(s, "layout", self.layout, ("split", "shared"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0 or bool(self.dir)
+
+
 SECTIONS: dict[str, type] = {
     "run": RunConfig, "model": ModelConfig, "data": DataConfig, "train": TrainConfig,
     "optim": OptimConfig, "parallel": ParallelConfig, "comm": CommConfig, "sample": SampleConfig,
+    "checkpoint": CheckpointConfig,
 }
 
 
@@ -387,6 +412,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self):
         # Seeds left at -1 follow run.seed, so one number reproduces a run.

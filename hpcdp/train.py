@@ -28,6 +28,7 @@ from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
 from hpcdp.exact.digest import weights_sha256
 from hpcdp.generate import sample_at_end
+from hpcdp.io.checkpointer import Checkpointer
 from hpcdp.metrics import MetricsWriter, StepGather
 from hpcdp.optim import build_optimizer, lr_at
 from hpcdp.rundir import new_run_dir
@@ -105,8 +106,9 @@ def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, b
     return {"loss": sums[0] / count, "accuracy": sums[1] / count, "n": int(sums[2])}
 
 
-def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
-    """Train as ``cfg`` says. ``model`` overrides ``hpcdp.nn.build_model`` (tests).
+def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) -> dict:
+    """Train as ``cfg`` says. ``model`` overrides ``hpcdp.nn.build_model`` (tests);
+    ``resume``: a checkpoint to continue from (``--resume``: a path or "latest").
 
     Returns a summary dict (run_dir, steps, last loss, last eval) on every worker.
     """
@@ -174,6 +176,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         return path
 
     run_dir = on_root(world.comm, make_run_dir, what="the run directory", timeout=setup_s)
+    # Checkpoints (hpcdp/io/): save every K steps / on SIGTERM, SIGUSR1; --resume.
+    ckpt = Checkpointer(cfg, world=world, strategy=strategy, model=model, optimizer=optimizer,
+                        sampler=batches.sampler, total=total, run_dir=run_dir, resume=resume)
 
     # Workers get their own communicator for metrics; server ranks only serve.
     comm = world.comm
@@ -230,7 +235,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
     pending: list = []  # writer: this rank's part of each step record until the next flush
     step = None
     try:
-        for step in range(1, total + 1):
+        start = ckpt.restore(writer.log if writer_rank else None)
+        for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
             lr = lr_at(cfg.optim, step, total)
             optimizer.lr = lr
@@ -251,8 +257,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                 epoch, _ = batches.position(step - 1)
                 pending.append({"step": step, "epoch": epoch, "lr": lr, "global_batch": global_n,
                                 "samples_per_s": global_n / dt, "step_time_s": dt})
+            stop = ckpt.after_step(step)  # saves when due; True on SIGTERM/SIGUSR1 (saved)
             evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
-            if step == 1 or step % cfg.run.log_every == 0 or step == total or evals_now:
+            if step == 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop:
                 # Every rank flushes after the same steps; only the writer waits.
                 for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
                     last_loss = loss_sum
@@ -264,11 +271,15 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
                 pending.clear()
             if evals_now:
                 last_eval = run_eval(step)
+            if stop:
+                break
+        ckpt.close()
         # Evaluate the final weights: an asynchronous strategy (ps, mode = "async")
         # applies its outstanding updates here; ZeRO-3 still gathers units in eval.
         strategy.finish_updates()
-        last_eval = run_eval(total)
-        sample_at_end(model, ds, cfg.sample, writer if writer_rank else None, run_dir)
+        if not ckpt.stopped_by:  # stopped by a signal: saved, exit now
+            last_eval = run_eval(total)
+            sample_at_end(model, ds, cfg.sample, writer if writer_rank else None, run_dir)
         gather.finish()
         strategy.close()  # idempotent; frees the strategy's communicator and hooks
     except BaseException as e:
@@ -278,10 +289,12 @@ def run_training(cfg: Config, *, world=None, model=None, out=None) -> dict:
         batches.close()
         if exact is not None:
             exact.close()
+        ckpt.close(abandon=True)
         writer.close()
         if comm is not world.comm:
             comm.Free()
-    return {"run_dir": run_dir, "steps": total, "loss": last_loss, "eval": last_eval}
+    return {"run_dir": run_dir, "steps": total, "loss": last_loss, "eval": last_eval,
+            "stopped_by": ckpt.stopped_by, "checkpoint": str(ckpt.saved_path) if ckpt.saved_path else None}
 
 
 def check_state_fits(cfg, strategy, flat, world) -> None:
@@ -314,7 +327,7 @@ def memory_line(step: int, ranks: dict) -> str:
             f"peak RSS {mib('rss_peak_bytes')}")
 
 
-def main_train(config_path=None, overrides=(), out=None) -> dict:
+def main_train(config_path=None, overrides=(), out=None, resume=None) -> dict:
     """``hpcdp train``: load the config (None: built-in default) and train. Every rank
     loads its own config; they must agree (hpcdp.failure.skew) before anything else."""
     from hpcdp.config import CommConfig, load_config
@@ -327,7 +340,7 @@ def main_train(config_path=None, overrides=(), out=None) -> dict:
         cfg = load_config(config_path, overrides)
         agreed.timeout, agreed.fingerprint = cfg.comm.setup_timeout, config_text(cfg)
     world.device = cfg.run.device
-    return run_training(cfg, world=world, out=out)
+    return run_training(cfg, world=world, out=out, resume=resume)
 
 
 __all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train"]

@@ -96,7 +96,7 @@ class CommContext:
         self.parent, self.data, self.ctrl = parent, data, ctrl
         self.rank, self.size = parent.Get_rank(), parent.Get_size()
         self.seq = 0
-        tag_ub = int(data.Get_attr(MPI.TAG_UB))
+        tag_ub = tag_upper_bound(data)
         # tag = (seq mod seq_mod) * step_space + step; step < step_space
         self.step_space = 1 << max(4, (4 * self.size).bit_length())
         self.seq_mod = max(1, (tag_ub - 1) // self.step_space)
@@ -132,9 +132,19 @@ class CommContext:
         return seq % self.ctrl_tag_mod
 
 
+def tag_upper_bound(comm) -> int:
+    """MPI_TAG_UB. Open MPI attaches it to COMM_WORLD and its duplicates but not to
+    communicators made by ``Split`` (mpi4py then returns None): the bound is the
+    same for every communicator, so take COMM_WORLD's."""
+    value = comm.Get_attr(MPI.TAG_UB)
+    if value is None:
+        value = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    return int(value)
+
+
 def _setup(comm, timeout: float) -> CommContext:
     rank, size = comm.Get_rank(), comm.Get_size()
-    tag = int(comm.Get_attr(MPI.TAG_UB))
+    tag = tag_upper_bound(comm)
     peers = [p for p in range(size) if p != rank]
     token_out = np.zeros(1, dtype=np.uint8)
     tokens_in = np.zeros(max(len(peers), 1), dtype=np.uint8)

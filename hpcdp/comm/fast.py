@@ -30,7 +30,19 @@ from hpcdp.comm.diagnose import diagnose, peer_failed
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, Request
 from hpcdp.shard import shard_bounds
 
-_TYPES = {c: MPI.Datatype.fromcode(c) for c in "bBhHiIlLqQefd"}
+def _known_types(codes: str) -> dict:
+    """The MPI datatype of each numpy type code this MPI has (Open MPI 4 has no
+    float16, 'e': mpi4py cannot map it there, and importing hpcdp.comm must not fail)."""
+    out = {}
+    for c in codes:
+        try:
+            out[c] = MPI.Datatype.fromcode(c)
+        except (KeyError, ValueError):
+            pass
+    return out
+
+
+_TYPES = _known_types("bBhHiIlLqQefd")
 
 
 def mpi_type(dtype):

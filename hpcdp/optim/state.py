@@ -113,6 +113,14 @@ class FlatState:
             self._runs = (n, [(lo, hi, on) for lo, hi, on in runs])
         return [(lo, hi, self.weight_decay if on else 0.0) for lo, hi, on in self._runs[1]]
 
+    def ensure_size(self, size: int) -> None:
+        """Allocate the state (zeros) for ``size`` elements now, as the first step
+        would (a checkpoint restore fills it before any step)."""
+        if self.size is None:
+            self._allocate(int(size))
+        elif self.size != int(size):
+            raise ValueError(f"{type(self).__name__}: state holds {self.size} elements, asked for {size}")
+
     def state_arrays(self) -> dict:
         """Name -> state buffer (empty until sized)."""
         return dict(self.state)

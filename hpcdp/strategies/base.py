@@ -33,11 +33,18 @@ unit's parameter and gradient storage explicitly (``FlatParams.bind`` /
 ``release``), so no full-size buffer needs to exist. What a rank owns of the
 parameters, gradients and optimizer state is :meth:`Strategy.owned_ranges`
 (global flat coordinates, built on :func:`hpcdp.ownership.owned_ranges`).
+
+Checkpoints: a strategy that supports them has the four methods of
+:mod:`hpcdp.io.protocol` (``checkpoint_pieces``, ``checkpoint_targets``,
+``checkpoint_restored``, ``checkpoint_scalars``); a replicated one mixes in
+``ReplicatedCheckpoint``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+
+from hpcdp.io.protocol import ReplicatedCheckpoint
 
 
 class Strategy(ABC):
@@ -127,7 +134,7 @@ class Strategy(ABC):
         or stuck; the caller then ends the job. Default: nothing to drop."""
 
 
-class SingleRank(Strategy):
+class SingleRank(ReplicatedCheckpoint, Strategy):
     """No communication: plain one-rank training (world size must be 1)."""
 
     name = "none"

@@ -36,6 +36,7 @@ import hashlib
 import numpy as np
 
 from hpcdp.config_parallel import DDPConfig
+from hpcdp.io.protocol import ReplicatedCheckpoint
 from hpcdp.strategies.base import Strategy
 from hpcdp.strategies.buckets import MIB, bucket_cap_elements, plan_buckets
 from hpcdp.strategies.engine import BucketEngine, ledger_bytes
@@ -49,7 +50,7 @@ def _fmt_ranks(ranks) -> str:
     return "rank " + str(ranks[0]) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
-class DDP(Strategy):
+class DDP(ReplicatedCheckpoint, Strategy):
     name = "ddp"
 
     def __init__(self, options: DDPConfig | None = None, *, timeout: float | None = None,

@@ -33,8 +33,10 @@ class Job:
                 env.pop(k, None)
             else:
                 env[k] = v
-        # The job gets a 3-minute Slurm limit; wait() bounds the test's wait as well.
-        self.cmd = ["sbatch", "--wait", "--parsable", "--time=3", f"--output={tmp}/job-%j.out",
+        # The job gets a 10-minute Slurm limit (train.sbatch's --signal=USR1@120 would
+        # stop a job under a 3-minute limit after 1 minute: a slow start on a loaded
+        # machine then looked like a failure); wait() bounds the test's wait.
+        self.cmd = ["sbatch", "--wait", "--parsable", "--time=10", f"--output={tmp}/job-%j.out",
                     f"--chdir={REPO}", *sbatch_opts, str(SBATCH_SCRIPT), *script_args]
         self._out, self._err = open(tmp / "sbatch.stdout", "w"), open(tmp / "sbatch.stderr", "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._out, stderr=self._err, env=env, cwd=REPO)

@@ -30,6 +30,7 @@ from hpcdp.config import ConfigError
 from hpcdp.config_parallel import PSConfig
 from hpcdp.strategies.base import Strategy
 
+from . import checkpoint as ckpt
 from . import transport as tp
 from .aggregate import probe, resolve_aggregate
 from .roles import assign_roles
@@ -231,6 +232,22 @@ class ParameterServer(Strategy):
         for h in getattr(self, "_hooks", ()):
             h.remove()
         self._hooks = []
+
+    # -- checkpoints: the protocol of hpcdp.io.protocol, written in checkpoint.py --
+    def checkpoint_check(self) -> None:
+        ckpt.check(self)
+
+    def checkpoint_pieces(self):
+        return ckpt.pieces(self)
+
+    def checkpoint_targets(self):
+        return ckpt.targets(self)
+
+    def checkpoint_restored(self) -> None:
+        ckpt.restored(self)
+
+    def checkpoint_scalars(self) -> dict:
+        return ckpt.scalars(self)
 
     @property
     def applied(self):

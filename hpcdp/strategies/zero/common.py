@@ -18,13 +18,17 @@ import time
 import numpy as np
 
 from hpcdp.config_parallel import ConfigError, ZeroConfig
+from hpcdp.io.protocol import ShardedCheckpoint
 from hpcdp.ownership import group_shard, owned_ranges
 from hpcdp.strategies.base import Strategy
 from hpcdp.strategies.engine import ledger_bytes
 from hpcdp.strategies.zero.groups import group_ranges
 
 
-class ZeroStrategy(Strategy):
+class ZeroStrategy(ShardedCheckpoint, Strategy):
+    # Checkpoints (hpcdp.io.protocol.ShardedCheckpoint): each rank writes and fills
+    # its owned_ranges of the optimizer state (and at stage 3 of the parameters,
+    # param_shard()); stages 1-2 write their replica's shard_range slice. No gathers.
     name = "zero"
     stage = 0
     # Full buffers FlatParams must hold when setup starts (train.py builds only these).

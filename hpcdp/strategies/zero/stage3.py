@@ -229,6 +229,10 @@ class ZeroStage3(ZeroStrategy):
         self._update([self.pshard], [self.gshard])
         self._steps += 1
 
+    def param_shard(self):
+        """This rank's parameters: its owned ranges concatenated (checkpoints)."""
+        return self.pshard
+
     def gather_full_params(self):
         """Every parameter as one host array: each unit gathered into a transient
         buffer (not tracked, not in the ledger), for tests and exports."""

@@ -1,0 +1,22 @@
+"""Sharded HDF5 checkpoints: save on N ranks, restore on any M ranks and strategy.
+
+- format.py      names and constants of the format (docs/checkpoints.md)
+- protocol.py    what a strategy says it writes and fills (Piece, ReplicatedCheckpoint)
+- snapshot.py    this rank's pieces cut per logical tensor, in host memory
+- ranges.py      range arithmetic: intersect, split at parameter boundaries, coverage
+- checksum.py    SHA-256 per 4 MiB block
+- h5.py          deterministic HDF5 files, raw pwrite/pread of contiguous datasets
+- shardfile.py   layout "split": one file per rank
+- shared.py      layout "shared": one file, parallel HDF5 (h5py mpio)
+- index.py       index.h5: where every tensor lives, the run's state
+- reader.py      read element ranges, verifying checksums block by block
+- commit.py      atomic directory protocol, marker, latest, keep, --resume targets
+- agree.py       ranks agree on a save/load outcome (no hangs)
+- save.py, load.py       one save / one restore across ranks
+- runstate.py    config, step, data position, random streams, optimizer scalars
+- background.py  the asynchronous writer thread;  stop.py  SIGTERM/SIGUSR1
+- checkpointer.py  what train.py calls;  cli.py  `hpcdp ckpt ls|info|verify|export`
+
+Importing this package imports nothing heavy (h5py is imported by the modules
+that write or read files).
+"""

@@ -1,0 +1,223 @@
+"""Checkpoints inside a training run: what ``train.py`` calls, and nothing more.
+
+    ckpt = Checkpointer(cfg, world=..., strategy=..., model=..., optimizer=...,
+                        sampler=..., total=..., run_dir=..., resume=...)
+    start = ckpt.restore(log)            # 0, or the step the checkpoint was taken at
+    for step in range(start + 1, total + 1):
+        ... one training step ...
+        if ckpt.after_step(step):        # saves every K steps, after the last step,
+            break                        # and on SIGTERM/SIGUSR1 (then returns True)
+    ckpt.close()                         # waits for an asynchronous save
+
+Every rank calls every method at the same steps. The checkpoint's traffic runs on
+communicators of its own (duplicates of the world's), so it never matches a
+strategy's messages, and the asynchronous writer's thread never shares one with
+the training thread.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CheckpointError
+from .stop import GracefulStop, signal_name
+
+
+class Checkpointer:
+    def __init__(self, cfg, *, world, strategy, model, optimizer, sampler, total: int, run_dir,
+                 resume: str | None = None):
+        self.cfg, self.c = cfg, cfg.checkpoint
+        self.world, self.strategy, self.model = world, strategy, model
+        self.flat, self.optimizer, self.sampler = model.flat, optimizer, sampler
+        self.total, self.run_dir, self.resume_target = total, Path(run_dir), resume
+        self.enabled = self.c.enabled
+        self.root = Path(self.c.dir) if self.c.dir else self.run_dir / "checkpoints"
+        self.timeout = float(cfg.comm.timeout)
+        from .checksum import hash_threads
+        self.threads = hash_threads(getattr(world, "local_size", 1))  # this rank's share of the node
+        self.last_saved = -1
+        self.stopped_by = 0
+        self.saved_path: Path | None = None
+        self.log = lambda _msg: None
+        self.comm = self.stop = self.background = None
+        if not (self.enabled or resume):
+            return
+        if not hasattr(strategy, "checkpoint_pieces"):
+            raise CheckpointError(f"parallel.strategy = {cfg.parallel.strategy!r} does not support "
+                                  "checkpoints yet")
+        check = getattr(strategy, "checkpoint_check", None)
+        if check is not None:
+            check()  # a configuration the strategy cannot checkpoint: refused on every rank
+        if self.c.layout == "shared":
+            from .shared import check_available
+            check_available()
+        from hpcdp.failure.deadline import idup
+        what = "the other ranks to set up checkpointing"
+        self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
+        if self.enabled and self.c.on_signal:
+            self.stop = GracefulStop(idup(world.comm, self.timeout, what), timeout=self.timeout)
+        if self.c.asynchronous:
+            from .background import BackgroundSaver
+            self.background = BackgroundSaver()
+
+    # -- what a checkpoint of this run holds -------------------------------------
+    def expected(self) -> dict:
+        from .runstate import expected_tensors
+        return expected_tensors(self.flat, self.optimizer)
+
+    def _state(self, step: int, rank_arrays: dict) -> tuple[dict, dict, dict]:
+        from hpcdp.config import dump_toml
+        from hpcdp.optim import lr_at
+
+        from .runstate import hpcdp_version, random_streams
+
+        next_epoch, next_batch = self.sampler.position(step)
+        s = self.sampler
+        state = {
+            "step": step, "next_epoch": next_epoch, "next_batch": next_batch,
+            "global_batch": s.global_batch, "n_train": s.n, "batches_per_epoch": s.batches_per_epoch,
+            "data_seed": s.seed, "last_batch": getattr(s, "last_batch", "drop"),
+            "total_steps": self.total, "lr": lr_at(self.cfg.optim, max(step, 1), self.total),
+            "lr_schedule": self.cfg.optim.schedule, "warmup_steps": self.cfg.optim.warmup_steps,
+            "optimizer_kind": self.optimizer.kind,
+            "optimizer_steps": int(rank_arrays["optimizer_steps"].max()),
+            "strategy": self.cfg.parallel.strategy, "world_size": self.world.size,
+            "dp_size": self.strategy.dp_size, "dtype": self.cfg.run.dtype,
+        }
+        arrays = {"random_streams": random_streams(self.model)}
+        arrays.update({f"rank_{k}": v for k, v in rank_arrays.items()})
+        attrs = {"hpcdp_version": hpcdp_version(), "strategy": self.cfg.parallel.strategy,
+                 "world_size": self.world.size, "config": dump_toml(self.cfg.to_dict())}
+        return attrs, state, arrays
+
+    # -- restore -----------------------------------------------------------------
+    def restore(self, log=None) -> int:
+        """Load ``resume`` (if given) into model, optimizer, strategy and run state;
+        returns the step to continue after (0 without resume)."""
+        if log is not None:
+            self.log = log
+        if not self.resume_target:
+            return 0
+        from .agree import on_root
+        from .commit import resolve
+        from .load import load
+        from .runstate import restore_random_streams
+
+        latest_root = Path(self.c.dir) if self.c.dir else None
+        path = Path(on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
+                            timeout=self.timeout))
+        t0 = time.perf_counter()
+        targets = self.strategy.checkpoint_targets()
+        index, nbytes = load(path, targets, self.flat.layout, self.expected(), self.optimizer.kind,
+                             self.comm, backend=self.flat.backend, timeout=self.timeout, threads=self.threads)
+        self._check_run_state(index, path)
+        self.strategy.checkpoint_restored()
+        restore_random_streams(self.model, index.arrays.get("random_streams", np.zeros(0)), f"checkpoint {path}")
+        self.optimizer.steps = int(index.state.get("optimizer_steps", 0))
+        step = index.step
+        self.last_saved = step
+        saved_total = int(index.state.get("total_steps", self.total))
+        self.log(f"resumed from {path}: step {step} (epoch {index.state.get('next_epoch')}, written by "
+                 f"{index.attrs.get('world_size')} rank(s) under {index.attrs.get('strategy')!r}, layout "
+                 f"{index.attrs.get('layout')}); read {nbytes / 2**20:.1f} MiB on rank 0 in "
+                 f"{time.perf_counter() - t0:.2f} s"
+                 + (f"; note: train.steps is now {self.total} (was {saved_total}): the learning-rate "
+                    "schedule follows the new length" if saved_total != self.total else ""))
+        if step >= self.total:
+            self.log(f"the checkpoint is at step {step} and train.steps/epochs give {self.total}: "
+                     "nothing left to train")
+        return step
+
+    def _check_run_state(self, index, path) -> None:
+        s, st = self.sampler, index.state
+        for key, mine, name in (("global_batch", s.global_batch, "train.global_batch"),
+                                ("n_train", s.n, "the training set size"),
+                                ("data_seed", s.seed, "data.seed")):
+            if key in st and int(st[key]) != int(mine):
+                raise CheckpointError(f"checkpoint {path}: {name} is {mine} in this run, {st[key]} in the "
+                                      "checkpoint: the data position would not carry over; use the "
+                                      "checkpoint's value (its config is in `hpcdp ckpt info`)")
+
+    # -- save ----------------------------------------------------------------------
+    def after_step(self, step: int) -> bool:
+        """Save if due; True when the run must stop now (a signal; saved first)."""
+        if self.comm is None:
+            return False
+        self._collect_background()
+        signum = self.stop.poll() if self.stop is not None else 0
+        if not self.enabled:
+            return False
+        due = (self.c.every and step % self.c.every == 0) or (step == self.total and self.c.final)
+        if signum or due:
+            if step != self.last_saved:
+                self.save(step, wait=bool(signum))
+            elif signum and self.background is not None:
+                self._collect_background(wait=True)
+        if signum:
+            self.stopped_by = signum
+            where = self.saved_path or self.root
+            self.log(f"stopped by {signal_name(signum)} after step {step}: checkpoint saved in {where}; "
+                     f"resume with --resume {where}")
+            if self.world.rank == 0:
+                (self.run_dir / "stopped").write_text(f"{signal_name(signum)} {step} {where}\n")
+            return True
+        return False
+
+    def save(self, step: int, *, wait: bool = False) -> None:
+        from .save import SaveJob, rank_scalar_arrays, save
+        from .snapshot import take_snapshot
+
+        if self.background is not None:
+            self._collect_background(wait=True)
+        t0 = time.perf_counter()
+        asynchronous = self.background is not None and not wait
+        pieces = self.strategy.checkpoint_pieces()
+        snap = take_snapshot(pieces, self.flat.layout, self.flat.backend, copy=asynchronous)
+        rank_arrays = rank_scalar_arrays(self.comm, self.strategy.checkpoint_scalars(), timeout=self.timeout)
+        attrs, state, arrays = self._state(step, rank_arrays)
+        job = SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays,
+                      layout=self.c.layout, keep=self.c.keep, threads=self.threads)
+        self.last_saved = step
+        if asynchronous:
+            self._async_step, self._async_bytes = step, snap.nbytes
+            self.background.submit(lambda: save(job, self.comm, timeout=self.timeout))
+            self.last_stall_s = time.perf_counter() - t0
+            self.log(f"checkpoint step {step}: {snap.nbytes / 2**20:.1f} MiB copied on rank 0 in "
+                     f"{self.last_stall_s:.3f} s, writing in the background")
+            return
+        self.saved_path = save(job, self.comm, timeout=self.timeout)
+        self.last_stall_s = time.perf_counter() - t0
+        self.log(f"checkpoint step {step}: saved {self.saved_path} ({snap.nbytes / 2**20:.1f} MiB from "
+                 f"rank 0) in {self.last_stall_s:.3f} s")
+
+    def _collect_background(self, wait: bool = False) -> None:
+        """Log (and raise the error of) a finished background save."""
+        b = self.background
+        if b is None or not b.pending() or (b.busy() and not wait):
+            return
+        self.saved_path = b.wait()
+        self.log(f"checkpoint step {self._async_step}: saved {self.saved_path} in the background "
+                 f"({b.finished_at - b.started_at:.3f} s after the copy)")
+
+    def close(self, abandon: bool = False) -> None:
+        """Wait for a background save, stop listening to signals, free communicators.
+        Idempotent. ``abandon=True`` (training failed): wait for nothing, since the
+        other ranks may be gone; only the signal handlers are given back."""
+        try:
+            if self.background is not None and not abandon:
+                self._collect_background(wait=True)
+        finally:
+            if self.stop is not None:
+                self.stop.close(wait=not abandon)
+                if not abandon:
+                    self.stop.comm.Free()
+                self.stop = None
+            if self.comm is not None and not abandon:
+                self.comm.Free()
+            self.comm = None
+
+
+__all__ = ["Checkpointer"]

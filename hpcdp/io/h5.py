@@ -1,0 +1,137 @@
+"""HDF5 the deterministic way, plus raw reads and writes of contiguous datasets.
+
+Same state saved twice gives byte-identical files because every file is created
+with fixed library-version bounds (``format.LIBVER``), no object timestamps
+(``track_times=False``, h5py's default, passed explicitly) and the same sequence of
+creations. Bulk data bypasses HDF5: a dataset is created with its storage allocated
+up front and no fill, its file offset is read back, and the bytes go in with
+``os.pwrite`` through a second descriptor (HDF5 itself writes only metadata,
+elsewhere in the file); ``pwrite`` releases the GIL and copies at page-cache speed.
+Reads take the same path with ``os.pread``; a dataset that is not contiguous
+(someone repacked the file with chunks) is read through h5py instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from .checksum import block_digests, first_bad_block
+from .errors import CheckpointError
+from .format import LIBVER
+
+
+def create(path, **kw) -> h5py.File:
+    return h5py.File(path, "w", libver=LIBVER, **kw)
+
+
+def open_read(path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file is missing") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: not a readable HDF5 file ({e}); the file is damaged "
+                              "or truncated") from None
+
+
+def group_at(parent, path: str, cache: dict | None = None):
+    """The group ``parent/path``, creating missing levels WITHOUT timestamps (HDF5's
+    default group property list records times in v2 object headers, which parallel
+    HDF5 writes: the same save would differ in 8 bytes a second later). ``cache``
+    (a dict the caller keeps while the file is open) saves looking every level up
+    again: a save makes ~3 datasets per parameter under the same groups."""
+    if not path:
+        return parent
+    if cache is not None and path in cache:
+        return cache[path]
+    group = parent
+    for part in [p for p in path.split("/") if p]:
+        if part not in group:
+            gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+            gcpl.set_obj_track_times(False)
+            h5py.h5g.create(group.id, part.encode(), gcpl=gcpl)
+        group = group[part]
+    if cache is not None:
+        cache[path] = group
+    return group
+
+
+def raw_dataset(group, name: str, n: int, dtype, cache: dict | None = None, **kw):
+    """A 1-D contiguous dataset whose storage exists now and is never filled by HDF5
+    (the caller writes the bytes at ``ds.id.get_offset()``)."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    parent, _, base = name.rpartition("/")
+    return group_at(group, parent, cache).create_dataset(base, shape=(int(n),), dtype=np.dtype(dtype), dcpl=dcpl,
+                                                  track_times=False, **kw)
+
+
+def write_small(group, name: str, arr, block: int) -> None:
+    """A small dataset written through h5py, with its block digests (index tables)."""
+    arr = np.ascontiguousarray(arr)
+    parent, _, base = name.rpartition("/")
+    ds = group_at(group, parent).create_dataset(base, data=arr, track_times=False)
+    ds.attrs["block"] = np.int64(block)
+    ds.attrs["sha256"] = block_digests(arr.reshape(-1), block)
+
+
+def read_small(group, name: str, where: str) -> np.ndarray:
+    """Read and verify a dataset written by :func:`write_small`."""
+    if name not in group:
+        raise CheckpointError(f"{where}: dataset {group.name.rstrip('/')}/{name} is missing")
+    ds = group[name]
+    arr = ds[()]
+    bad = first_bad_block(np.asarray(arr).reshape(-1), 0, int(ds.attrs["block"]), ds.attrs["sha256"])
+    if bad is not None:
+        raise CheckpointError(f"{where}: dataset {ds.name} fails its SHA-256 check (block {bad}); "
+                              "the file is corrupt")
+    return arr
+
+
+def pwrite_all(fd: int, arr: np.ndarray, offset: int) -> None:
+    view = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def pread_into(fd: int, out: np.ndarray, offset: int, path) -> None:
+    """Fill ``out`` (contiguous) from the file at ``offset``; a short read means the
+    file ends early (truncated)."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise CheckpointError(f"{path}: file ends at byte {offset + done}, a dataset needs "
+                                  f"{offset + len(view)}: the file is truncated")
+        done += n
+
+
+def fsync_file(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path) -> None:
+    """Make a directory's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def has_mpi() -> bool:
+    return bool(h5py.get_config().mpi)
+
+
+__all__ = ["create", "open_read", "group_at", "raw_dataset", "write_small", "read_small",
+           "pwrite_all", "pread_into", "fsync_file", "fsync_dir", "has_mpi"]

@@ -1,0 +1,154 @@
+"""Read element ranges of logical tensors from a checkpoint, verifying as it goes.
+
+A rank asks for ``[lo, lo + n)`` of one tensor; the reader intersects that with the
+tensor's pieces (``index.pieces``), and for each overlap reads the checksum blocks
+that cover it (never the whole piece), checks their SHA-256 (in a thread, while the
+next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
+
+Files are opened once (HDF5 metadata through h5py, bulk bytes with ``pread`` at the
+dataset's offset) and their size is compared with the index first: a missing or
+truncated file is named before anything else is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CheckpointError
+from .h5 import open_read, pread_into
+from .ranges import Span, blocks_covering, intersect
+
+
+def _sha256(buf: np.ndarray) -> bytes:
+    return hashlib.sha256(buf.view(np.uint8)).digest()
+
+
+class Reader:
+    def __init__(self, ckpt_dir, index, threads: int = 1):
+        self.dir, self.index = Path(ckpt_dir), index
+        self.layout = index.attrs.get("layout", "split")
+        self._open_files: dict = {}
+        self.bytes_read = 0
+        # hashlib releases the GIL: threads check block k while block k + 1 is read
+        self._hasher = ThreadPoolExecutor(max_workers=threads)
+
+    # -- files -----------------------------------------------------------------
+    def _file(self, fi: int):
+        if fi in self._open_files:
+            return self._open_files[fi]
+        name = self.index.files[fi]
+        path = self.dir / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {self.dir}: data file {name} is missing (the index "
+                                  "lists it); the checkpoint is incomplete: use another one "
+                                  f"(hpcdp ckpt ls {self.dir.parent})")
+        size, want = path.stat().st_size, self.index.file_bytes[fi]
+        if size != want:
+            how = "truncated" if size < want else "longer than written"
+            raise CheckpointError(f"checkpoint {self.dir}: data file {name} has {size} bytes, the index "
+                                  f"says {want}: the file is {how}")
+        h5 = open_read(path)
+        fd = os.open(path, os.O_RDONLY)
+        self._open_files[fi] = (h5, fd, name)
+        return self._open_files[fi]
+
+    def close(self) -> None:
+        for h5, fd, _ in self._open_files.values():
+            h5.close()
+            os.close(fd)
+        self._open_files = {}
+        self._hasher.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- reading ---------------------------------------------------------------
+    def read(self, tensor: int, lo: int, out: np.ndarray) -> None:
+        """Fill host array ``out`` (1-D) with elements ``[lo, lo + len(out))`` of tensor
+        number ``tensor`` (an index into ``index.tensors``)."""
+        n = int(out.shape[0])
+        rows = self.index.pieces_of(tensor)
+        got = 0
+        for t, fi, off, size in rows:
+            for span in intersect([(lo, n)], [(int(off), int(size))]):
+                self._read_piece(int(fi), tensor, int(off), int(size), Span(span.offset - int(off), span.size),
+                                 out[span.offset - lo:span.end - lo])
+                got += span.size
+        if got != n:
+            raise CheckpointError(f"checkpoint {self.dir}: tensor {self.index.tensors[tensor]}: elements "
+                                  f"[{lo}, {lo + n}) are not all in the index's pieces")
+
+    def _dataset(self, h5, name: str, tensor: str, piece_off: int):
+        path = f"{tensor}/{piece_off}" if self.layout == "split" else tensor
+        if path not in h5:
+            raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
+                                  f"(tensor {tensor}) although the index says it holds it")
+        return h5[path]
+
+    def _read_piece(self, fi, tensor_id, piece_off, piece_size, span: Span, out) -> None:
+        h5, fd, name = self._file(fi)
+        tensor = self.index.tensors[tensor_id]
+        dtype = np.dtype(self.index.dtypes[tensor_id])
+        ds = self._dataset(h5, name, tensor, piece_off)
+        where = f"checkpoint {self.dir}: file {name}, tensor {tensor} (piece at element {piece_off})"
+        want_len = piece_size if self.layout == "split" else self.index.numel(tensor_id)
+        if ds.dtype != dtype or ds.shape != (want_len,):
+            raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
+                                  f"{dtype} ({want_len},): wrong dtype or shape")
+        block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
+        offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
+        b0, b1 = blocks_covering(span, block)
+        checks = []  # (block, lo, hi, future digest): hashing runs while the next block is read
+        for b in range(b0, b1):  # one checksum block at a time
+            lo, hi = b * block, min((b + 1) * block, piece_size)
+            inside = lo >= span.offset and hi <= span.end
+            # a block the span covers whole is read straight into `out` (no copy)
+            buf = out[lo - span.offset:hi - span.offset] if inside else np.empty(hi - lo, dtype=dtype)
+            if offset is not None:
+                pread_into(fd, buf, offset + (ds_start + lo) * dtype.itemsize, self.dir / name)
+            else:
+                buf[...] = ds[ds_start + lo:ds_start + hi]
+            self.bytes_read += buf.nbytes
+            checks.append((b, lo, hi, self._hasher.submit(_sha256, buf)))
+            if not inside:
+                c0, c1 = max(lo, span.offset), min(hi, span.end)
+                out[c0 - span.offset:c1 - span.offset] = buf[c0 - lo:c1 - lo]
+        for b, lo, hi, digest in checks:
+            if digest.result() != digests[b].tobytes():
+                raise CheckpointError(f"{where}: SHA-256 mismatch in block {b} (elements "
+                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
+                                      "is corrupt; use an earlier checkpoint")
+
+    def _digests(self, ds, piece_off, piece_size, where):
+        """(block elements, this piece's digests, the piece's first element in ``ds``)."""
+        try:
+            block = int(ds.attrs["block"])
+            digests = np.asarray(ds.attrs["sha256"])
+        except KeyError as e:
+            raise CheckpointError(f"{where}: attribute {e} is missing") from None
+        if self.layout == "split":
+            start = 0
+        else:
+            table = np.asarray(ds.attrs["pieces"]).reshape(-1, 2)
+            k = np.nonzero(table[:, 0] == piece_off)[0]
+            if k.size != 1 or int(table[k[0], 1]) != piece_size:
+                raise CheckpointError(f"{where}: the dataset's piece table does not list this piece")
+            counts = (table[:, 1] + block - 1) // block
+            base = int(counts[:k[0]].sum())
+            digests = digests[base:base + int(counts[k[0]])]
+            start = piece_off
+        if digests.shape != ((piece_size + block - 1) // block, 32):
+            raise CheckpointError(f"{where}: {digests.shape[0]} block digests for {piece_size} elements "
+                                  f"in blocks of {block}: the checksum attribute is damaged")
+        return block, digests, start
+
+
+__all__ = ["Reader"]
