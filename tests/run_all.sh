@@ -9,6 +9,9 @@
 #   4. tests/slurm - jobs/train.sbatch under a real local Slurm (tests/run_slurm.sh:
 #                    installs Debian's Slurm + munge when missing, as root, and
 #                    starts a one-node Slurm on loopback unless one answers)
+#   5. parallel HDF5 - the shared-layout checkpoint tests on 2-4 ranks of Debian's
+#                    Open MPI, in a second venv (.venv-phdf5) with h5py built for MPI
+#                    (.ci/parallel-hdf5.sh --test: apt-get as root, ~3 min the first time)
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +43,9 @@ echo "== fault injection (real mpiexec jobs, one rank broken)"; timeout 900 "$PY
 
 echo "== Slurm job-script tests (a local one-node Slurm)"
 PYTHON="$PY" bash tests/run_slurm.sh || failed+=(slurm)
+
+echo "== parallel HDF5 checkpoints (Open MPI + h5py mpio, a second venv)"
+bash .ci/parallel-hdf5.sh --test || failed+=(parallel-hdf5)
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED groups: ${failed[*]}"
