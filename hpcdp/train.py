@@ -340,6 +340,8 @@ def main_train(config_path=None, overrides=(), out=None, resume=None) -> dict:
         cfg = load_config(config_path, overrides)
         agreed.timeout, agreed.fingerprint = cfg.comm.setup_timeout, config_text(cfg)
     world.device = cfg.run.device
+    from hpcdp.failure.shutdown import expect_peers_within
+    expect_peers_within(cfg.comm.timeout)  # the final barrier's deadline (hpcdp train's end)
     return run_training(cfg, world=world, out=out, resume=resume)
 
 

@@ -134,6 +134,13 @@ def scenarios() -> list[Scenario]:
         S("sigterm-launcher-ps-sync", "ps-sync", steps=LONG, signal=("launcher", "SIGTERM"), tracebacks=0,
           patterns=(r"hpcdp: error: rank \d of 2 at step \d+: stopped by SIGTERM",),
           what="SIGTERM to mpiexec"),
+        # -- the run's end: a rank stuck on its way out, an MPI_Finalize that never returns
+        S("stop-at-end-ddp", "ddp", fault="1:0:stop-at-end", timeout=STUCK_TIMEOUT, one_line=True,
+          patterns=(r"hpcdp: error: rank 0 of 2: .*waited [\d.]+s for every rank to finish the run",),
+          what="rank 1 stuck after its last step"),
+        S("stop-in-finalize-ddp", "ddp", fault="1:0:stop-in-finalize", timeout=STUCK_TIMEOUT, one_line=True,
+          patterns=(r"hpcdp: error: rank 0: MPI_Finalize did not return within 5s",),
+          what="MPI_Finalize never returns (rank 1 stuck in it)"),
         # -- non-finite values
         S("lr-1e6-ddp", "ddp", sets=["optim.lr=1e6"], status=1, tracebacks=0,
           patterns=(r"hpcdp: error: rank \d of 2 at step \d+: non-finite (loss|gradient norm)",),

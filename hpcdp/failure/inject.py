@@ -19,6 +19,11 @@ sigterm    SIGTERM to itself
 nan        this rank's loss weight becomes NaN for that step's backward, so its
            gradient is NaN BEFORE the strategy reduces it (as a real overflow
            in backward would be); any strategy, any device
+stop-at-end       SIGSTOP to itself after the run, before the final barrier (a rank
+                  stuck on its way out); STEP is ignored
+stop-in-finalize  SIGSTOP to itself after the final barrier, just before
+                  ``MPI_Finalize``: the other ranks' ``MPI_Finalize`` never returns
+                  (as it can with some MPI/PMI stacks); STEP is ignored
 =========  ===========================================================
 
 Not set (the normal case), the per-step cost is one truth test of an empty dict.
@@ -32,7 +37,8 @@ import sys
 
 from .ranks import say
 
-KINDS = ("raise", "memory", "exit", "kill", "stop", "sigint", "sigterm", "nan")
+AT_END = ("stop-at-end", "stop-in-finalize")  # fired by hpcdp.failure.shutdown, not at a step
+KINDS = ("raise", "memory", "exit", "kill", "stop", "sigint", "sigterm", "nan") + AT_END
 ENV = "HPCDP_FAULT"
 
 
@@ -60,7 +66,7 @@ class Faults:
         return bool(self.at) and self.at.get(step) == "nan"
 
     def fire(self, step: int) -> None:
-        if not self.at or step not in self.at:
+        if not self.at or step not in self.at or self.at[step] in AT_END:
             return
         kind = self.at[step]
         what = f"injected fault ({ENV}: {kind} on rank {self.rank} at step {step})"
@@ -76,6 +82,12 @@ class Faults:
         sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "sigint": signal.SIGINT,
                "sigterm": signal.SIGTERM}[kind]
         os.kill(os.getpid(), sig)
+
+    def fire_at_end(self, kind: str) -> None:
+        """An ``AT_END`` fault of this rank, at its point of the run's end."""
+        if kind in self.at.values():
+            say(f"hpcdp: injected fault ({ENV}: {kind} on rank {self.rank})")
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 __all__ = ["Faults", "parse", "KINDS", "ENV"]

@@ -27,6 +27,7 @@ import traceback
 
 from .agree import USER_ERRORS, JobError, cause
 from .ranks import say
+from .shutdown import finish
 from .signals import Interrupted, handling_signals
 
 USAGE_ERROR = 2
@@ -122,13 +123,18 @@ def run_job(fn) -> int:
     with handling_signals():
         try:
             fn()
-            return 0
+            status = 0
         except JobError as e:
-            return report_agreed(e)
+            status = report_agreed(e)  # every rank holds it: all of them end here together
         except BaseException as e:  # noqa: BLE001 - every way out of a run is reported
             if isinstance(e, SystemExit) and _world()[1] == 1:
                 raise
             return report_failure(e)
+        try:
+            finish()  # every rank got here (or the ones that did not are named), then MPI_Finalize
+        except BaseException as e:  # noqa: BLE001
+            return report_failure(e)
+        return status
 
 
 __all__ = ["run_job", "report_failure", "report_agreed", "note_step", "step_of"]

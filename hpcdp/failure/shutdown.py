@@ -1,0 +1,90 @@
+"""The end of a multi-rank command, bounded like everything before it.
+
+A rank that has finished still has two ways to wait forever: ``MPI_Finalize`` (it
+waits for every rank, and mpi4py calls it at interpreter exit, where nothing in
+Python can interrupt it) and a rank that never gets there. So the CLI ends a run with
+
+1. a barrier with a deadline (``Ibarrier`` polled): every rank finished the command,
+   or this rank raises :class:`~hpcdp.failure.deadline.DeadlineExceeded` naming the
+   ranks that did not, and the failure policy ends the job (``MPI_Abort``);
+2. ``MPI_Finalize`` called here through ctypes (which releases the GIL; mpi4py's
+   ``Finalize`` holds it, so no Python thread could run) under a timer thread that,
+   if the call has not returned after ``min(FINALIZE_S, comm.timeout)`` seconds,
+   prints why and ends this process with status 1. mpi4py sees MPI finalized and
+   does not call it again at exit.
+
+Cost: one barrier per run (microseconds to milliseconds).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+
+from .ranks import say
+
+FINALIZE_S = 60.0  # every rank passed the barrier: MPI_Finalize has no reason to take longer
+_timeout = 300.0  # the run's comm.timeout, set by the training command (expect_peers_within)
+
+
+def expect_peers_within(seconds: float) -> None:
+    """The deadline of the final barrier: how long this rank waits for the others to
+    finish the command (the run's ``comm.timeout``)."""
+    global _timeout
+    _timeout = float(seconds)
+
+
+def finish() -> None:
+    """Every rank finished (or this rank raises, naming the ones that did not); then
+    ``MPI_Finalize`` with a watchdog. Nothing to do on one rank or without MPI."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    comm = mpi.COMM_WORLD
+    if comm.Get_size() == 1:
+        return
+    from .deadline import wait
+    from .inject import Faults
+
+    rank = comm.Get_rank()
+    faults = Faults(rank)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    faults.fire_at_end("stop-at-end")
+    wait([comm.Ibarrier()], _timeout, "every rank to finish the run")
+    faults.fire_at_end("stop-in-finalize")
+    sys.stdout.flush()
+    limit = min(FINALIZE_S, _timeout)
+    _finalize(mpi, limit, f"hpcdp: error: rank {rank}: MPI_Finalize did not return within {limit:g}s "
+              "although every rank had finished the run (the MPI library or its launcher is "
+              "stuck); ending this rank with status 1. The run itself completed: its files "
+              "are written.")
+
+
+def _finalize(mpi, limit: float, message: str) -> None:
+    """``MPI_Finalize`` through ctypes, which releases the GIL during the call (mpi4py's
+    ``Finalize`` holds it), so a timer thread can end the rank if the call hangs."""
+    try:
+        c_finalize = ctypes.CDLL(mpi.__file__).MPI_Finalize  # the MPI that mpi4py was built for
+    except (OSError, AttributeError):
+        c_finalize = None
+
+    def give_up():
+        say(message)
+        os._exit(1)
+
+    timer = threading.Timer(limit, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        if c_finalize is None:
+            mpi.Finalize()  # holds the GIL: a hang here is bounded by the launcher only
+        elif c_finalize() != 0:
+            say("hpcdp: warning: MPI_Finalize returned an error after the run finished")
+    finally:
+        timer.cancel()
+
+
+__all__ = ["FINALIZE_S", "expect_peers_within", "finish"]
