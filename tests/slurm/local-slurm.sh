@@ -182,6 +182,12 @@ do_start() {
   fi
   say "starting munged, slurmctld and slurmd (state and logs in $STATE)"
   if start_daemons && wait_until_answers 30; then
+    # One throwaway job step first. On a freshly started slurmd (22.05, pmi2) the FIRST
+    # step's MPI start-up exchange arrives garbled: MPICH's UCX aborts MPI_Init with
+    # "failed to unpack address, invalid bandwidth 0.00" (or "Message truncated") on one
+    # task while the other waits. Every later step is fine; a one-task step clears it.
+    timeout 60 srun -n 1 -t 1 -J hpcdp-warmup true >/dev/null 2>&1 ||
+      say "warning: the warm-up step 'srun -n 1 true' failed (the first test job may fail)"
     say "up: $(timeout 5 sinfo -h -o '%P %D %T %C' | head -1) (holder $holder)"
     return 0
   fi

@@ -66,6 +66,13 @@ class Job:
         self.output = log.read_text() if log.exists() else f"(no output file {log})"
         return self
 
+    def expect(self, rc: int) -> "Job":
+        """Fail with the job's whole output (an assert message would be cut short) unless
+        the job exited with ``rc``."""
+        if self.rc != rc:
+            pytest.fail(f"expected exit status {rc}, got {self!r}", pytrace=False)
+        return self
+
     def cancel(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -98,6 +105,8 @@ lr = 0.2
 momentum = 0.9
 [parallel]
 strategy = "ddp"
+[comm]
+timeout = 30  # a stuck rank names itself before srun's --wait (60 s) ends the step
 """)
     return p
 

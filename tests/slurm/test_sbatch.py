@@ -52,7 +52,7 @@ def jobs(slurm, tmp_path_factory):
 
 def test_srun_job_trains_and_names_run_dir_after_job_id(jobs):
     job = jobs["srun"].wait()
-    assert job.rc == 0, job
+    job.expect(0)
     run_dir = job.tmp / "runs" / f"slurm-{job.job_id}"
     check_trained_run(run_dir, steps=12, ranks=2)
 
@@ -74,7 +74,7 @@ def test_srun_job_trains_and_names_run_dir_after_job_id(jobs):
 
 def test_mpiexec_launcher_with_activated_venv(jobs):
     job = jobs["mpiexec"].wait()
-    assert job.rc == 0, job
+    job.expect(0)
     assert "+ mpiexec -n 2 hpcdp train --config" in job.output, job
     assert "1 thread(s) per rank" in job.output, job
     check_trained_run(job.tmp / "runs" / f"slurm-{job.job_id}", steps=12, ranks=2)
@@ -82,7 +82,7 @@ def test_mpiexec_launcher_with_activated_venv(jobs):
 
 def test_broken_config_fails_the_job_with_the_error(jobs):
     job = jobs["bad_value"].wait()
-    assert job.rc == 2, job  # hpcdp's status for a config error, passed on by srun and the script
+    job.expect(2)  # hpcdp's status for a config error, passed on by srun and the script
     assert job.output.count("hpcdp: error: optim.kind: 'adam' is not allowed; "
                             "choose one of 'sgd', 'adamw'") == 1, job
     assert "Traceback" not in job.output, job
@@ -92,6 +92,6 @@ def test_broken_config_fails_the_job_with_the_error(jobs):
 
 def test_missing_config_file_fails_before_launching(jobs):
     job = jobs["no_file"].wait()
-    assert job.rc == 64, job
+    job.expect(64)
     assert f"train.sbatch: error: config file '{job.tmp.parent / 'nope.toml'}' not found" in job.output, job
     assert "+ srun" not in job.output, job

@@ -60,6 +60,11 @@ def _state(job_id: str) -> str:
     return r.stdout.strip()
 
 
+def _node_busy_ending_a_job() -> bool:
+    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20)
+    return r.returncode != 0 or "completing" in r.stdout
+
+
 def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
     from hpcdp.io.inspect import verify
 
@@ -75,6 +80,10 @@ def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
         _wait("3 steps of the first start", lambda: len(_steps(first)) >= 3)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
         _wait("the requeued job to be pending", lambda: _state(job_id) == "PENDING")
+        # Lifting Slurm's hold while the node still cleans up the first start makes the
+        # controller start the job again at once with the old credential ("Job credential
+        # revoked": the job fails). Slurm's own hold never races; this shortcut must wait.
+        _wait("the node to finish ending the first start", lambda: not _node_busy_ending_a_job())
         subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, timeout=20)
         stop1 = int((first / "stopped").read_text().split()[1])
         _wait("3 steps of the second start", lambda: len(_steps(second)) >= 3)
@@ -82,7 +91,7 @@ def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
         job.wait(timeout=180)
     finally:
         job.cancel()
-    assert job.rc == 0, job.output
+    job.expect(0)
     out = job.output
     ckpts = runs / f"slurm-{job_id}" / "checkpoints"
     stop2 = int((second / "stopped").read_text().split()[1])
