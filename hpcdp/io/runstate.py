@@ -45,8 +45,9 @@ def expected_tensors(flat, optimizer) -> dict:
     return out
 
 
-def compatibility_problem(index, expected: dict, optimizer_kind: str) -> str | None:
-    """Why a checkpoint cannot restore this model and optimizer, or None."""
+def compatibility_problem(index, expected: dict, optimizer_kind: str | None) -> str | None:
+    """Why a checkpoint cannot restore this model and optimizer, or None.
+    ``optimizer_kind`` None: the weights only (the optimizer state is not compared)."""
     have = {t: (s, d) for t, s, d in zip(index.tensors, index.shapes, index.dtypes)}
     params_have = {t for t in have if t.startswith(PARAM + "/")}
     params_want = {t for t in expected if t.startswith(PARAM + "/")}
@@ -61,6 +62,8 @@ def compatibility_problem(index, expected: dict, optimizer_kind: str) -> str | N
         if t in have and have[t][1] != expected[t][1]:
             return (f"tensor {t} is {have[t][1]} in the checkpoint, {expected[t][1]} in this run: set "
                     f"run.dtype = \"{have[t][1]}\" to resume it")
+    if optimizer_kind is None:
+        return None
     opt_have = {t.rpartition("/")[0] for t in have if t.startswith("optim/")}
     opt_want = {t.rpartition("/")[0] for t in expected if t.startswith("optim/")}
     if opt_have != opt_want:
