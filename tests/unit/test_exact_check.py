@@ -88,18 +88,20 @@ def test_exact_jobs_agree_and_fast_jobs_do_not(tmp_path):
 
 
 def test_restart_on_another_rank_count(tmp_path):
-    """2 ranks save after step 3; 3 ranks resume and finish: the same final hash as the
-    uninterrupted 1- and 2-rank runs."""
-    proc = _check(tmp_path, "--steps", "6", "--restart-at", "3", "--restart-ranks", "3")
+    """2 ranks save after step 3; 3 ranks resume and finish: the same hashes as the
+    uninterrupted 1- and 2-rank runs, under ddp and ZeRO-3 (sharded parameters)."""
+    proc = _check(tmp_path, "--steps", "6", "--restart-at", "3", "--restart-ranks", "3",
+                  "--strategies", "ddp,zero3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "out" / "ddp-n2-checkpoints" / "step-00000003").is_dir()
-    assert "--resume" in proc.stdout  # the third job really resumed
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("ddp x")]
-    assert [r[1] for r in rows] == ["x1", "x2", "x2->x3"] and all(r[-1] == "yes" for r in rows)
-    # evals every 2 steps: the resumed job (from step 3) has no step-2 hash, and its
-    # step-4 and step-6 hashes are the uninterrupted runs'
-    assert rows[2][3:6] == ["-", rows[0][3], rows[0][4]] and rows[0][2:5] == rows[1][2:5]
-    assert "exact: all 3 jobs agree" in proc.stdout
+    for name in ("ddp", "zero3"):
+        assert (tmp_path / "out" / f"{name}-n2-checkpoints" / "step-00000003").is_dir()
+        rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"{name} x")]
+        assert [r[1] for r in rows] == ["x1", "x2", "x2->x3"] and all(r[-1] == "yes" for r in rows)
+        # evals every 2 steps: the resumed job (from step 3) has no step-2 hash, and its
+        # step-4 and step-6 hashes are the uninterrupted runs'
+        assert rows[2][3:6] == ["-", rows[0][3], rows[0][4]] and rows[0][2:5] == rows[1][2:5]
+    assert proc.stdout.count("--resume") == 2  # the two x3 jobs really resumed
+    assert "exact: all 6 jobs agree" in proc.stdout
 
 
 def test_restart_arguments(tmp_path):
