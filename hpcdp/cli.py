@@ -15,6 +15,7 @@
     hpcdp data info corpus.h5           describe a token corpus
     hpcdp check-exact --config FILE --ranks 1,2,3,4 [--strategies ddp,ps]   exact mode's hashes agree?
     hpcdp ckpt {ls,info,verify,export} ...    inspect, check and export checkpoints
+    hpcdp sample --resume DIR|latest [--prompt TEXT]   generate from a checkpoint's GPT (one process)
 
 Bad input (config, data files, a launch without a strategy) prints one error line
 on rank 0, without a traceback, and exits with status 2 on every rank. A failure on
@@ -107,6 +108,12 @@ def _ckpt(argv) -> int:
     return ckpt_main(argv)
 
 
+def _sample(argv) -> int:
+    from hpcdp.sample_command import main as sample_main
+
+    return sample_main(argv)
+
+
 def _one_thread_per_rank_under_a_launcher() -> None:
     """Several ranks on one node each start a BLAS/numba thread pool as wide as the
     node: they then fight for the cores. Under an MPI launcher, default every pool to
@@ -122,7 +129,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
     commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data,
-                "check-exact": _check_exact, "ckpt": _ckpt}
+                "check-exact": _check_exact, "ckpt": _ckpt, "sample": _sample}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR

@@ -37,29 +37,18 @@ STRATEGIES = {
     "ddp": ['parallel.strategy="ddp"'],
     "ps": ['parallel.strategy="ps"', 'parallel.ps.mode="sync"'],
     "ps-dedicated": ['parallel.strategy="ps"', 'parallel.ps.mode="sync"', "parallel.ps.colocated=false"],
+    **{f"zero{k}": ['parallel.strategy="zero"', f"parallel.zero.stage={k}"] for k in (1, 2, 3)},
 }
 
 
 MIN_RANKS = {"ps-dedicated": 2}  # one rank serves, at least one works
 
 
-def _zero_sets(name: str) -> list[str] | None:
-    """``zero1`` .. ``zero3`` when this hpcdp has a ZeRO strategy, else None."""
-    from hpcdp.config import parallel_config_class
-
-    if name in ("zero1", "zero2", "zero3") and parallel_config_class("zero") is not None:
-        return ['parallel.strategy="zero"', f"parallel.zero.stage={name[-1]}"]
-    return None
-
-
 def strategy_sets(name: str) -> list[str]:
-    sets = STRATEGIES.get(name) or _zero_sets(name)
-    if sets is None:
-        known = ", ".join(list(STRATEGIES) + ["zero1", "zero2", "zero3"])
-        hint = " (this hpcdp has no ZeRO strategy yet)" if name.startswith("zero") else ""
-        raise ValueError(f"--strategies: {name!r} is not a strategy check-exact knows{hint}; "
-                         f"choose from {known}")
-    return sets
+    if name not in STRATEGIES:
+        raise ValueError(f"--strategies: {name!r} is not a strategy check-exact knows; "
+                         f"choose from {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -165,16 +154,15 @@ def run(args) -> int:
     common = list(args.set) + ([f"train.steps={args.steps}", "train.epochs=0"] if args.steps else [])
     if bool(args.restart_at) != bool(args.restart_ranks):
         raise ValueError("--restart-at and --restart-ranks go together (e.g. --restart-at 10 --restart-ranks 3)")
-    if args.restart_at:
-        from hpcdp.config import SECTIONS
-        if "checkpoint" not in SECTIONS:
-            raise ValueError("--restart-at needs checkpoints ([checkpoint], hpcdp train --resume), "
-                             "which this hpcdp does not have yet")
-        if args.restart_at < 1:
-            raise ValueError(f"--restart-at: needs a step >= 1, got {args.restart_at}")
+    if args.restart_at < 0 or args.restart_ranks < 0:
+        raise ValueError(f"--restart-at / --restart-ranks: need a step >= 1 and a rank count >= 1, "
+                         f"got {args.restart_at} and {args.restart_ranks}")
     # Check the config once here, so bad input is one clear error, not N failed jobs.
     from hpcdp.config import load_config
-    load_config(args.config, common + ['train.reproducible="exact"'] + sets[names[0]])
+    cfg = load_config(args.config, common + ['train.reproducible="exact"'] + sets[names[0]])
+    if args.restart_at and cfg.train.steps and args.restart_at >= cfg.train.steps:
+        raise ValueError(f"--restart-at {args.restart_at}: save before the last step "
+                         f"(train.steps = {cfg.train.steps}), e.g. --restart-at {cfg.train.steps // 2}")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,11 @@
 - commit.py      atomic directory protocol, marker, latest, keep, --resume targets
 - agree.py       ranks agree on a save/load outcome (no hangs)
 - save.py, load.py       one save / one restore across ranks
-- runstate.py    config, step, data position, random streams, optimizer scalars
+- runstate.py    config, step, data position, optimizer scalars
 - background.py  the asynchronous writer thread;  stop.py  SIGTERM/SIGUSR1
 - checkpointer.py  what train.py calls;  cli.py  `hpcdp ckpt ls|info|verify|export`
+- weights.py     a checkpoint's weights into a model built from its config, one process
+                 (`hpcdp sample --resume`)
 
 Importing this package imports nothing heavy (h5py is imported by the modules
 that write or read files).

@@ -20,8 +20,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
-
 from .errors import CheckpointError
 from .stop import GracefulStop, signal_name
 
@@ -72,7 +70,7 @@ class Checkpointer:
         from hpcdp.config import dump_toml
         from hpcdp.optim import lr_at
 
-        from .runstate import hpcdp_version, random_streams
+        from .runstate import hpcdp_version
 
         next_epoch, next_batch = self.sampler.position(step)
         s = self.sampler
@@ -87,8 +85,7 @@ class Checkpointer:
             "strategy": self.cfg.parallel.strategy, "world_size": self.world.size,
             "dp_size": self.strategy.dp_size, "dtype": self.cfg.run.dtype,
         }
-        arrays = {"random_streams": random_streams(self.model)}
-        arrays.update({f"rank_{k}": v for k, v in rank_arrays.items()})
+        arrays = {f"rank_{k}": v for k, v in rank_arrays.items()}
         attrs = {"hpcdp_version": hpcdp_version(), "strategy": self.cfg.parallel.strategy,
                  "world_size": self.world.size, "config": dump_toml(self.cfg.to_dict())}
         return attrs, state, arrays
@@ -104,7 +101,6 @@ class Checkpointer:
         from .agree import on_root
         from .commit import resolve
         from .load import load
-        from .runstate import restore_random_streams
 
         latest_root = Path(self.c.dir) if self.c.dir else None
         path = Path(on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
@@ -115,7 +111,6 @@ class Checkpointer:
                              self.comm, backend=self.flat.backend, timeout=self.timeout, threads=self.threads)
         self._check_run_state(index, path)
         self.strategy.checkpoint_restored()
-        restore_random_streams(self.model, index.arrays.get("random_streams", np.zeros(0)), f"checkpoint {path}")
         self.optimizer.steps = int(index.state.get("optimizer_steps", 0))
         step = index.step
         self.last_saved = step

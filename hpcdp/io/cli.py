@@ -54,9 +54,7 @@ def cmd_info(args) -> int:
           f"batch {s.get('next_batch')} of {s.get('batches_per_epoch')} (global batch {s.get('global_batch')})")
     print(f"optimizer    {s.get('optimizer_kind')}, {s.get('optimizer_steps')} steps, lr {s.get('lr')} "
           f"({s.get('lr_schedule')})")
-    streams = index.arrays.get("random_streams")
-    print(f"random       data seed {s.get('data_seed')}; dropout draw counters "
-          f"{[] if streams is None else streams.tolist()}")
+    print(f"random       data seed {s.get('data_seed')}; dropout keyed by (seed, step, sample, layer)")
     for key, arr in sorted(index.arrays.items()):
         if key.startswith("rank_"):
             print(f"per rank     {key[5:]}: {arr.astype('int64').tolist()}")

@@ -124,12 +124,14 @@ def prune(root, keep: int) -> list[Path]:
     return drop
 
 
-def resolve(target: str, default_root) -> Path:
+def resolve(target: str, default_root, *, if_none: str = "train without --resume, or point it at a "
+            "step-* directory") -> Path:
     """The checkpoint that ``--resume target`` means (complete, or an error).
 
     ``latest``: the newest complete checkpoint in ``default_root`` (the run's
     ``checkpoint.dir``). A path may be a checkpoint (``.../step-00000100``), a folder
-    of checkpoints, or a run directory (its ``checkpoints/``).
+    of checkpoints, or a run directory (its ``checkpoints/``). ``if_none``: the
+    advice when it holds no complete checkpoint.
     """
     if target == "latest":
         if default_root is None:
@@ -151,8 +153,7 @@ def resolve(target: str, default_root) -> Path:
     done = [path for _, path, ok in items if ok]
     if not done:
         what = f"only {len(items)} incomplete one(s)" if items else "none"
-        raise CheckpointError(f"--resume {target}: no complete checkpoint in {root} ({what}); "
-                              "train without --resume, or point it at a step-* directory")
+        raise CheckpointError(f"--resume {target}: no complete checkpoint in {root} ({what}); {if_none}")
     problem = marker_problem(done[-1])
     if problem:
         raise CheckpointError(f"--resume {target}: the newest checkpoint {done[-1]} must not be loaded: "

@@ -11,7 +11,7 @@ not their data), read by every rank on load. Contents::
     /pieces      (P, 4) int64: tensor index, file index, element offset, size;
                  sorted by tensor then offset; a tensor's pieces tile it exactly
     /state       attrs: step, epoch, batch position, lr schedule, optimizer scalars...
-                 datasets: random_streams, ps_versions, ... (see runstate.py)
+                 datasets: rank_optimizer_steps, rank_ps_version, ... (see runstate.py)
 
 Every dataset carries its SHA-256 block digests, checked on read.
 """

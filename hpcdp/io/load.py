@@ -42,10 +42,11 @@ def fill_targets(ckpt_dir, index, targets, layout, backend=None, threads: int = 
         return reader.bytes_read
 
 
-def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str, comm, *, backend=None,
+def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, comm, *, backend=None,
          timeout: float = 300.0, threads: int = 1):
     """Check compatibility and fill ``targets`` on every rank; returns
-    ``(index, bytes read on this rank)`` or raises the same error everywhere."""
+    ``(index, bytes read on this rank)`` or raises the same error everywhere.
+    ``optimizer_kind`` None: weights only; ``comm`` None: one process."""
     ckpt_dir = Path(ckpt_dir)
 
     def run():

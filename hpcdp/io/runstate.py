@@ -10,8 +10,11 @@ Stored in ``index.h5`` (root attributes and the ``/state`` group):
 - the learning-rate schedule position (``step`` of ``total_steps``, the schedule and
   the last learning rate used);
 - the optimizer's kind and scalars (AdamW's step count for bias correction);
-- every random stream the run draws from: the data order (seed + position, above)
-  and each dropout layer's draw counter (``random_streams``, in module order);
+- nothing more for the random streams: the data order is a function of
+  ``data.seed``, the epoch and the position (above), and every dropout mask is keyed
+  by (seed, step, sample, layer) (hpcdp/nn/streams.py), so no generator state exists.
+  Checkpoints written before the keyed streams carry a ``random_streams`` dataset
+  (the old dropout's per-layer draw counters); it is ignored when read;
 - per rank scalars of the strategy (``ranks/<key>``: optimizer step count, and for
   the parameter server each server's shard index and version).
 """
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import CheckpointError
 from .format import PARAM, optim_buffer, tensor_name
 
 
@@ -30,28 +32,6 @@ def hpcdp_version() -> str:
         return version("hpcdp")
     except Exception:  # not installed (running from a source tree)
         return "unknown"
-
-
-def _streams(model) -> list:
-    """Modules that draw random numbers and count their draws (Dropout), in order."""
-    modules = getattr(model, "modules", None)
-    if modules is None:
-        return []
-    return [m for m in modules() if hasattr(m, "next_seed") and hasattr(m, "_calls")]
-
-
-def random_streams(model) -> np.ndarray:
-    return np.array([m._calls for m in _streams(model)], dtype=np.int64)
-
-
-def restore_random_streams(model, counters, where: str) -> None:
-    mods = _streams(model)
-    counters = np.asarray(counters, dtype=np.int64).reshape(-1)
-    if len(mods) != counters.shape[0]:
-        raise CheckpointError(f"{where}: the checkpoint has {counters.shape[0]} random streams (dropout "
-                              f"layers), this model has {len(mods)}: it is a different model")
-    for m, c in zip(mods, counters.tolist()):
-        m._calls = int(c)
 
 
 def expected_tensors(flat, optimizer) -> dict:
@@ -65,8 +45,9 @@ def expected_tensors(flat, optimizer) -> dict:
     return out
 
 
-def compatibility_problem(index, expected: dict, optimizer_kind: str) -> str | None:
-    """Why a checkpoint cannot restore this model and optimizer, or None."""
+def compatibility_problem(index, expected: dict, optimizer_kind: str | None) -> str | None:
+    """Why a checkpoint cannot restore this model and optimizer, or None.
+    ``optimizer_kind`` None: the weights only (the optimizer state is not compared)."""
     have = {t: (s, d) for t, s, d in zip(index.tensors, index.shapes, index.dtypes)}
     params_have = {t for t in have if t.startswith(PARAM + "/")}
     params_want = {t for t in expected if t.startswith(PARAM + "/")}
@@ -81,6 +62,8 @@ def compatibility_problem(index, expected: dict, optimizer_kind: str) -> str | N
         if t in have and have[t][1] != expected[t][1]:
             return (f"tensor {t} is {have[t][1]} in the checkpoint, {expected[t][1]} in this run: set "
                     f"run.dtype = \"{have[t][1]}\" to resume it")
+    if optimizer_kind is None:
+        return None
     opt_have = {t.rpartition("/")[0] for t in have if t.startswith("optim/")}
     opt_want = {t.rpartition("/")[0] for t in expected if t.startswith("optim/")}
     if opt_have != opt_want:
@@ -91,5 +74,4 @@ def compatibility_problem(index, expected: dict, optimizer_kind: str) -> str | N
     return None
 
 
-__all__ = ["hpcdp_version", "random_streams", "restore_random_streams", "expected_tensors",
-           "compatibility_problem"]
+__all__ = ["hpcdp_version", "expected_tensors", "compatibility_problem"]

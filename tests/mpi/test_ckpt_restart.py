@@ -99,7 +99,7 @@ def test_restore_on_other_ranks_and_strategy(n, a, m, b):
 
 # Same N, same strategy: K straight == K/2, stop, resume, K/2 (SHA-256 of the weights).
 SAME = [
-    (1, "none", "gpt", False),        # dropout streams must be restored to match
+    (1, "none", "gpt", False),        # dropout: keyed by (seed, step, sample, layer), nothing saved
     (2, "ddp", "mlp", True),          # asynchronous save
     (2, "ps", "mlp", False),
     (3, "ps_async", "mlp", False),    # staleness 0 is deterministic

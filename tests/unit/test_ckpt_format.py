@@ -72,8 +72,9 @@ def _state(shapes=((5, 7), (7,), (7, 3)), dtype="float32", seed=0, opt="adamw"):
     return flat, o
 
 
-def _save_as(root, step, flat, opt, n, layout_attrs=None):
-    """Write a checkpoint as ``n`` replicated ranks would (rank r: shard_range r of n)."""
+def _save_as(root, step, flat, opt, n, layout_attrs=None, arrays=None):
+    """Write a checkpoint as ``n`` replicated ranks would (rank r: shard_range r of n);
+    ``arrays``: extra /state datasets."""
     tmp = prepare(root, step)
     files = [rank_file_name(r) for r in range(n)]
     for r in range(n):
@@ -81,7 +82,7 @@ def _save_as(root, step, flat, opt, n, layout_attrs=None):
         write_rank_file(tmp / files[r], snap, {"rank": r, "world_size": n}, step=step, rank=r)
     job = SaveJob(root, step, None, expected_tensors(flat, opt), {"world_size": n, "strategy": "ddp"},
                   {"step": step, "optimizer_kind": opt.kind, "optimizer_steps": opt.steps},
-                  {"random_streams": np.zeros(0, np.int64)})
+                  {"rank_optimizer_steps": np.full(n, opt.steps, np.int64), **(arrays or {})})
     return _finish(job, tmp, files)
 
 
@@ -285,6 +286,23 @@ def test_ckpt_verify_exit_codes_and_export(tmp_path, capsys):
     assert main(["verify", str(tmp_path / "nothing-here")]) == 2
     (tmp_path / "empty").mkdir()
     assert main(["verify", str(tmp_path / "empty")]) == 2
+
+
+def test_a_checkpoint_with_the_old_dropout_counters_still_loads(tmp_path, capsys):
+    """Checkpoints written before the keyed dropout streams hold /state/random_streams
+    (the old dropout's per-layer draw counters): read and ignored."""
+    from hpcdp.io.cli import main
+
+    flat, opt = _state()
+    ckpt = _save_as(tmp_path / "ck", 4, flat, opt, 2, arrays={"random_streams": np.array([12], np.int64)})
+    assert "random_streams" in read_index(ckpt).arrays
+    target = Piece("param", 0, np.empty(flat.numel, np.float32))
+    load(ckpt, [target], flat.layout, expected_tensors(flat, opt), "adamw", None)
+    assert np.array_equal(target.array, flat.data)
+    assert main(["info", str(ckpt)]) == 0
+    assert "dropout keyed by (seed, step, sample, layer)" in capsys.readouterr().out
+    # new checkpoints do not write it
+    assert "random_streams" not in read_index(_save_as(tmp_path / "new", 4, flat, opt, 2)).arrays
 
 
 # -- ZeRO-style shards (owned_ranges), emulated: the protocol's ShardedCheckpoint ----------

@@ -1,6 +1,6 @@
 """``hpcdp check-exact``: the verdict table, and real mpiexec jobs that agree (exact
 mode) or do not (fast mode), with the exit status saying which; across a checkpoint
-restart on another rank count where this tree has checkpoints."""
+restart on another rank count."""
 
 from __future__ import annotations
 
@@ -88,16 +88,24 @@ def test_exact_jobs_agree_and_fast_jobs_do_not(tmp_path):
 
 
 def test_restart_on_another_rank_count(tmp_path):
-    """2 ranks save after step 3; 3 ranks resume and finish: the same final hash as the
-    uninterrupted 1- and 2-rank runs. Without checkpoints: a clear error, exit 2."""
-    from hpcdp.config import SECTIONS
-
-    proc = _check(tmp_path, "--steps", "6", "--restart-at", "3", "--restart-ranks", "3")
-    if "checkpoint" not in SECTIONS:
-        assert proc.returncode == 2, proc.stdout + proc.stderr
-        assert "--restart-at needs checkpoints" in proc.stderr
-        return
+    """2 ranks save after step 3; 3 ranks resume and finish: the same hashes as the
+    uninterrupted 1- and 2-rank runs, under ddp and ZeRO-3 (sharded parameters)."""
+    proc = _check(tmp_path, "--steps", "6", "--restart-at", "3", "--restart-ranks", "3",
+                  "--strategies", "ddp,zero3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("ddp x")]
-    assert [r.split()[1] for r in rows] == ["x1", "x2", "x2->x3"] and all(r.endswith("yes") for r in rows)
-    assert "exact: all 3 jobs agree" in proc.stdout
+    for name in ("ddp", "zero3"):
+        assert (tmp_path / "out" / f"{name}-n2-checkpoints" / "step-00000003").is_dir()
+        rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"{name} x")]
+        assert [r[1] for r in rows] == ["x1", "x2", "x2->x3"] and all(r[-1] == "yes" for r in rows)
+        # evals every 2 steps: the resumed job (from step 3) has no step-2 hash, and its
+        # step-4 and step-6 hashes are the uninterrupted runs'
+        assert rows[2][3:6] == ["-", rows[0][3], rows[0][4]] and rows[0][2:5] == rows[1][2:5]
+    assert proc.stdout.count("--resume") == 2  # the two x3 jobs really resumed
+    assert "exact: all 6 jobs agree" in proc.stdout
+
+
+def test_restart_arguments(tmp_path):
+    proc = _check(tmp_path, "--restart-at", "3")
+    assert proc.returncode == 2 and "--restart-at and --restart-ranks go together" in proc.stderr
+    proc = _check(tmp_path, "--restart-at", "4", "--restart-ranks", "3")  # train.steps = 4
+    assert proc.returncode == 2 and "save before the last step (train.steps = 4)" in proc.stderr
