@@ -19,7 +19,7 @@ import time
 
 from hpcdp.comm.errors import CommError
 
-from .ranks import fmt_ranks, say
+from .ranks import drain_output, fmt_ranks, say
 
 
 class DeadlineExceeded(CommError):
@@ -93,6 +93,7 @@ def watchdog(timeout: float, what: str):
         say(f"hpcdp: error: rank {rank}: {what} did not complete within {timeout:g}s "
             "(a rank is stuck, died or never got here); ending the job")
         from mpi4py import MPI
+        drain_output()
         MPI.COMM_WORLD.Abort(1)
 
     timer = threading.Timer(timeout, expire)

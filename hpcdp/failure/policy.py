@@ -26,7 +26,7 @@ import sys
 import traceback
 
 from .agree import USER_ERRORS, JobError, cause
-from .ranks import say
+from .ranks import drain_output, say
 from .shutdown import finish
 from .signals import Interrupted, handling_signals
 
@@ -102,6 +102,7 @@ def report_failure(e: BaseException) -> int:
     status = _exit_status(e, size)
     if size > 1:
         from mpi4py import MPI
+        drain_output()  # the launcher must read the line above before the abort kills us
         MPI.COMM_WORLD.Abort(status)
     return status
 

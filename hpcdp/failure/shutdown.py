@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 
-from .ranks import say
+from .ranks import drain_output, say
 
 FINALIZE_S = 60.0  # every rank passed the barrier: MPI_Finalize has no reason to take longer
 _timeout = 300.0  # the run's comm.timeout, set by the training command (expect_peers_within)
@@ -73,6 +73,7 @@ def _finalize(mpi, limit: float, message: str) -> None:
 
     def give_up():
         say(message)
+        drain_output()
         os._exit(1)
 
     timer = threading.Timer(limit, give_up)

@@ -195,3 +195,29 @@ def test_signals_raise_interrupted_unless_a_graceful_handler_takes_them():
 def test_config_from_dict_keeps_on_nonfinite():
     cfg = config_from_dict({"train": {"steps": 3, "on_nonfinite": "skip"}})
     assert cfg.train.on_nonfinite == "skip"
+
+
+def test_drain_output_waits_until_the_launcher_has_read_the_pipe():
+    """Before MPI_Abort the failing rank waits for its error line to leave the pipe (the
+    launcher kills every rank on an abort and dropped unread lines under load)."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time; from hpcdp.failure.ranks import drain_output\n"
+            "sys.stderr.write('hpcdp: error: x\\n'); t = time.monotonic(); drain_output(limit=5.0)\n"
+            "print(f'{time.monotonic() - t:.3f}', flush=True)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # the "launcher" reads stderr only after a second
+    err = proc.stderr.read()
+    waited = float(proc.stdout.read().decode())
+    proc.wait(timeout=30)
+    assert err == b"hpcdp: error: x\n"
+    assert 0.5 < waited < 5.0, waited  # it waited for the read, not for its limit
+    # nobody reading: it gives up after its limit, never hangs
+    proc = subprocess.Popen([sys.executable, "-c", code.replace("limit=5.0", "limit=0.3")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = proc.stdout.read()  # stderr stays unread until the child has exited
+    proc.wait(timeout=30)
+    assert proc.stderr.read() == b"hpcdp: error: x\n"
+    assert 0.25 < float(out.decode()) < 2.0
