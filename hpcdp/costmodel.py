@@ -118,8 +118,8 @@ class Profile:
 def profile_from_dict(d: dict, where: str = "profile") -> Profile:
     d = dict(d)
     try:
+        d["inter"] = Link(**d.get("inter", d["intra"]))  # one node only: no inter link
         d["intra"] = Link(**d["intra"])
-        d["inter"] = Link(**d.get("inter", d["intra"]))
         return Profile(**d)
     except (KeyError, TypeError) as e:
         raise ValueError(f"{where}: not a machine profile ({e}); see docs/scaling.md for the keys") from None
