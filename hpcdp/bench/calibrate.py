@@ -70,13 +70,19 @@ def fit_software(probe: dict, link: Link, gamma: float) -> dict:
 
 
 def fit_compute(points, params: int, flops_per_sample: float, optimizer_s_per_param: float) -> dict:
-    """``flops_per_s`` and ``step_overhead_s`` from ``[[batch, step seconds], ...]`` of one rank."""
+    """``flops_per_s`` and ``step_overhead_s`` from ``[[batch, step seconds], ...]`` of one rank.
+
+    When the steps do not grow with the batch (a model so small that noise hides its
+    compute), the largest batch's step is taken as all compute (overhead 0) and the
+    result says so (``fallback``), instead of failing a study job over it."""
     a, b = fit_line([bt for bt, _ in points], [t for _, t in points])
-    if b <= 0:
-        raise ValueError(f"calibration: step time does not grow with the batch ({points}); "
-                         "the machine was too noisy: rerun with more --repeats")
-    return {"flops_per_s": flops_per_sample / b,
-            "step_overhead_s": max(0.0, a - params * optimizer_s_per_param)}
+    if b > 0:
+        return {"flops_per_s": flops_per_sample / b,
+                "step_overhead_s": max(0.0, a - params * optimizer_s_per_param), "fallback": ""}
+    bt, t = max(points)
+    return {"flops_per_s": flops_per_sample * bt / t, "step_overhead_s": 0.0,
+            "fallback": f"step time did not grow with the batch ({points}): too noisy or too "
+                        "small a model; flops_per_s from the largest batch alone"}
 
 
 # -- measurements ----------------------------------------------------------------------
@@ -163,12 +169,17 @@ def run(args) -> Profile:
     load_before = _loadavg()
     print(f"calibrating: load average {load_before}", flush=True)
 
-    intra = _probe(args, 1, out)
-    link_intra = fit_link(intra["exchange"])
+    if args.ranks_per_node == 1 and not args.inter:
+        raise SystemExit("hpcdp scale --calibrate: with one rank per node there is no intra-node "
+                         "link to measure; add --inter (2 nodes)")
+    # one rank per node: no two ranks share a node, the inter-node link is all there is
+    intra = _probe(args, 1, out) if args.ranks_per_node != 1 else None
     inter = _probe(args, 2, out) if args.inter else None
-    link_inter = fit_link(inter["exchange"]) if inter else link_intra
+    link_inter = fit_link(inter["exchange"]) if inter else None
+    link_intra = fit_link(intra["exchange"]) if intra else link_inter
+    link_inter = link_inter or link_intra
     gamma = measure_gamma()
-    soft = fit_software(intra, link_intra, gamma)
+    soft = fit_software(intra or inter, link_intra, gamma)
     opt_s = measure_optimizer(cfg, wl.params)
     print(f"  link: alpha {link_intra.alpha_s * 1e6:.2f} us, beta {1e9 * link_intra.beta_s_per_byte:.3f} "
           f"ns/B; gamma {1e9 * gamma:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "
@@ -202,8 +213,9 @@ def run(args) -> Profile:
             "cpu": _cpu_model(), "load_before": load_before, "load_after": _loadavg(),
             "command": "hpcdp scale " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
             "config": str(args.config), "batch": batch,
-            "inter_measured": bool(inter), "probe_intra": intra["command"],
+            "inter_measured": bool(inter), "probes": [p["command"] for p in (intra, inter) if p],
             "compute_steps": {str(b): t for b, t in steps.items()},
+            "compute_fit": comp["fallback"] or "line over the batch sizes",
             "compute_only_steps": {str(k): t for k, t in co.items()},
         }})
     write_profile(prof, out)

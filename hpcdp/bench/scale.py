@@ -208,6 +208,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                        help="table and plot of the points gathered in DIR (a study job's folder)")
     p.add_argument("--config", default="", help="training config (TOML) to scale")
     p.add_argument("--ranks", default="1,2,4", help="rank counts, e.g. 1,2,4 (default)")
+    p.add_argument("--nodes", default="",
+                   help="node counts instead of --ranks (ranks = nodes x --ranks-per-node)")
     p.add_argument("--batch", type=int, default=0,
                    help="per-rank batch (weak) and global batch (strong); default: the "
                         "config's train.global_batch")
@@ -231,6 +233,9 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                    help="skip the compute-only runs (no contention/communication split)")
     p.add_argument("--profile", default="",
                    help="machine profile (TOML file or shipped name): predict every point")
+    p.add_argument("--calibrate-first", action="store_true",
+                   help="a study without --profile: calibrate one first (OUT/profile.toml, "
+                        "contention at 1 and --ranks-per-node ranks) and predict every point")
     p.add_argument("--inter", action="store_true",
                    help="--calibrate: also measure the inter-node link (2 nodes, 1 rank each; "
                         "needs an allocation and --launcher with {nodes} and {ppn})")
@@ -292,6 +297,11 @@ def run(args) -> dict:
         from hpcdp.bench import zero_study
         return zero_study.run_from_scale(args, parse_ranks(args.ranks))
     ranks = parse_ranks(args.ranks)
+    if args.nodes:  # node counts: whole nodes of --ranks-per-node ranks
+        if not args.ranks_per_node:
+            raise SystemExit("hpcdp scale: --nodes needs --ranks-per-node (ranks on each node)")
+        ranks = parse_ranks(",".join(str(int(n) * args.ranks_per_node)
+                                     for n in parse_ranks(args.nodes)))
     studies = [s.strip() for s in args.study.split(",") if s.strip()]
     bad = [s for s in studies if s not in ("weak", "strong")]
     if bad or not studies:
@@ -341,16 +351,24 @@ def run(args) -> dict:
     # processes hits one repeat of several points rather than every repeat of one; each
     # point keeps its fastest repeat (least disturbed), all repeats go to the JSON.
     best: dict = {}
-    for rnd in range(args.repeats):
-        for study, k, gb, v in plan:
-            p = run_point(args, k, gb, v, out, f"-r{rnd + 1}")
-            _log(p, f"{study}" + (f" r{rnd + 1}" if args.repeats > 1 else ""))
-            key = (k, gb, v)
-            prev = best.get(key)
-            reps = (prev["repeats_step_time_s"] if prev else []) + [p["step_time_s"]]
-            if prev is None or p["step_time_s"] < prev["step_time_s"]:
-                best[key] = p
-            best[key]["repeats_step_time_s"] = reps
+    try:
+        for rnd in range(args.repeats):
+            for study, k, gb, v in plan:
+                p = run_point(args, k, gb, v, out, f"-r{rnd + 1}")
+                _log(p, f"{study}" + (f" r{rnd + 1}" if args.repeats > 1 else ""))
+                key = (k, gb, v)
+                prev = best.get(key)
+                reps = (prev["repeats_step_time_s"] if prev else []) + [p["step_time_s"]]
+                if prev is None or p["step_time_s"] < prev["step_time_s"]:
+                    best[key] = p
+                best[key]["repeats_step_time_s"] = reps
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        # A point failed: report the points that finished, then fail with the reason.
+        if (1, batch, "bucketed") in best:
+            result["incomplete"] = f"stopped early: {str(e).splitlines()[0]}"
+            assemble(result, best, studies, ranks, batch, variants)
+            report(result, out)
+        raise SystemExit(f"hpcdp scale: {e}") from None
     result["load_after"] = _loadavg()
     assemble(result, best, studies, ranks, batch, variants)
     if profile is not None:
@@ -422,6 +440,16 @@ def main(argv=None) -> int:
         return 0
     if not args.config:
         raise SystemExit("hpcdp scale: --config FILE is required (the training config to study)")
+    if args.calibrate_first and not args.profile and not args.calibrate:
+        # a study job without a profile: measure one here first, into the results folder
+        from argparse import Namespace
+
+        from hpcdp.bench.calibrate import run as calibrate
+        out = Path(args.out or f"runs/scale-{time.strftime('%Y%m%d-%H%M%S')}")
+        per = args.ranks_per_node or 2
+        calibrate(Namespace(**{**vars(args), "out": str(out / "profile.toml"),
+                               "ranks": f"1,{per}" if per > 1 else "1"}))
+        args.profile, args.out = str(out / "profile.toml"), str(out)
     if args.calibrate:
         from hpcdp.bench.calibrate import run as calibrate
         calibrate(args)

@@ -127,6 +127,8 @@ def format_table(result: dict) -> str:
         lines.append("")
         lines.append(f"pred: the cost model with profile {result.get('profile')!r} "
                      "(error = measured / predicted - 1; * = oversubscribed, outside the model)")
+    if result.get("incomplete"):
+        lines.append(f"INCOMPLETE: {result['incomplete']}")
     if result.get("oversubscribed"):
         lines.append(f"note: {result['oversubscribed']}")
     if result.get("load_before"):
