@@ -5,9 +5,12 @@ from a cluster's data sheet; shipped ones in ``hpcdp/profiles/``). Every byte an
 count comes from :mod:`hpcdp.comm.volume` (the one place for them); this module only
 turns counts into seconds, alpha-beta-gamma style:
 
-    time = messages * (alpha[link] + msg_s) + bytes * beta[link] * share
-           + reduced bytes * gamma + software (per call: call_s[algorithm]
-           + 2(G-1) control messages * ctrl_msg_s)
+    time = messages * alpha[link] + bytes * beta[link] * share + reduced bytes * gamma
+           + software (messages * msg_s + per call: call_s[algorithm]
+                       + 2(G-1) control messages * ctrl_msg_s)
+
+``latency`` is the wire's part (messages * alpha), ``software`` all of hpcdp's own
+(Python) cost, so a table can say which of the two limits a collective.
 
 - ``alpha`` (s per message) and ``beta`` (s per byte) per link kind: ``intra`` (ranks of
   one node: shared memory, NVLink) and ``inter`` (between nodes: the NIC). A ring step is
@@ -215,10 +218,10 @@ def _ring(p: Profile, nbytes: int, G: int, kind: str, phases, share: float = 1.0
     msgs = max(V.ring_messages(n, G, r, itemsize, SEGMENT_BYTES, phases))
     rs_recv = V.ring_bytes(n, G, r, itemsize, ("rs",))[1] if "rs" in phases else 0
     link = getattr(p, kind)
-    c = Cost(latency_s=msgs * (link.alpha_s + p.msg_s),
+    c = Cost(latency_s=msgs * link.alpha_s,
              bandwidth_s=max(sent, recv) * link.beta_s_per_byte * share,
              reduce_s=rs_recv * p.gamma_s_per_byte,
-             software_s=_software(p, token_group or G, "ring", calls))
+             software_s=_software(p, token_group or G, "ring", calls) + msgs * p.msg_s)
     setattr(c, kind, (sent, recv))
     return c
 
@@ -261,7 +264,8 @@ def recursive_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4)
                           (fold_kind, fold, 2 * fold)):
         if k:
             link = getattr(p, kind)
-            c.latency_s += hops * (link.alpha_s + p.msg_s)
+            c.latency_s += hops * link.alpha_s
+            c.software_s += hops * p.msg_s
             c.bandwidth_s += hops * exchange * link.beta_s_per_byte
             setattr(c, kind, _add2(getattr(c, kind), (round(k * exchange),) * 2))
     return c
@@ -328,15 +332,16 @@ def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: i
     c = Cost(software_s=_software(p, N, "ps", calls=2), reduce_s=push[1] * p.gamma_s_per_byte)
     for phase in (push, pull):
         shard = max(phase) / peers  # what the server exchanges with one worker
-        slowest = (0.0, 0.0)
+        slowest = (0.0, 0.0, 0.0)
         for kind, count, sh in (("intra", local, 1.0), ("inter", peers - local, share)):
             if count:
                 link = getattr(p, kind)
-                lat = count * (link.alpha_s + p.msg_s)
+                lat, soft = count * link.alpha_s, count * p.msg_s
                 bw = count * shard * link.beta_s_per_byte * sh
-                slowest = max(slowest, (lat, bw), key=sum)
+                slowest = max(slowest, (lat, bw, soft), key=sum)
         c.latency_s += slowest[0]
         c.bandwidth_s += slowest[1]
+        c.software_s += slowest[2]
     for kind, count in (("intra", local), ("inter", peers - local)):
         frac = count / peers
         setattr(c, kind, (round((push[0] + pull[0]) * frac), round((push[1] + pull[1]) * frac)))
@@ -529,9 +534,9 @@ def efficiency(base: Step, point: Step, study: str = "weak") -> float:
 
 def ring_latency_crossover(p: Profile, nbytes: int, per_node: int, max_ranks: int = 1 << 20,
                            itemsize: int = 4):
-    """Smallest N (powers of two) where the ring's latency 2(N-1) alpha reaches its
-    bandwidth time for an ``nbytes`` bucket; also where hpcdp's per-call software
-    (arrival tokens) reaches it. None where it does not happen up to ``max_ranks``."""
+    """Smallest N (powers of two) where the ring's wire latency 2(N-1) alpha reaches its
+    bandwidth time for an ``nbytes`` bucket, and where hpcdp's software cost (per
+    message, per call, arrival tokens) does. None where it does not up to ``max_ranks``."""
     lat = soft = None
     N = 2
     while N <= max_ranks and (lat is None or soft is None):

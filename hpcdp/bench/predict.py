@@ -63,23 +63,21 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
     from hpcdp import costmodel as M
 
     per_node = per_node or profile.ranks_per_node
+    # Efficiency of every strategy is against plain one-rank training (no communication).
+    base = M.step(profile, wl, "ddp", 1, batch, per_node=per_node)
+    base_strong = M.step(profile, wl, "ddp", 1, strong_batch, per_node=per_node) if strong_batch else None
     rows = []
     for label, strategy, kw in strategies:
-        base = None
         for N in ranks:
             if strategy == "ps" and kw["servers"] > N:
                 continue
             st = M.step(profile, wl, strategy, N, batch, per_node=per_node, **kw)
-            if N == 1:
-                base = st
-            row = {"strategy": label, **st.as_dict(), "strategy_kind": st.strategy}
-            row["weak_efficiency"] = base.step_s / st.step_s if base else None
+            row = {**st.as_dict(), "strategy": label, "strategy_kind": st.strategy}
+            row["weak_efficiency"] = base.step_s / st.step_s
             if strong_batch:
-                s1 = M.step(profile, wl, strategy, 1, strong_batch, per_node=per_node,
-                            **{**kw, "servers": 1} if strategy == "ps" else kw)
                 sn = M.step(profile, wl, strategy, N, strong_batch / N, per_node=per_node, **kw)
                 row["strong_step_s"] = sn.step_s
-                row["strong_efficiency"] = s1.step_s / (N * sn.step_s)
+                row["strong_efficiency"] = base_strong.step_s / (N * sn.step_s)
             rows.append(row)
     bucket = max(wl.buckets) * wl.itemsize
     lat, soft = M.ring_latency_crossover(profile, bucket, per_node, itemsize=wl.itemsize)
@@ -100,7 +98,7 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
         "crossovers": {
             "bucket_bytes": bucket,
             "ring_latency_reaches_bandwidth_at": lat,
-            "arrival_tokens_reach_bandwidth_at": soft,
+            "software_reaches_bandwidth_at": soft,
             "hierarchical_beats_ring_from": hier,
             "parameter_server": ps,
         },
@@ -128,10 +126,10 @@ def format_predict(res: dict) -> str:
     mb = c["bucket_bytes"] / 2**20
     lines.append("")
     lines.append(f"crossovers (bucket of {mb:.2f} MiB, {res['ranks_per_node']} ranks per node):")
-    lines.append(f"  ring latency 2(N-1) alpha >= its bandwidth time from N = "
+    lines.append(f"  ring wire latency 2(N-1) alpha >= its bandwidth time from N = "
                  f"{c['ring_latency_reaches_bandwidth_at'] or 'beyond 2^20'}")
-    lines.append(f"  hpcdp's arrival tokens (2(N-1) control messages per call) >= bandwidth time "
-                 f"from N = {c['arrival_tokens_reach_bandwidth_at'] or 'beyond 2^20'}")
+    lines.append(f"  hpcdp's software (per message, per call, 2(N-1) arrival tokens) >= bandwidth "
+                 f"time from N = {c['software_reaches_bandwidth_at'] or 'beyond 2^20'}")
     lines.append(f"  hierarchical allreduce faster than the flat ring from N = "
                  f"{c['hierarchical_beats_ring_from'] or 'never in this range'}")
     for label, v in c["parameter_server"].items():
