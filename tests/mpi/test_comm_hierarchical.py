@@ -177,3 +177,26 @@ def test_bad_ranks_per_node_is_a_clear_error(comm, monkeypatch):
         allreduce(np.ones(4), comm=c, algorithm="ring", timeout=20)  # still usable
     finally:
         c.Free()
+
+
+def test_ddp_with_hierarchical_buckets_equals_one_rank(comm, monkeypatch):
+    """DDP's bucket allreduces as hierarchical ones (many in flight, started from the
+    backward hooks) train exactly like one rank; the step's gradient bytes are the
+    formula's, summed over buckets and link kinds."""
+    from test_ddp import MLP, SPLIT_ELEMS, assert_close, ddp, reference, train
+
+    from hpcdp.world import World
+    N = comm.Get_size()
+    per = 2 if N % 2 == 0 else 1
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, str(per))
+    world = World.from_mpi(comm.Dup())
+    try:
+        strategy = ddp(bucket_mb=SPLIT_ELEMS * 8 / 2**20, algorithm="hierarchical")
+        got, stats, _ = train(MLP, strategy, world)
+        assert_close(got, reference(MLP), 1e-12)
+        r = world.rank
+        want = sum(sum(expected_bytes(b.size, N // per, per, r // per, r % per, 8)[k][0]
+                       for k in ("intra", "inter")) for b in strategy.plan.buckets)
+        assert all(s["grad_bytes_sent"] == want for s in stats) or N == 1
+    finally:
+        world.comm.Free()
