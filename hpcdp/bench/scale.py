@@ -248,6 +248,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--probe-max", default="",
                    help="--calibrate: largest message of the link probe (e.g. 256K, to "
                         "calibrate on small messages and predict large ones)")
+    p.add_argument("--no-study", action="store_true",
+                   help="--validate: the collectives only (no training study)")
     p.add_argument("--sizes", default="8:64M",
                    help="--validate: allreduce sizes MIN:MAX (x4 steps)")
     p.add_argument("--description", default="", help="--calibrate: one line for the profile")

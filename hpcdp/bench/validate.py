@@ -194,10 +194,11 @@ def run(args) -> dict:
         bench = _bench(args, n, algos, out)
         commands.append(bench["command"])
         points += collective_points(profile, bench, n, per_node, cores)
-    study_args = Namespace(**{**vars(args), "out": str(out / "study"), "profile": args.profile,
-                              "ranks": ",".join(str(k) for k in [1] + ranks)})
-    study = scale.run(study_args)
-    points += step_points(study, cores, per_node, set(profile.contention))
+    if not args.no_study:
+        study_args = Namespace(**{**vars(args), "out": str(out / "study"), "profile": args.profile,
+                                  "ranks": ",".join(str(k) for k in [1] + ranks)})
+        study = scale.run(study_args)
+        points += step_points(study, cores, per_node, set(profile.contention))
     res = {"profile": profile.name, "config": str(args.config), "ranks": ranks,
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "points": points,
            "summary": summarize(points), "bench_commands": commands,
