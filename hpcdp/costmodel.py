@@ -308,10 +308,18 @@ def allreduce(p: Profile, nbytes: int, t: Topology, algorithm: str = "ring",
     return algorithm, ALLREDUCE[algorithm](p, nbytes, t, itemsize)
 
 
-def fastest_allreduce(nbytes: int, profile: Profile, nodes: int, per_node: int) -> str:
+def fastest_allreduce(nbytes: int, profile, nodes: int, per_node: int) -> str:
     """The allreduce ``algorithm="auto"`` uses when a profile is configured: the same
-    answer on every rank (it depends only on these arguments)."""
+    answer on every rank (it depends only on these arguments). ``profile``: a Profile,
+    or its name / path (then answers are cached: this runs on every auto allreduce)."""
+    if isinstance(profile, str):
+        return _fastest_cached(nbytes, profile, nodes, per_node)
     return allreduce(profile, nbytes, Topology(nodes, per_node), "auto", itemsize=1)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _fastest_cached(nbytes: int, name: str, nodes: int, per_node: int) -> str:
+    return fastest_allreduce(nbytes, load_profile(name), nodes, per_node)
 
 
 def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: int = 4) -> Cost:

@@ -153,15 +153,14 @@ def hierarchy(ctx, timeout: float | None = None) -> Hierarchy:
 
 
 def auto_layout(ctx, timeout=None):
-    """For ``algorithm="auto"``: ``(profile, nodes, per_node)`` when ``HPCDP_PROFILE`` names
-    a machine profile (then the cost model picks the allreduce), else None (auto keeps its
-    size rule). Every rank must see the same profile, like any auto setting."""
+    """For ``algorithm="auto"``: ``(profile name, nodes, per_node)`` when ``HPCDP_PROFILE``
+    names a machine profile (then the cost model picks the allreduce), else None (auto
+    keeps its size rule). Every rank must see the same profile, like any auto setting."""
     name = os.environ.get(PROFILE_ENV, "").strip()
     if not name or ctx.size == 1:
         return None
-    from hpcdp.costmodel import load_profile
     h = hierarchy(ctx, timeout)
-    return load_profile(name), h.nodes, h.per_node
+    return name, h.nodes, h.per_node
 
 
 class HierarchicalRequest(Request):
