@@ -139,10 +139,11 @@ def _best_steps(args, points, out: Path) -> dict:
     """``{(ranks, global batch, variant): fastest step}`` over ``--repeats`` interleaved
     rounds of all points (a burst of load hits one round of several points, not every
     round of one)."""
-    from hpcdp.bench.scale import run_point
+    from hpcdp.bench.scale import run_point, wait_quiet
 
     best: dict = {}
     for rnd in range(args.repeats):
+        wait_quiet(args)
         for k, gb, variant in points:
             t = run_point(args, k, gb, variant, out)["step_time_s"]
             best[(k, gb, variant)] = min(t, best.get((k, gb, variant), t))
@@ -151,7 +152,7 @@ def _best_steps(args, points, out: Path) -> dict:
 
 
 def run(args) -> Profile:
-    from hpcdp.bench.scale import parse_ranks
+    from hpcdp.bench.scale import parse_ranks, wait_quiet
     from hpcdp.config import load_config
     from hpcdp.costmodel import workload_from_config
 
@@ -173,6 +174,7 @@ def run(args) -> Profile:
         raise SystemExit("hpcdp scale --calibrate: with one rank per node there is no intra-node "
                          "link to measure; add --inter (2 nodes)")
     # one rank per node: no two ranks share a node, the inter-node link is all there is
+    wait_quiet(args)
     intra = _probe(args, 1, out) if args.ranks_per_node != 1 else None
     inter = _probe(args, 2, out) if args.inter else None
     link_inter = fit_link(inter["exchange"]) if inter else None

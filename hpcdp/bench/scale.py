@@ -253,6 +253,10 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--sizes", default="8:64M",
                    help="--validate: allreduce sizes MIN:MAX (x4 steps)")
     p.add_argument("--description", default="", help="--calibrate: one line for the profile")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="LOAD",
+                   help="before each round, wait until the 1-minute load average is below "
+                        "LOAD (a shared machine; at most --wait-max seconds)")
+    p.add_argument("--wait-max", type=float, default=1800.0, help="see --wait-quiet")
     p.add_argument("--ranks-per-node", type=int, default=0,
                    help="ranks per node: {nodes}/{ppn} in --launcher and the model's node "
                         "layout (default: all ranks on one node)")
@@ -355,6 +359,7 @@ def run(args) -> dict:
     best: dict = {}
     try:
         for rnd in range(args.repeats):
+            wait_quiet(args)
             for study, k, gb, v in plan:
                 p = run_point(args, k, gb, v, out, f"-r{rnd + 1}")
                 _log(p, f"{study}" + (f" r{rnd + 1}" if args.repeats > 1 else ""))
@@ -420,6 +425,22 @@ def report(result: dict, out: Path) -> dict:
 
     write_outputs(out, "scale", format_table(result), result, plot)
     return result
+
+
+def wait_quiet(args) -> None:
+    """``--wait-quiet L``: before a round, wait (up to ``--wait-max`` seconds) until the
+    1-minute load average is below L, so a shared machine is measured at its quiet
+    moments. The study records the load either way."""
+    limit = getattr(args, "wait_quiet", 0.0)
+    if not limit:
+        return
+    deadline = time.monotonic() + getattr(args, "wait_max", 1800.0)
+    said = False
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        if not said:
+            print(f"  waiting for load average < {limit:g} (now {os.getloadavg()[0]:.1f})", flush=True)
+            said = True
+        time.sleep(10)
 
 
 def _loadavg() -> list:

@@ -191,6 +191,7 @@ def run(args) -> dict:
     points, commands = [], []
     for n in ranks:
         algos = ["ring", "recursive"] + (["hierarchical"] if n > min(n, per_node) > 1 else [])
+        scale.wait_quiet(args)
         bench = _bench(args, n, algos, out)
         commands.append(bench["command"])
         points += collective_points(profile, bench, n, per_node, cores)
