@@ -87,6 +87,21 @@ def fit_compute(points, params: int, flops_per_sample: float, optimizer_s_per_pa
 
 # -- measurements ----------------------------------------------------------------------
 
+def fastest_probe(probes: list):
+    """Element-wise fastest of several linkprobe results (None for none)."""
+    if not probes:
+        return None
+    out = dict(probes[0])
+    out["exchange"] = [[s, min(p["exchange"][i][1] for p in probes)]
+                       for i, (s, _) in enumerate(probes[0]["exchange"])]
+    out["segments"] = [[m, min(p["segments"][i][1] for p in probes)]
+                       for i, (m, _) in enumerate(probes[0]["segments"])]
+    out["calls"] = {k: min(p["calls"][k] for p in probes) for k in probes[0]["calls"]}
+    out["token_pair_s"] = min(p["token_pair_s"] for p in probes)
+    out["rounds"] = len(probes)
+    return out
+
+
 def measure_gamma(nbytes: int = 4 << 20, reps: int = 20) -> float:
     """Seconds per byte of ``np.add(a, b, out=a)`` on float32 (the ring's reduction)."""
     a = np.ones(nbytes // 4, np.float32)
@@ -119,13 +134,13 @@ def measure_optimizer(cfg, params: int, reps: int = 20) -> float:
 def _probe(args, nodes: int, out: Path) -> dict:
     from hpcdp.bench.scale import find_mpiexec, run_child
 
-    path = out.with_suffix(f".probe-{'inter' if nodes > 1 else 'intra'}.json")
+    path = out.with_suffix(f".probe-{'inter' if nodes > 1 else 'intra'}.json")  # the last round's
     if args.launcher:
         launch = shlex.split(args.launcher.format(n=2, nodes=nodes, ppn=2 // nodes))
     else:
         launch = [find_mpiexec(), "-n", "2"]
     cmd = launch + [sys.executable, "-m", "hpcdp.bench.linkprobe", "--json", str(path),
-                    "--rounds", str(max(3, args.repeats))]
+                    "--rounds", "3"]
     if args.probe_max:
         from hpcdp.bench.collectives import parse_size
         cmd += ["--max-bytes", str(parse_size(args.probe_max))]
@@ -135,24 +150,29 @@ def _probe(args, nodes: int, out: Path) -> dict:
     return data
 
 
-def _best_steps(args, points, out: Path) -> dict:
-    """``{(ranks, global batch, variant): fastest step}`` over ``--repeats`` interleaved
-    rounds of all points (a burst of load hits one round of several points, not every
-    round of one)."""
+def measure_rounds(args, points, out: Path, work: Path) -> tuple:
+    """``--repeats`` interleaved rounds, each: the link probes, then every step point.
+    A burst of load hits one round of everything, not every round of one thing; each
+    figure keeps its fastest round. Returns (intra probe, inter probe, {point: step})."""
     from hpcdp.bench.scale import run_point, wait_quiet
 
+    probes: dict = {"intra": [], "inter": []}
     best: dict = {}
     for rnd in range(args.repeats):
         wait_quiet(args)
+        if args.ranks_per_node != 1:  # one rank per node: there is no intra-node pair
+            probes["intra"].append(_probe(args, 1, out))
+        if args.inter:
+            probes["inter"].append(_probe(args, 2, out))
         for k, gb, variant in points:
-            t = run_point(args, k, gb, variant, out)["step_time_s"]
+            t = run_point(args, k, gb, variant, work)["step_time_s"]
             best[(k, gb, variant)] = min(t, best.get((k, gb, variant), t))
         print(f"  round {rnd + 1}/{args.repeats}: load {_loadavg()}", flush=True)
-    return best
+    return fastest_probe(probes["intra"]), fastest_probe(probes["inter"]), best
 
 
 def run(args) -> Profile:
-    from hpcdp.bench.scale import parse_ranks, wait_quiet
+    from hpcdp.bench.scale import parse_ranks
     from hpcdp.config import load_config
     from hpcdp.costmodel import workload_from_config
 
@@ -173,10 +193,10 @@ def run(args) -> Profile:
     if args.ranks_per_node == 1 and not args.inter:
         raise SystemExit("hpcdp scale --calibrate: with one rank per node there is no intra-node "
                          "link to measure; add --inter (2 nodes)")
-    # one rank per node: no two ranks share a node, the inter-node link is all there is
-    wait_quiet(args)
-    intra = _probe(args, 1, out) if args.ranks_per_node != 1 else None
-    inter = _probe(args, 2, out) if args.inter else None
+    batches = sorted({max(1, batch // 2), batch, 2 * batch})
+    ranks = parse_ranks(args.ranks)
+    points = [(1, b, "bucketed") for b in batches] + [(k, k * batch, "compute_only") for k in ranks]
+    intra, inter, best = measure_rounds(args, points, out, work)
     link_inter = fit_link(inter["exchange"]) if inter else None
     link_intra = fit_link(intra["exchange"]) if intra else link_inter
     link_inter = link_inter or link_intra
@@ -186,11 +206,6 @@ def run(args) -> Profile:
     print(f"  link: alpha {link_intra.alpha_s * 1e6:.2f} us, beta {1e9 * link_intra.beta_s_per_byte:.3f} "
           f"ns/B; gamma {1e9 * gamma:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "
           f"optimizer {opt_s * 1e9:.2f} ns/param", flush=True)
-
-    batches = sorted({max(1, batch // 2), batch, 2 * batch})
-    ranks = parse_ranks(args.ranks)
-    points = [(1, b, "bucketed") for b in batches] + [(k, k * batch, "compute_only") for k in ranks]
-    best = _best_steps(args, points, work)
     steps = {b: best[(1, b, "bucketed")] for b in batches}
     comp = fit_compute([[b, t] for b, t in steps.items()], wl.params, wl.flops_per_sample, opt_s)
     print(f"  compute: {', '.join(f'B={b}: {1e3 * t:.2f} ms' for b, t in steps.items())} -> "
@@ -216,6 +231,8 @@ def run(args) -> Profile:
             "command": "hpcdp scale " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
             "config": str(args.config), "batch": batch,
             "inter_measured": bool(inter), "probes": [p["command"] for p in (intra, inter) if p],
+            **{f"probe_{kind}": {k: p[k] for k in ("exchange", "segments", "calls", "token_pair_s")}
+               for kind, p in (("intra", intra), ("inter", inter)) if p},
             "compute_steps": {str(b): t for b, t in steps.items()},
             "compute_fit": comp["fallback"] or "line over the batch sizes",
             "compute_only_steps": {str(k): t for k, t in co.items()},
