@@ -85,6 +85,27 @@ def fit_compute(points, params: int, flops_per_sample: float, optimizer_s_per_pa
                         "small a model; flops_per_s from the largest batch alone"}
 
 
+def refit_small(profile: Profile, max_bytes: int) -> Profile:
+    """The profile with its link and software refitted from its own recorded probe
+    (``[provenance.probe_intra]``), using exchanges of at most ``max_bytes`` only: to
+    check how well small-message calibration predicts large messages."""
+    from dataclasses import replace
+
+    probe = profile.provenance.get("probe_intra")
+    if not probe:
+        raise SystemExit(f"profile {profile.name}: no recorded probe data ([provenance.probe_intra]); "
+                         "recalibrate with this version of hpcdp scale --calibrate")
+    small = {**probe, "exchange": [[s, t] for s, t in probe["exchange"] if s <= max_bytes]}
+    if len(small["exchange"]) < 2:
+        raise SystemExit(f"--probe-max {max_bytes}: fewer than 2 probe sizes that small")
+    link = fit_link(small["exchange"])
+    soft = fit_software(small, link, profile.gamma_s_per_byte)
+    inter = profile.inter if profile.provenance.get("inter_measured") else link
+    return replace(profile, name=f"{profile.name}-upto{max_bytes}B", intra=link, inter=inter,
+                   msg_s=soft["msg_s"], call_s={**profile.call_s, **soft["call_s"]},
+                   ctrl_msg_s=soft["ctrl_msg_s"])
+
+
 # -- measurements ----------------------------------------------------------------------
 
 def fastest_probe(probes: list):

@@ -246,8 +246,12 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--strategies", default="ddp-ring,ddp-hierarchical,ddp-auto,ps1,ps8,zero1,zero2,zero3",
                    help="--predict: ddp-ring|ddp-recursive|ddp-hierarchical|ddp-auto, psK, zero1-3")
     p.add_argument("--probe-max", default="",
-                   help="--calibrate: largest message of the link probe (e.g. 256K, to "
-                        "calibrate on small messages and predict large ones)")
+                   help="--calibrate: largest message of the link probe; --validate: refit "
+                        "the profile's link on its recorded probe up to this size (e.g. 256K: "
+                        "calibrate on small messages, predict large ones)")
+    p.add_argument("--reuse", action="store_true",
+                   help="--validate: take the measurements already in --out (from an earlier "
+                        "--validate) and predict them with --profile")
     p.add_argument("--no-study", action="store_true",
                    help="--validate: the collectives only (no training study)")
     p.add_argument("--sizes", default="8:64M",

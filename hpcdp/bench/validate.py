@@ -41,6 +41,10 @@ def _bench(args, n: int, algos: list, out: Path) -> dict:
 
     lo, hi = args.sizes.split(":") if ":" in args.sizes else ("8", args.sizes)
     path = out / f"collectives-n{n}.json"
+    if args.reuse and path.is_file():  # the measurements of an earlier --validate in --out
+        data = json.loads(path.read_text())
+        data.setdefault("command", "(reused)")
+        return data
     cmd = launch_command(args, n) + [sys.executable, "-m", "hpcdp.bench.collectives",
                                      "--algorithms", ",".join(algos), "--min", str(parse_size(lo)),
                                      "--max", str(parse_size(hi)), "--repeats", str(max(3, args.repeats)),
@@ -54,8 +58,11 @@ def _bench(args, n: int, algos: list, out: Path) -> dict:
     return data
 
 
-def collective_points(profile, bench: dict, n: int, per_node: int, cores: int) -> list[dict]:
-    """One point per bench row (not MPI's own): measured vs the model."""
+def collective_points(profile, bench: dict, n: int, per_node: int, cores: int,
+                      fitted_max: int = 8) -> list[dict]:
+    """One point per bench row (not MPI's own): measured vs the model. At 2 ranks, sizes
+    up to ``fitted_max`` are calibration points (the 8-byte calls; with a small-message
+    refit, every size the refit saw)."""
     from hpcdp import costmodel as M
 
     topo = M.Topology.of(n, per_node)
@@ -69,7 +76,7 @@ def collective_points(profile, bench: dict, n: int, per_node: int, cores: int) -
         pts.append({"kind": "collective", "what": f"{algo} {row['size']} B", "algorithm": algo,
                     "ranks": n, "bytes": row["size"], "measured_s": measured, "pred_s": pred,
                     "error": measured / pred - 1.0,
-                    "calibration": n == 2 and row["size"] <= 8 and algo in ("ring", "recursive"),
+                    "calibration": n == 2 and row["size"] <= fitted_max and algo in ("ring", "recursive"),
                     "oversubscribed": bool(cores) and min(n, per_node) > cores})
     return pts
 
@@ -182,6 +189,10 @@ def run(args) -> dict:
         profile = M.load_profile(args.profile)
     except ValueError as e:
         raise SystemExit(f"hpcdp scale --validate: --profile: {e}") from None
+    if args.probe_max:  # calibrated on small messages only: the large ones are held out
+        from hpcdp.bench.calibrate import refit_small
+        from hpcdp.bench.collectives import parse_size
+        profile = refit_small(profile, parse_size(args.probe_max))
     ranks = [k for k in scale.parse_ranks(args.ranks) if k > 1]
     out = Path(args.out or f"runs/validate-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -189,16 +200,27 @@ def run(args) -> dict:
     cores = profile.cores_per_node or (os.cpu_count() or 0)
     load_before = scale._loadavg()
     points, commands = [], []
+    fitted = 8
+    if args.probe_max:
+        from hpcdp.bench.collectives import parse_size
+        fitted = parse_size(args.probe_max)
     for n in ranks:
         algos = ["ring", "recursive"] + (["hierarchical"] if n > min(n, per_node) > 1 else [])
         scale.wait_quiet(args)
         bench = _bench(args, n, algos, out)
         commands.append(bench["command"])
-        points += collective_points(profile, bench, n, per_node, cores)
+        points += collective_points(profile, bench, n, per_node, cores, fitted)
     if not args.no_study:
-        study_args = Namespace(**{**vars(args), "out": str(out / "study"), "profile": args.profile,
-                                  "ranks": ",".join(str(k) for k in [1] + ranks)})
-        study = scale.run(study_args)
+        done = out / "study" / "scale.json"
+        if args.reuse and done.is_file():  # re-predict an earlier study with this profile
+            from hpcdp.bench.scale_report import predict_points
+            from hpcdp.config import load_config
+            study = json.loads(done.read_text())
+            predict_points(study, profile, load_config(study["config"], study["overrides"]), per_node)
+        else:
+            study_args = Namespace(**{**vars(args), "out": str(out / "study"), "profile": args.profile,
+                                      "ranks": ",".join(str(k) for k in [1] + ranks)})
+            study = scale.run(study_args)
         points += step_points(study, cores, per_node, set(profile.contention))
     res = {"profile": profile.name, "config": str(args.config), "ranks": ranks,
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "points": points,

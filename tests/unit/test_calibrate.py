@@ -99,3 +99,24 @@ def test_attribution_split_adds_up():
     assert p["eff_contention"] == pytest.approx(0.8) and p["eff_comm"] == pytest.approx(0.9375)
     assert p["loss_contention"] + p["loss_comm"] == pytest.approx(1 - 0.060 / 0.080)
     assert "eff_contention" not in weak[0]
+
+
+def test_refit_on_small_messages_uses_only_them():
+    """--probe-max: the link refitted from the profile's own recorded probe, small sizes
+    only; large exchanges that do not fit the line then cannot move the fit."""
+    probe = _probe(alpha=5e-6, beta=2e-10, msg=1.5e-5, ctrl=1.5e-6, call_ring=4e-5,
+                   call_rd=2e-5, gamma=1e-10)
+    for row in probe["exchange"][-3:]:  # 1, 4, 16 MiB: three times slower than the line
+        row[1] *= 3
+    p = M.load_profile("example-cluster")
+    p = M.profile_from_dict({**p.to_toml_dict(), "gamma_s_per_byte": 1e-10,
+                             "provenance": {"probe_intra": probe}})
+    small = C.refit_small(p, 256 << 10)
+    assert small.intra.alpha_s == pytest.approx(5e-6, rel=0.05)
+    assert small.intra.beta_s_per_byte == pytest.approx(2e-10, rel=0.1)
+    assert small.msg_s == pytest.approx(1.5e-5, rel=0.02) and small.name.endswith("upto262144B")
+    assert C.fit_link(probe["exchange"]).beta_s_per_byte > 1.2 * small.intra.beta_s_per_byte
+    with pytest.raises(SystemExit, match="fewer than 2"):
+        C.refit_small(p, 8)
+    with pytest.raises(SystemExit, match="no recorded probe"):
+        C.refit_small(M.load_profile("example-cluster"), 256 << 10)
