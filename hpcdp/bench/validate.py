@@ -47,7 +47,7 @@ def _bench(args, n: int, algos: list, out: Path) -> dict:
         return data
     cmd = launch_command(args, n) + [sys.executable, "-m", "hpcdp.bench.collectives",
                                      "--algorithms", ",".join(algos), "--min", str(parse_size(lo)),
-                                     "--max", str(parse_size(hi)), "--repeats", str(max(3, args.repeats)),
+                                     "--max", str(parse_size(hi)), "--repeats", str(max(5, 2 * args.repeats)),
                                      "--json", str(path)]
     env = child_env()
     if args.ranks_per_node:
