@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from hpcdp.comm.diagnose import diagnose
 from hpcdp.comm.errors import CollectiveTimeout
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.requests import Request
@@ -86,14 +87,18 @@ def ranks_per_node_override() -> int | None:
 
 
 def _wait_for_everyone(ctx, timeout: float) -> None:
-    """Tokens to and from every peer on the control communicator (tag TAG_UB, which
-    arrival tokens never use), polled under ``timeout``: names the ranks missing."""
-    tag = int(ctx.ctrl.Get_attr(MPI.TAG_UB))
+    """Tokens to and from every peer on the data communicator (tag TAG_UB, above every
+    tag a collective uses there; the control communicator's TAG_UB is the diagnosis'),
+    polled under ``timeout``: names the ranks missing."""
+    from hpcdp.comm.context import tag_upper_bound
+
+    comm = ctx.data
+    tag = tag_upper_bound(comm)
     peers = [p for p in range(ctx.size) if p != ctx.rank]
     out = np.zeros(1, dtype=np.uint8)
     inbox = np.zeros(max(len(peers), 1), dtype=np.uint8)
-    sends = [ctx.ctrl.Isend([out, MPI.BYTE], p, tag) for p in peers]
-    recvs = [ctx.ctrl.Irecv([inbox[i:i + 1], MPI.BYTE], p, tag) for i, p in enumerate(peers)]
+    sends = [comm.Isend([out, MPI.BYTE], p, tag) for p in peers]
+    recvs = [comm.Irecv([inbox[i:i + 1], MPI.BYTE], p, tag) for i, p in enumerate(peers)]
     deadline = time.monotonic() + timeout
     idle = 0
     while not MPI.Request.Testall(sends + recvs):
@@ -168,9 +173,9 @@ class HierarchicalRequest(Request):
     sub-communicator, started when the previous one completes and its turn has come
     (see :class:`Hierarchy`); ``test()`` drives it."""
 
-    def __init__(self, ctx, arrival, ledger, timeout, *, work, src, op, segment_bytes,
+    def __init__(self, ctx, call, ledger, timeout, *, work, src, op, segment_bytes,
                  max_message_bytes=None, result=None):
-        super().__init__(ctx, "allreduce", arrival, None, timeout, max_message_bytes)
+        super().__init__(ctx, "allreduce", call, None, timeout, max_message_bytes)
         self.kind_ledger = ledger
         self.h = h = hierarchy(ctx, self.timeout)
         self.work, self.op, self.result = work, op, result
@@ -236,18 +241,16 @@ class HierarchicalRequest(Request):
             for kind, (s, r, sm, rm) in self.counts.items():
                 self.kind_ledger.record(f"allreduce.{kind}", s, r, sm, rm, calls=1)
 
-    def _timeout(self, limit):
-        """Name ranks of the whole communicator: the ones that never arrived at this
-        allreduce, and the ones the running phase still waits for (translated from the
-        sub-communicator's numbering)."""
-        err = super()._timeout(limit)
+    def _timeout(self, limit, joined=False):
+        """The diagnosis on the whole communicator, naming as waited-for the ranks the
+        running phase still waits for (translated from the sub-communicator's numbering)."""
         sub = self.sub
         if sub is None:  # waiting for an earlier request's turn: that one is stuck
             earlier = [r for r in self.h.active if r.ticket < self.ticket and r.sub is not None]
             sub = earlier[0].sub if earlier else None
-        if sub is None:
-            return err
-        waiting = sorted({src for req, src in sub._recv_src.values() if not req.Test()})
+        waiting = []
+        if sub is not None:
+            waiting = sorted({src for req, src in sub._recv_src.values() if not req.Test()})
         if waiting:
             group, parent = sub.ctx.parent.Get_group(), self.ctx.parent.Get_group()
             try:
@@ -255,9 +258,8 @@ class HierarchicalRequest(Request):
             finally:
                 group.Free()
                 parent.Free()
-            from hpcdp.comm.debug import timeout_error
-            return timeout_error(self.ctx, self.name, self.seq, err.missing, waiting, limit)
-        return err
+        return diagnose(self.ctx, self.call, time.monotonic() - self.started, limit, waiting,
+                        joined=joined)
 
 
 def expected_bytes(n: int, nodes: int, per_node: int, node: int, local_rank: int,
