@@ -130,6 +130,9 @@ def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
     from hpcdp.comm.auto import choose
 
     algo = choose(collective, n * itemsize, N, algorithm)
+    if algo == "hierarchical":  # bytes per link kind, from the node layout
+        raise ValueError("collective_bytes: the hierarchical allreduce moves bytes on two link "
+                         "kinds; use hierarchical_bytes(n, nodes, per_node, node, local_rank, itemsize)")
     if algo == "native":
         return native_bytes(collective, n, N, rank, itemsize)
     if algo == "recursive":

@@ -46,3 +46,11 @@ def test_hierarchical_bytes(nodes, per, n):
     if per == 1:
         assert all(V.hierarchical_bytes(n, nodes, 1, m, 0, item)["inter"] ==
                    V.ring_allreduce_bytes(n, N, m, item) for m in range(nodes))
+
+
+def test_collective_bytes_sends_hierarchical_to_its_own_formula():
+    from hpcdp.comm.volume import collective_bytes
+
+    with pytest.raises(ValueError, match="hierarchical_bytes"):
+        collective_bytes("allreduce", "hierarchical", 64, 4, 0, 4)
+    assert collective_bytes("allreduce", "ring", 64, 4, 0, 4) == (384, 384)  # 2(N-1)/N * 256 B
