@@ -7,7 +7,7 @@ turns counts into seconds, alpha-beta-gamma style:
 
     time = messages * alpha[link] + bytes * beta[link] * share + reduced bytes * gamma
            + software (messages * msg_s + per call: call_s[algorithm]
-                       + 2(G-1) control messages * ctrl_msg_s)
+                       [+ 2(G-1) control messages * ctrl_msg_s in debug mode])
 
 ``latency`` is the wire's part (messages * alpha), ``software`` all of hpcdp's own
 (Python) cost, so a table can say which of the two limits a collective.
@@ -21,10 +21,11 @@ turns counts into seconds, alpha-beta-gamma style:
   reduce-scatter or recursive-doubling round.
 - software: hpcdp's Python layer. ``msg_s`` per message it sends (posting, polling,
   bookkeeping; on top of the wire's alpha), ``call_s[algorithm]`` per collective call
-  (argument checks, request setup), and the arrival tokens: ``2(G-1)`` small control
-  messages per call on a group of G ranks (``ctrl_msg_s`` each; docs/collectives.md).
-  The token term grows with N like the ring's latency, and at thousands of ranks it
-  dominates small buckets.
+  (argument checks, request setup). hpcdp's collectives send nothing else on their way
+  (missing ranks are found lazily, after a timeout: docs/collectives.md); only debug mode
+  (``HPCDP_DEBUG=1``) sends a fingerprint to every peer per call, ``2(G-1)`` control
+  messages on a group of G ranks, ``ctrl_msg_s`` each: a profile with ``debug = true``
+  predicts such runs. That term grows with N like the ring's latency.
 
 A step: forward and backward take ``batch * flops_per_sample / flops_per_s`` (backward
 two thirds of it), the optimizer ``optimizer_s_per_param`` per parameter it updates,
@@ -73,7 +74,7 @@ class Profile:
     gamma_s_per_byte: float          # reduction speed
     call_s: dict                     # hpcdp software cost per call, by algorithm
     msg_s: float                     # hpcdp software cost per data message
-    ctrl_msg_s: float                # per arrival-token message (2(G-1) per call)
+    ctrl_msg_s: float                # per control message (debug mode: 2(G-1) per call)
     flops_per_s: float               # achieved training FLOP/s of one rank
     optimizer_s_per_param: float
     step_overhead_s: float = 0.0     # per step, independent of batch and model size
@@ -83,6 +84,7 @@ class Profile:
     overlap: float = 1.0
     contention: dict = field(default_factory=dict)  # ranks on a node -> compute factor
     description: str = ""
+    debug: bool = False              # predict HPCDP_DEBUG=1 runs (fingerprints every call)
     provenance: dict = field(default_factory=dict)  # how it was measured / sources
 
     def __post_init__(self):
@@ -200,15 +202,21 @@ def _add2(a, b):
 
 
 def _software(p: Profile, group: int, algorithm: str = "ring", calls: int = 1) -> float:
-    """hpcdp's per-call cost: request setup plus 2(G-1) arrival tokens per call."""
+    """hpcdp's per-call cost: request setup (plus, in debug mode, 2(G-1) fingerprint
+    messages per call)."""
     if group <= 1:
         return 0.0
     call = p.call_s.get(algorithm, p.call_s["ring"])
-    return calls * (call + 2 * (group - 1) * p.ctrl_msg_s)
+    return calls * (call + _ctrl(p, group))
+
+
+def _ctrl(p: Profile, group: int) -> float:
+    """Debug mode's fingerprint exchange on a group of ``group`` ranks (0 otherwise)."""
+    return 2 * (group - 1) * p.ctrl_msg_s if p.debug else 0.0
 
 
 def _ring(p: Profile, nbytes: int, G: int, kind: str, phases, share: float = 1.0,
-          itemsize: int = 4, calls: int = 1, token_group: int | None = None) -> Cost:
+          itemsize: int = 4, calls: int = 1, call_group: int | None = None) -> Cost:
     """One ring collective over G ranks whose slowest hop is a ``kind`` link. The rank
     counted is G-1 (the smallest chunk under the shard rule: the most bytes)."""
     if G <= 1 or nbytes <= 0:
@@ -221,7 +229,7 @@ def _ring(p: Profile, nbytes: int, G: int, kind: str, phases, share: float = 1.0
     c = Cost(latency_s=msgs * link.alpha_s,
              bandwidth_s=max(sent, recv) * link.beta_s_per_byte * share,
              reduce_s=rs_recv * p.gamma_s_per_byte,
-             software_s=_software(p, token_group or G, "ring", calls) + msgs * p.msg_s)
+             software_s=_software(p, call_group or G, "ring", calls) + msgs * p.msg_s)
     setattr(c, kind, (sent, recv))
     return c
 
@@ -283,9 +291,9 @@ def hierarchical_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int =
     c = (_ring(p, nbytes, L, "intra", ("rs",), itemsize=itemsize)
          + _ring(p, (n // L) * itemsize, M, "inter", ("rs", "ag"), share, itemsize)
          + _ring(p, nbytes, L, "intra", ("ag",), itemsize=itemsize))
-    # the outer request: its arrival tokens over all N ranks, plus its own setup (the
-    # profile's "hierarchical" call cost, 0 if not measured: the phases' calls dominate)
-    c.software_s += p.call_s.get("hierarchical", 0.0) + 2 * (t.ranks - 1) * p.ctrl_msg_s
+    # the outer request's own setup (the profile's "hierarchical" call cost, 0 if not
+    # measured: the phases' calls dominate), and in debug mode its fingerprints to all N
+    c.software_s += p.call_s.get("hierarchical", 0.0) + _ctrl(p, t.ranks)
     c.intra, c.inter = chunk["intra"], chunk["inter"]
     return c
 
@@ -544,7 +552,7 @@ def ring_latency_crossover(p: Profile, nbytes: int, per_node: int, max_ranks: in
                            itemsize: int = 4):
     """Smallest N (powers of two) where the ring's wire latency 2(N-1) alpha reaches its
     bandwidth time for an ``nbytes`` bucket, and where hpcdp's software cost (per
-    message, per call, arrival tokens) does. None where it does not up to ``max_ranks``."""
+    message, per call; debug mode's fingerprints) does. None where it does not up to ``max_ranks``."""
     lat = soft = None
     N = 2
     while N <= max_ranks and (lat is None or soft is None):

@@ -5,7 +5,7 @@ What is measured, and what each fit gives (docs/scaling.md has the reasoning):
 1. ``hpcdp.bench.linkprobe`` on 2 ranks of one node (and, with ``--inter``, on 2 nodes):
    the exchange line ``alpha + S * beta`` (the link), hpcdp's ring over several segment
    sizes (slope: one message in hpcdp = ``alpha + msg_s``), 8-byte ring and recursive
-   allreduces (per-call cost ``call_s``), and one arrival token pair (``ctrl_msg_s``);
+   allreduces (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug mode's per-peer fingerprints);
 2. in this process: ``gamma`` (a NumPy add, the ring's reduction) and the optimizer's
    time per parameter for the config's optimizer;
 3. one-rank training steps of the config at three batch sizes (``B/2, B, 2B``): the
@@ -61,11 +61,10 @@ def fit_software(probe: dict, link: Link, gamma: float) -> dict:
     """``msg_s``, ``call_s`` (ring, recursive) and ``ctrl_msg_s`` from a linkprobe result."""
     _, per_msg = fit_line([m for m, _ in probe["segments"]], [t for _, t in probe["segments"]])
     msg_s = max(0.0, per_msg - link.alpha_s)
-    ctrl = probe["token_pair_s"] / 2
+    ctrl = probe["token_pair_s"] / 2  # debug mode's fingerprints (not on the normal path)
     one = link.alpha_s + msg_s
-    tokens = 2 * ctrl  # N = 2: one token each way
-    calls = {"ring": max(0.0, probe["calls"]["ring"] - 2 * one - tokens - 4 * gamma),
-             "recursive": max(0.0, probe["calls"]["recursive"] - one - tokens - 8 * gamma)}
+    calls = {"ring": max(0.0, probe["calls"]["ring"] - 2 * one - 4 * gamma),
+             "recursive": max(0.0, probe["calls"]["recursive"] - one - 8 * gamma)}
     return {"msg_s": msg_s, "call_s": calls, "ctrl_msg_s": ctrl}
 
 

@@ -56,8 +56,8 @@ def _rounds(fns: dict, iters: dict, rounds: int, comm) -> dict:
 
 
 def token_pair_s(reps: int = 4000) -> float:
-    """One arrival token each way, as hpcdp.comm.debug.Arrival posts and reaps them,
-    on COMM_SELF (no peer latency): the software cost per peer and collective."""
+    """One fingerprint message each way, as debug mode (hpcdp.comm.debug.debug_check)
+    posts and reaps them per peer and collective, on COMM_SELF (no peer latency)."""
     from mpi4py import MPI
 
     comm = MPI.COMM_SELF

@@ -9,7 +9,7 @@ state), and weak (and strong) scaling efficiency. Then the crossovers:
 - where K parameter servers stop keeping up (their pushes and pulls take longer than the
   workers' compute: an asynchronous PS could no longer hide them);
 - where the ring's latency ``2(N-1) alpha`` reaches its bandwidth time for one bucket, and
-  where hpcdp's per-call arrival tokens (``2(N-1)`` control messages) do;
+  where hpcdp's software cost (per message and per call) does;
 - where the hierarchical allreduce beats the flat ring for one bucket.
 
 Outputs in ``--out``: ``predict.txt``, ``predict.json``, ``predict.png``.
@@ -128,7 +128,7 @@ def format_predict(res: dict) -> str:
     lines.append(f"crossovers (bucket of {mb:.2f} MiB, {res['ranks_per_node']} ranks per node):")
     lines.append(f"  ring wire latency 2(N-1) alpha >= its bandwidth time from N = "
                  f"{c['ring_latency_reaches_bandwidth_at'] or 'beyond 2^20'}")
-    lines.append(f"  hpcdp's software (per message, per call, 2(N-1) arrival tokens) >= bandwidth "
+    lines.append(f"  hpcdp's software (per message, per call) >= bandwidth "
                  f"time from N = {c['software_reaches_bandwidth_at'] or 'beyond 2^20'}")
     lines.append(f"  hierarchical allreduce faster than the flat ring from N = "
                  f"{c['hierarchical_beats_ring_from'] or 'never in this range'}")

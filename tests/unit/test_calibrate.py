@@ -28,8 +28,8 @@ def _probe(alpha, beta, msg, ctrl, call_ring, call_rd, gamma):
     return {
         "exchange": [[s, (alpha + s * beta) * f] for s, f in zip(sizes, NOISE)],
         "segments": [[m, 4e-4 + m * one] for m in (128, 32, 8, 2)],
-        "calls": {"ring": call_ring + 2 * one + 2 * ctrl + 4 * gamma,
-                  "recursive": call_rd + one + 2 * ctrl + 8 * gamma},
+        "calls": {"ring": call_ring + 2 * one + 4 * gamma,   # no control messages per call
+                  "recursive": call_rd + one + 8 * gamma},
         "token_pair_s": 2 * ctrl,
     }
 

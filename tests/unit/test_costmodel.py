@@ -53,10 +53,13 @@ def test_hierarchical_two_by_two():
 def test_software_terms_grow_with_the_group():
     p = prof(call_s={"ring": 1e-5, "recursive": 2e-5}, ctrl_msg_s=1e-6, msg_s=3e-6)
     r = M.ring_allreduce(p, 8 * 4, M.Topology(1, 8))  # 8 elements: one per rank
-    assert r.software_s == pytest.approx(1e-5 + 14e-6 + 14 * 3e-6)  # call, tokens, messages
+    assert r.software_s == pytest.approx(1e-5 + 14 * 3e-6)  # call, messages: nothing per peer
+    dbg = M.ring_allreduce(prof(call_s={"ring": 1e-5}, ctrl_msg_s=1e-6, msg_s=3e-6, debug=True),
+                           8 * 4, M.Topology(1, 8))
+    assert dbg.software_s == pytest.approx(1e-5 + 14e-6 + 14 * 3e-6)  # + 2(N-1) fingerprints
     assert r.latency_s == pytest.approx(14 * 1e-6)                   # the wire's part
     d = M.recursive_allreduce(p, 4096, M.Topology(1, 8))
-    assert d.software_s == pytest.approx(2e-5 + 14e-6 + 3 * 3e-6)
+    assert d.software_s == pytest.approx(2e-5 + 3 * 3e-6)
 
 
 def test_recursive_doubling_rounds_and_fold():
@@ -125,8 +128,9 @@ def test_crossovers():
     # latency 2(N-1) alpha >= bandwidth 2(N-1)/N S beta  <=>  N >= S beta / alpha = 1048.6
     lat, soft = M.ring_latency_crossover(p, MiB, per_node=1 << 20)
     assert lat == 2048 and soft is None  # no software cost in this profile
-    lat, soft = M.ring_latency_crossover(prof(ctrl_msg_s=2e-6), MiB, per_node=1 << 20)
-    assert soft == 1024  # tokens 2(N-1) 2e-6 >= 2(N-1)/N 1.05e-3  <=>  N >= 524
+    assert M.ring_latency_crossover(prof(ctrl_msg_s=2e-6), MiB, per_node=1 << 20)[1] is None
+    lat, soft = M.ring_latency_crossover(prof(ctrl_msg_s=2e-6, debug=True), MiB, per_node=1 << 20)
+    assert soft == 1024  # debug: 2(N-1) 2e-6 >= 2(N-1)/N 1.05e-3  <=>  N >= 524
     assert M.hierarchical_crossover(prof(nics_per_node=4), 4 * MiB, 4, [1, 2, 4, 8, 16]) == 8
     assert M.fastest_allreduce(64, p, 1, 4) == "recursive"
     assert M.fastest_allreduce(64 * MiB, p, 1, 4) == "ring"
