@@ -144,6 +144,9 @@ def test_auto_with_a_profile_follows_the_model(comm, monkeypatch, tmp_path):
     path.write_text(SLOW_NETWORK)
     monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
     monkeypatch.setenv("HPCDP_PROFILE", str(path))
+    from hpcdp.comm.auto import forget
+    from hpcdp.comm.volume import recursive_bytes
+    forget()  # the lean path's bound is read again: 0 for allreduces with a profile
     c = comm.Dup()
     try:
         for n, want in ((1 << 20, "hierarchical"), (2, "recursive")):
@@ -155,8 +158,12 @@ def test_auto_with_a_profile_follows_the_model(comm, monkeypatch, tmp_path):
             names = set(led.totals())
             assert names == ({"allreduce.intra", "allreduce.inter"} if want == "hierarchical"
                              else {"allreduce"}), (n, names)
+            if want == "recursive":  # not MPI's own (the lean path records n bytes each way)
+                t = led.totals()["allreduce"]
+                assert (t["sent_bytes"], t["recv_bytes"]) == recursive_bytes(4 * n, N, comm.Get_rank())
     finally:
         c.Free()
+        forget()  # later tests read the environment without the profile
 
 
 def test_bad_ranks_per_node_is_a_clear_error(comm, monkeypatch):
