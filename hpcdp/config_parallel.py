@@ -38,7 +38,7 @@ def literal_values(tp) -> tuple:
 
 # -- ddp ---------------------------------------------------------------------------
 
-AllreduceAlgorithm = Literal["ring", "auto", "recursive", "native"]
+AllreduceAlgorithm = Literal["ring", "auto", "recursive", "native", "hierarchical"]
 """hpcdp.comm.auto's allreduce names (listed here so parsing does not import comm)."""
 
 

@@ -24,7 +24,7 @@ trap 'exit 130' INT TERM HUP  # a signal exits through the EXIT trap as well
 timeout 150 bash tests/slurm/local-slurm.sh start --holder $$ || fail "no Slurm to run the job scripts on (see above)"
 
 # SIGINT first: pytest then runs its teardown, which cancels jobs still in the queue.
-timeout -s INT -k 10 240 "$PY" -m pytest tests/slurm -q -p no:cacheprovider --timeout=180 "$@"
+timeout -s INT -k 10 240 "$PY" -m pytest tests/slurm -q -p no:cacheprovider --timeout=235 "$@"
 rc=$?
 [ $rc -eq 0 ] || fail "pytest tests/slurm exit $rc$([ $rc -eq 124 ] && echo ', timed out')"
 echo "=== Slurm tests passed"

@@ -21,9 +21,10 @@ Columns, as NCCL-tests define them:
 
 Algorithms: ``mpi`` (blocking ``Allreduce`` / ``Reduce_scatter`` / ``Allgatherv``,
 the baseline), ``native`` (MPI's non-blocking collective polled under hpcdp's
-timeout), ``ring``, ``recursive`` (allreduce only), ``auto``. All out of place,
-like OSU's benchmarks. The JSON holds every row plus the environment (world size,
-MALLOC_* variables, library versions, load average).
+timeout), ``ring``, ``recursive`` (allreduce only), ``auto``, ``hierarchical``
+(allreduce only; nodes from shared memory or ``HPCDP_RANKS_PER_NODE``; not in the
+default list). All out of place, like OSU's benchmarks. The JSON holds every row
+plus the environment (world size, MALLOC_* variables, library versions, load average).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import time
 
 import numpy as np
 
-ALGORITHMS = ("mpi", "native", "ring", "recursive", "auto")
+ALGORITHMS = ("mpi", "native", "ring", "recursive", "auto", "hierarchical")
+ALLREDUCE_ONLY = ("recursive", "hierarchical")
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 
 
@@ -80,7 +82,7 @@ def _parser():
     p.add_argument("--min", default="8", help="smallest message in bytes (e.g. 8, 4K)")
     p.add_argument("--max", default="64M", help="largest message in bytes (e.g. 64M)")
     p.add_argument("--factor", type=int, default=4, help="size step factor, >= 2 (default 4)")
-    p.add_argument("--algorithms", default=",".join(ALGORITHMS),
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS[:-1]),
                    help=f"comma-separated subset of {','.join(ALGORITHMS)}")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--segment-bytes", default="1M", help="ring segment size (pipelining)")
@@ -172,13 +174,13 @@ def _calls(collective, algos, comm, nbytes, dtype, seg):
         elif collective == "reduce_scatter":
             if algo == "mpi":
                 fns[algo] = lambda: comm.Reduce_scatter([full, T], [chunk, T], counts, MPI.SUM)
-            elif algo != "recursive":
+            elif algo not in ALLREDUCE_ONLY:
                 fns[algo] = lambda a=algo: C.reduce_scatter(full, chunk, comm=comm, algorithm=a,
                                                             segment_bytes=seg)
         else:
             if algo == "mpi":
                 fns[algo] = lambda: comm.Allgatherv([chunk, T], [out, counts, displs, T])
-            elif algo != "recursive":
+            elif algo not in ALLREDUCE_ONLY:
                 fns[algo] = lambda a=algo: C.all_gather(chunk, out, comm=comm, algorithm=a,
                                                         segment_bytes=seg)
     return fns

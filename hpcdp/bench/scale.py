@@ -14,6 +14,19 @@ Both are ``samples_per_s(K) / (K * samples_per_s(1))``. With ``--variants`` the 
 sweep is repeated for DDP's comparison modes (per-parameter allreduce, no overlap), and
 the table shows the speedup of bucketed+overlapped over each.
 
+Attribution: every weak point K > 1 is also run compute-only (``hpcdp.bench.compute_only``:
+same ranks, data and step, no collective; ``--no-baseline`` skips it), and the weak
+efficiency splits into ``contention = t(1) / t_compute_only(K)`` (compute slowed by
+sharing the node) times ``comm = t_compute_only(K) / t(K)`` (exposed communication and
+its CPU cost); the efficiency lost is the sum of the two losses.
+
+Prediction: with ``--profile P`` (a machine profile, see :mod:`hpcdp.costmodel`) every
+point gets the cost model's step time and the error of the measurement against it.
+
+Other modes of ``hpcdp scale`` (docs/scaling.md): ``--calibrate`` (measure a profile),
+``--predict`` (model only, up to thousands of ranks), ``--validate`` (held-out points
+against a profile).
+
 Outputs in ``--out``: ``scale.json`` (every point, with the exact child commands),
 ``scale.txt`` (the table as printed) and ``scale.png`` (needs matplotlib; skipped with a
 message otherwise). Step times are medians over the steps after ``--warmup``; with
@@ -88,7 +101,7 @@ def summarize(metrics_path: Path, warmup: int) -> dict:
     }
     # Per-rank strategy stats: the mean over ranks of each step's figure, median over steps.
     for key in ("comm_s", "comm_exposed_s", "comm_hidden_s", "comm_cpu_s",
-                "bytes_sent", "grad_bytes_sent"):
+                "bytes_sent", "grad_bytes_sent", "compute_only"):
         vals = [v for v in (_rank_mean(r, key) for r in use) if v is not None]
         out[key] = statistics.median(vals) if vals else 0.0
     return out
@@ -109,37 +122,66 @@ def _rank_mean(rec: dict, key: str):
     return None
 
 
-def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path) -> dict:
-    """Launch one child job and summarise it."""
-    run_dir = out_dir / f"{variant}-n{k}-b{global_batch}"
+def launch_command(args, k: int) -> list[str]:
+    """The launcher for k ranks: ``--launcher`` with {n}, {nodes} (whole nodes of
+    ``--ranks-per-node`` ranks) and {ppn} (ranks per node) filled in, else mpiexec."""
+    if args.launcher:
+        per = min(k, getattr(args, "ranks_per_node", 0) or k)
+        return shlex.split(args.launcher.format(n=k, nodes=-(-k // per), ppn=per))
+    cmd = [find_mpiexec(), "-n", str(k)]
+    if getattr(args, "bind", False) and k > 1:
+        cmd += ["-bind-to", "core"]
+    return cmd
+
+
+def child_env() -> dict:
+    env = {**os.environ, **THREAD_ENV, "PYTHONUNBUFFERED": "1"}
+    # The children import the same hpcdp as this process, installed or not.
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_child(cmd: list, what: str, timeout: float, env: dict | None = None) -> None:
+    """Run one child job; on failure stop with its command and the tail of its output."""
+    proc = subprocess.run(cmd, env=env or child_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"hpcdp scale {what}: {shlex.join(cmd)} failed (exit {proc.returncode}):\n"
+                         f"{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path, tag: str = "") -> dict:
+    """Launch one child job and summarise it. Variant ``compute_only``: the same job
+    through :mod:`hpcdp.bench.compute_only` (no communication). Its run directory is
+    ``OUT/<variant>-n<ranks>-b<global batch><tag>`` (``--collect`` reads these names)."""
+    run_dir = out_dir / f"{variant}-n{k}-b{global_batch}{tag}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     sets = [f"train.global_batch={global_batch}", f"train.steps={args.steps}",
             "parallel.strategy=\"ddp\"", f"run.out_dir=\"{run_dir}\"",
             f"run.log_every={max(args.steps, 1)}"]
-    sets += [f"{key}={val}" for key, val in VARIANTS[variant].items()]
+    sets += [f"{key}={val}" for key, val in VARIANTS.get(variant, {}).items()]
     sets += list(args.set or [])
-    if args.launcher:
-        cmd = shlex.split(args.launcher.format(n=k))
-    else:
-        cmd = [find_mpiexec(), "-n", str(k)]
-        if args.bind and k > 1:
-            cmd += ["-bind-to", "core"]
-    cmd += [sys.executable, "-m", "hpcdp.cli", "train", "--config", str(args.config)]
+    module = "hpcdp.bench.compute_only" if variant == "compute_only" else "hpcdp.cli"
+    cmd = launch_command(args, k) + [sys.executable, "-m", module, "train",
+                                     "--config", str(args.config)]
     for s in sets:
         cmd += ["--set", s]
-    env = {**os.environ, **THREAD_ENV, "PYTHONUNBUFFERED": "1"}
-    # The children import the same hpcdp as this process, installed or not.
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True,
+                          timeout=args.timeout)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-3000:]
         raise RuntimeError(f"child job failed (exit {proc.returncode}): "
                            f"{shlex.join(cmd)}\n{tail}")
     summary = summarize(run_dir / "metrics.jsonl", args.warmup)
+    if (summary["compute_only"] == 1.0) != (variant == "compute_only"):
+        raise RuntimeError(f"{run_dir}: the {'compute-only baseline ran with communication' if variant == 'compute_only' else 'point ran without communication'}"
+                           " (step records' compute_only marker); the training loop no longer "
+                           "takes its strategy from hpcdp.strategies.build_strategy: update "
+                           "hpcdp/bench/compute_only.py")
     gb = summary.get("global_batch") or global_batch
     summary.update(ranks=k, variant=variant, global_batch=gb, wall_s=wall,
                    samples_per_s=gb / summary["step_time_s"], command=shlex.join(cmd))
@@ -153,84 +195,21 @@ def efficiency(points: list[dict]) -> None:
         p["efficiency"] = p["samples_per_s"] / (p["ranks"] * base)
 
 
-def format_table(result: dict) -> str:
-    lines = []
-    hdr = (f"{'study':<7} {'variant':<11} {'ranks':>5} {'batch':>6} {'step ms':>9} "
-           f"{'samples/s':>10} {'eff':>6} {'comm ms':>8} {'exposed':>8} {'hidden':>8} "
-           f"{'MiB/step':>9}")
-    lines.append(hdr)
-    lines.append("-" * len(hdr))
-    for study in ("weak", "strong"):
-        for p in result.get(study, []):
-            lines.append(
-                f"{study:<7} {p['variant']:<11} {p['ranks']:>5} {p['global_batch']:>6} "
-                f"{1e3 * p['step_time_s']:>9.2f} {p['samples_per_s']:>10.1f} "
-                f"{p.get('efficiency', float('nan')):>6.1%} {1e3 * p['comm_s']:>8.2f} "
-                f"{1e3 * p['comm_exposed_s']:>8.2f} {1e3 * p['comm_hidden_s']:>8.2f} "
-                f"{p['grad_bytes_sent'] / 2**20:>9.3f}")
-    cmp_ = result.get("variant_speedup", [])
-    if cmp_:
-        lines.append("")
-        lines.append("speedup of bucketed+overlapped (weak scaling, same ranks):")
-        for c in cmp_:
-            lines.append(f"  {c['ranks']} ranks: {c['over']:<11} {c['speedup']:.3f}x "
-                         f"(step {1e3 * c['other_step_s']:.2f} ms -> "
-                         f"{1e3 * c['bucketed_step_s']:.2f} ms)")
-    if result.get("oversubscribed"):
-        lines.append(f"note: {result['oversubscribed']}")
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: Path) -> str | None:
-    """scale.png: samples/s and efficiency vs ranks, and exposed vs hidden comm time."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: skipped the PNG (pip install 'hpcdp[plot]')"
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for study, marker in (("weak", "o"), ("strong", "s")):
-        pts = [p for p in result.get(study, []) if p["variant"] == "bucketed"]
-        if not pts:
-            continue
-        ks = [p["ranks"] for p in pts]
-        axes[0].plot(ks, [p["samples_per_s"] for p in pts], marker=marker, label=study)
-        axes[1].plot(ks, [100 * p["efficiency"] for p in pts], marker=marker, label=study)
-    base = next((p for p in result.get("weak", []) if p["ranks"] == 1), None)
-    if base:
-        ks = sorted({p["ranks"] for p in result["weak"]})
-        axes[0].plot(ks, [k * base["samples_per_s"] for k in ks], "k--", lw=0.8, label="ideal (weak)")
-    axes[0].set(xlabel="ranks", ylabel="samples/s", title="throughput")
-    axes[1].axhline(100, color="k", ls="--", lw=0.8)
-    axes[1].set(xlabel="ranks", ylabel="efficiency %", title="scaling efficiency")
-    labels, exposed, hidden = [], [], []
-    for p in result.get("weak", []):
-        if p["ranks"] > 1:
-            labels.append(f"{p['variant']}\nn={p['ranks']}")
-            exposed.append(1e3 * p["comm_exposed_s"])
-            hidden.append(1e3 * p["comm_hidden_s"])
-    if labels:
-        x = range(len(labels))
-        axes[2].bar(x, exposed, label="exposed")
-        axes[2].bar(x, hidden, bottom=exposed, label="hidden behind backward")
-        axes[2].set_xticks(list(x), labels, fontsize=7)
-    axes[2].set(ylabel="ms per step", title="gradient communication (weak)")
-    for ax in axes:
-        ax.legend(fontsize=8)
-        if ax is not axes[2]:
-            ax.set_xticks(sorted({p["ranks"] for s in ("weak", "strong") for p in result.get(s, [])}))
-    fig.suptitle(result.get("title", "hpcdp scale"), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
-
-
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = p or argparse.ArgumentParser(prog="hpcdp scale", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="training config (TOML) to scale")
+    modes = p.add_mutually_exclusive_group()
+    modes.add_argument("--calibrate", action="store_true",
+                       help="measure this machine (or allocation) and write a profile (--out FILE.toml)")
+    modes.add_argument("--predict", action="store_true",
+                       help="model only: predicted step, bytes and efficiency per strategy (--profile)")
+    modes.add_argument("--validate", action="store_true",
+                       help="measure held-out points and compare with a profile's predictions")
+    modes.add_argument("--collect", default="", metavar="DIR",
+                       help="table and plot of the points gathered in DIR (a study job's folder)")
+    p.add_argument("--config", default="", help="training config (TOML) to scale")
     p.add_argument("--ranks", default="1,2,4", help="rank counts, e.g. 1,2,4 (default)")
+    p.add_argument("--nodes", default="",
+                   help="node counts instead of --ranks (ranks = nodes x --ranks-per-node)")
     p.add_argument("--batch", type=int, default=0,
                    help="per-rank batch (weak) and global batch (strong); default: the "
                         "config's train.global_batch")
@@ -250,7 +229,74 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child job")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="config override for every child job (repeatable)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the compute-only runs (no contention/communication split)")
+    p.add_argument("--profile", default="",
+                   help="machine profile (TOML file or shipped name): predict every point")
+    p.add_argument("--calibrate-first", action="store_true",
+                   help="a study without --profile: calibrate one first (OUT/profile.toml, "
+                        "contention at 1 and --ranks-per-node ranks) and predict every point")
+    p.add_argument("--inter", action="store_true",
+                   help="--calibrate: also measure the inter-node link (2 nodes, 1 rank each; "
+                        "needs an allocation and --launcher with {nodes} and {ppn})")
+    p.add_argument("--overlap", type=float, default=0.0,
+                   help="--calibrate: fraction of communication that can run under compute "
+                        "(0: the CPU that computes moves the bytes, as with shared-memory "
+                        "MPI here; 1: a NIC or DMA engine does)")
+    p.add_argument("--strategies", default="ddp-ring,ddp-hierarchical,ddp-auto,ps1,ps8,zero1,zero2,zero3",
+                   help="--predict: ddp-ring|ddp-recursive|ddp-hierarchical|ddp-auto, psK, zero1-3")
+    p.add_argument("--probe-max", default="",
+                   help="--calibrate: largest message of the link probe; --validate: refit "
+                        "the profile's link on its recorded probe up to this size (e.g. 256K: "
+                        "calibrate on small messages, predict large ones)")
+    p.add_argument("--reuse", action="store_true",
+                   help="--validate: take the measurements already in --out (from an earlier "
+                        "--validate) and predict them with --profile")
+    p.add_argument("--no-study", action="store_true",
+                   help="--validate: the collectives only (no training study)")
+    p.add_argument("--sizes", default="8:64M",
+                   help="--validate: allreduce sizes MIN:MAX (x4 steps)")
+    p.add_argument("--description", default="", help="--calibrate: one line for the profile")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="LOAD",
+                   help="before each round, wait until the 1-minute load average is below "
+                        "LOAD (a shared machine; at most --wait-max seconds)")
+    p.add_argument("--wait-max", type=float, default=1800.0, help="see --wait-quiet")
+    p.add_argument("--ranks-per-node", type=int, default=0,
+                   help="ranks per node: {nodes}/{ppn} in --launcher and the model's node "
+                        "layout (default: all ranks on one node)")
     return p
+
+
+def _plan(studies, ranks, batch, variants, baseline):
+    """The points of the sweep, (study, ranks, global batch, variant); (1, batch) serves
+    both studies, and weak points K > 1 get their compute-only twin."""
+    plan = [("base", 1, batch, "bucketed")]
+    for study in studies:
+        for k in ranks:
+            if k == 1:
+                continue
+            gb = k * batch if study == "weak" else batch
+            for v in (variants if study == "weak" else ["bucketed"]):
+                if (k, gb, v) not in [(q[1], q[2], q[3]) for q in plan]:
+                    plan.append((study, k, gb, v))
+            if study == "weak" and baseline:
+                plan.append(("base", k, gb, "compute_only"))
+    return plan
+
+
+def attribute(weak: list[dict], baseline: dict) -> None:
+    """Split each weak point's efficiency: contention (t(1) / compute-only(K)) times
+    communication (compute-only(K) / t(K)); losses add up to 1 - efficiency."""
+    t1 = next(p for p in weak if p["ranks"] == 1)["step_time_s"]
+    for p in weak:
+        co = baseline.get(p["ranks"])
+        if p["ranks"] == 1 or co is None:
+            continue
+        p["compute_only_step_s"] = co["step_time_s"]
+        p["eff_contention"] = t1 / co["step_time_s"]
+        p["eff_comm"] = co["step_time_s"] / p["step_time_s"]
+        p["loss_contention"] = 1.0 - p["eff_contention"]
+        p["loss_comm"] = p["eff_contention"] - t1 / p["step_time_s"]
 
 
 def run(args) -> dict:
@@ -261,6 +307,11 @@ def run(args) -> dict:
         from hpcdp.bench import zero_study
         return zero_study.run_from_scale(args, parse_ranks(args.ranks))
     ranks = parse_ranks(args.ranks)
+    if args.nodes:  # node counts: whole nodes of --ranks-per-node ranks
+        if not args.ranks_per_node:
+            raise SystemExit("hpcdp scale: --nodes needs --ranks-per-node (ranks on each node)")
+        ranks = parse_ranks(",".join(str(int(n) * args.ranks_per_node)
+                                     for n in parse_ranks(args.nodes)))
     studies = [s.strip() for s in args.study.split(",") if s.strip()]
     bad = [s for s in studies if s not in ("weak", "strong")]
     if bad or not studies:
@@ -285,6 +336,13 @@ def run(args) -> dict:
     if "strong" in studies and batch < max(ranks):
         raise SystemExit(f"hpcdp scale: strong scaling splits a global batch of {batch} over "
                          f"up to {max(ranks)} ranks; use --batch >= {max(ranks)}")
+    profile = None
+    if args.profile:
+        from hpcdp.costmodel import load_profile
+        try:
+            profile = load_profile(args.profile)
+        except ValueError as e:
+            raise SystemExit(f"hpcdp scale: --profile: {e}") from None
     out = Path(args.out or f"runs/scale-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     ncpu = os.cpu_count() or 1
@@ -292,34 +350,50 @@ def run(args) -> dict:
         "config": str(args.config), "ranks": ranks, "batch": batch, "steps": args.steps,
         "warmup": args.warmup, "repeats": args.repeats, "overrides": args.set or [], "cpus": ncpu,
         "title": f"{args.config}: batch {batch}, {args.steps} steps, {ncpu} CPUs",
+        "load_before": _loadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    if max(ranks) > ncpu:
+    per_node = args.ranks_per_node or max(ranks)
+    if max(ranks) > ncpu and not args.launcher:
         result["oversubscribed"] = (f"{max(ranks)} ranks on {ncpu} CPUs: ranks beyond {ncpu} "
                                     "share cores, so those points measure oversubscription")
-    # The points of the sweep; (1, batch) serves both studies.
-    plan = [("base", 1, batch, "bucketed")]
-    for study in studies:
-        for k in ranks:
-            if k == 1:
-                continue
-            gb = k * batch if study == "weak" else batch
-            for v in (variants if study == "weak" else ["bucketed"]):
-                if (k, gb, v) not in [(q[1], q[2], q[3]) for q in plan]:
-                    plan.append((study, k, gb, v))
+    plan = _plan(studies, ranks, batch, variants, not args.no_baseline)
     # Rounds: every point once per round, interleaved, so a burst of load from other
     # processes hits one repeat of several points rather than every repeat of one; each
     # point keeps its fastest repeat (least disturbed), all repeats go to the JSON.
     best: dict = {}
-    for rnd in range(args.repeats):
-        for study, k, gb, v in plan:
-            p = run_point(args, k, gb, v, out)
-            _log(p, f"{study}" + (f" r{rnd + 1}" if args.repeats > 1 else ""))
-            key = (k, gb, v)
-            prev = best.get(key)
-            reps = (prev["repeats_step_time_s"] if prev else []) + [p["step_time_s"]]
-            if prev is None or p["step_time_s"] < prev["step_time_s"]:
-                best[key] = p
-            best[key]["repeats_step_time_s"] = reps
+    try:
+        for rnd in range(args.repeats):
+            wait_quiet(args)
+            for study, k, gb, v in plan:
+                p = run_point(args, k, gb, v, out, f"-r{rnd + 1}")
+                _log(p, f"{study}" + (f" r{rnd + 1}" if args.repeats > 1 else ""))
+                key = (k, gb, v)
+                prev = best.get(key)
+                reps = (prev["repeats_step_time_s"] if prev else []) + [p["step_time_s"]]
+                if prev is None or p["step_time_s"] < prev["step_time_s"]:
+                    best[key] = p
+                best[key]["repeats_step_time_s"] = reps
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        # A point failed: report the points that finished, then fail with the reason.
+        if (1, batch, "bucketed") in best:
+            result["incomplete"] = f"stopped early: {str(e).splitlines()[0]}"
+            assemble(result, best, studies, ranks, batch, variants)
+            report(result, out)
+        raise SystemExit(f"hpcdp scale: {e}") from None
+    result["load_after"] = _loadavg()
+    assemble(result, best, studies, ranks, batch, variants)
+    if profile is not None:
+        from hpcdp.bench.scale_report import predict_points
+        result["profile"] = profile.name
+        predict_points(result, profile, cfg, per_node)
+    return report(result, out)
+
+
+def assemble(result: dict, best: dict, studies, ranks, batch: int, variants) -> dict:
+    """The study's tables from its points ``{(ranks, global batch, variant): summary}``:
+    weak/strong lists with efficiencies, compute-only baselines and the attribution,
+    and the speedup of bucketed over the other DDP modes. Points missing from ``best``
+    (a study cut short) are left out."""
     for study in studies:
         pts = [dict(best[(1, batch, "bucketed")])]
         for k in ranks:
@@ -327,9 +401,14 @@ def run(args) -> dict:
                 continue
             gb = k * batch if study == "weak" else batch
             for v in (variants if study == "weak" else ["bucketed"]):
-                pts.append(dict(best[(k, gb, v)]))
+                if (k, gb, v) in best:
+                    pts.append(dict(best[(k, gb, v)]))
         efficiency(pts)
         result[study] = pts
+    baseline = {k: best[(k, gb, v)] for (k, gb, v) in best if v == "compute_only"}
+    result["baseline"] = [baseline[k] for k in sorted(baseline)]
+    if "weak" in result:
+        attribute(result["weak"], baseline)
     speed = []
     for p in result.get("weak", []):
         if p["variant"] != "bucketed" or p["ranks"] == 1:
@@ -341,14 +420,38 @@ def run(args) -> dict:
                               "bucketed_step_s": p["step_time_s"],
                               "other_step_s": q["step_time_s"]})
     result["variant_speedup"] = speed
-    table = format_table(result)
-    print(table)
-    (out / "scale.txt").write_text(table + "\n")
-    (out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
-    msg = plot(result, out / "scale.png")
-    print(msg or f"wrote {out / 'scale.png'}")
-    print(f"wrote {out / 'scale.json'} and {out / 'scale.txt'}")
     return result
+
+
+def report(result: dict, out: Path) -> dict:
+    """Print and write the table, JSON and PNG of a study's result."""
+    from hpcdp.bench.scale_report import format_table, plot, write_outputs
+
+    write_outputs(out, "scale", format_table(result), result, plot)
+    return result
+
+
+def wait_quiet(args) -> None:
+    """``--wait-quiet L``: before a round, wait (up to ``--wait-max`` seconds) until the
+    1-minute load average is below L, so a shared machine is measured at its quiet
+    moments. The study records the load either way."""
+    limit = getattr(args, "wait_quiet", 0.0)
+    if not limit:
+        return
+    deadline = time.monotonic() + getattr(args, "wait_max", 1800.0)
+    said = False
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        if not said:
+            print(f"  waiting for load average < {limit:g} (now {os.getloadavg()[0]:.1f})", flush=True)
+            said = True
+        time.sleep(10)
+
+
+def _loadavg() -> list:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def _log(p: dict, study: str = "") -> None:
@@ -358,7 +461,33 @@ def _log(p: dict, study: str = "") -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    run(args)
+    if args.collect:
+        from hpcdp.bench.collect import run as collect
+        collect(args)
+        return 0
+    if not args.config:
+        raise SystemExit("hpcdp scale: --config FILE is required (the training config to study)")
+    if args.calibrate_first and not args.profile and not args.calibrate:
+        # a study job without a profile: measure one here first, into the results folder
+        from argparse import Namespace
+
+        from hpcdp.bench.calibrate import run as calibrate
+        out = Path(args.out or f"runs/scale-{time.strftime('%Y%m%d-%H%M%S')}")
+        per = args.ranks_per_node or 2
+        calibrate(Namespace(**{**vars(args), "out": str(out / "profile.toml"),
+                               "ranks": f"1,{per}" if per > 1 else "1"}))
+        args.profile, args.out = str(out / "profile.toml"), str(out)
+    if args.calibrate:
+        from hpcdp.bench.calibrate import run as calibrate
+        calibrate(args)
+    elif args.predict:
+        from hpcdp.bench.predict import run as predict
+        predict(args)
+    elif args.validate:
+        from hpcdp.bench.validate import run as validate
+        validate(args)
+    else:
+        run(args)
     return 0
 
 

@@ -13,7 +13,13 @@ states them and why). Override one per machine with ``HPCDP_<COLLECTIVE>_CROSSOV
 the ring. Every rank must see the same value: the choice depends only on the
 byte size and the world size, equal on all ranks.
 
-To add an algorithm (e.g. a hierarchical allreduce), add its name to the
+With a machine profile (``HPCDP_PROFILE``, see docs/scaling.md) the cost model picks
+the allreduce instead, among ring, recursive doubling and the hierarchical allreduce,
+for the node layout it is given (:func:`choose_allreduce` with ``layout``); the lean
+path then stays off for "auto" allreduces (:func:`native_below` is 0), so every
+size is the model's choice.
+
+To add an algorithm, add its name to the
 collective's ``ALGORITHMS`` entry and, if auto should pick it, a row to ``TABLE``
 (or a world-size rule in :func:`choose`).
 """
@@ -23,7 +29,7 @@ from __future__ import annotations
 import os
 
 ALGORITHMS = {
-    "allreduce": ("auto", "ring", "recursive", "native"),
+    "allreduce": ("auto", "ring", "recursive", "native", "hierarchical"),
     "reduce_scatter": ("auto", "ring", "native"),
     "all_gather": ("auto", "ring", "native"),
 }
@@ -84,6 +90,8 @@ def native_below(collective: str, world_size: int) -> int:
                 break
             bound = below
         bound = min(bound, crossover_bytes(collective))
+        if collective == "allreduce" and os.environ.get("HPCDP_PROFILE", "").strip():
+            bound = 0  # the cost model picks every auto allreduce (choose_allreduce)
         if bound and (choose(collective, 0, world_size) != "native"
                       or choose(collective, bound - 1, world_size) != "native"):
             bound = 0
@@ -107,7 +115,12 @@ def choose(collective: str, nbytes: int, world_size: int, algorithm: str = "auto
     return rows[-2][1]
 
 
-def choose_allreduce(nbytes: int, world_size: int, algorithm: str = "auto") -> str:
+def choose_allreduce(nbytes: int, world_size: int, algorithm: str = "auto", layout=None) -> str:
+    """:func:`choose` for an allreduce; with ``layout`` ``(profile, nodes, ranks per node)``
+    (hpcdp.comm.hierarchical.auto_layout) the cost model decides what "auto" runs."""
+    if algorithm == "auto" and layout is not None:
+        from hpcdp.costmodel import fastest_allreduce
+        return fastest_allreduce(nbytes, *layout)
     return choose("allreduce", nbytes, world_size, algorithm)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcdp.comm import fast
-from hpcdp.comm.auto import choose
+from hpcdp.comm.auto import choose, choose_allreduce
 from hpcdp.comm.context import get_context
 from hpcdp.comm.debug import debug_check
 from hpcdp.comm.native import native_all_gather, native_allreduce, native_reduce_scatter
@@ -141,8 +141,12 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
     if work.size != src.size:
         raise ValueError(f"allreduce: recvbuf has {work.size} elements, sendbuf {src.size}; they must match")
     nbytes = work.nbytes if isinstance(work, np.ndarray) else work.size * work.dtype.itemsize
-    algo = _byte_order(choose("allreduce", nbytes, ctx.size, algorithm), algorithm, work.dtype,
-                       "allreduce")
+    layout = None
+    if algorithm == "auto" and ctx.size > 1:
+        from hpcdp.comm.hierarchical import auto_layout
+        layout = auto_layout(ctx, timeout)  # None unless HPCDP_PROFILE names a profile
+    algo = _byte_order(choose_allreduce(nbytes, ctx.size, algorithm, layout), algorithm,
+                       work.dtype, "allreduce")
     call = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
     if ctx.size == 1 or work.size == 0:
         if src is not work:
@@ -150,6 +154,11 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
         return DoneRequest(ctx, "allreduce", call, ledger, result)
     if _lean(algo, op, max_message_bytes, nbytes, work):
         return fast.allreduce(ctx, call, src, work, result, op, ledger, timeout)
+    if algo == "hierarchical":
+        from hpcdp.comm.hierarchical import HierarchicalRequest
+        return HierarchicalRequest(ctx, call, ledger, timeout, work=work, src=src, op=op,
+                                   segment_bytes=segment_bytes,
+                                   max_message_bytes=max_message_bytes, result=result)
     if algo == "ring":
         return RingRequest(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
                            phases=("rs", "ag"), segment_bytes=segment_bytes,

@@ -23,11 +23,17 @@ Notation: ``n`` elements of ``itemsize`` bytes, ``N`` ranks, chunks
 - ZeRO per step (stage 1/2: one reduce-scatter + one all-gather of the flat buffer,
   the same bytes as DDP's allreduce; stage 3: two all-gathers + one reduce-scatter,
   1.5x). See docs/zero.md.
+- hierarchical allreduce (``M`` nodes of ``L`` ranks, local rank ``l``): intra-node a
+  ring reduce-scatter + all-gather of the whole buffer over the ``L`` ranks of the node
+  (``ring_allreduce_bytes(n, L, l)``); inter-node a ring allreduce of chunk ``l``
+  (``shard_range(n, L, l)``) over the ``M`` ranks with local rank ``l``. With even
+  division: ``2(L-1)/L * S`` on intra-node links and ``2(M-1)/M * S / L`` per rank
+  on inter-node links (``2(M-1)/M * S`` per node, spread over its ``L`` ranks).
 """
 
 from __future__ import annotations
 
-from hpcdp.shard import shard_bounds, shard_range
+from hpcdp.shard import shard_range
 
 
 def ring_bytes(n: int, N: int, rank: int, itemsize: int,
@@ -38,10 +44,9 @@ def ring_bytes(n: int, N: int, rank: int, itemsize: int,
     """
     if N == 1 or n == 0:
         return 0, 0
-    bounds = shard_bounds(n, N)
 
-    def size(c):
-        return bounds[c % N][1]
+    def size(c):  # O(1) per chunk: the cost model calls this at thousands of ranks
+        return shard_range(n, N, c % N)[1]
 
     sent = recv = 0
     if "rs" in phases:
@@ -51,6 +56,30 @@ def ring_bytes(n: int, N: int, rank: int, itemsize: int,
         sent += n - size(rank + 1)
         recv += n - size(rank)
     return sent * itemsize, recv * itemsize
+
+
+def ring_messages(n: int, N: int, rank: int, itemsize: int, segment_bytes: int,
+                  phases=("rs", "ag")) -> tuple[int, int]:
+    """(sent, received) messages of ``rank`` in hpcdp's pipelined ring: every chunk that
+    :func:`ring_bytes` counts travels as ``ceil(chunk / segment)`` messages (segments of
+    ``max(1, segment_bytes // itemsize)`` elements; empty chunks send nothing)."""
+    if N == 1 or n == 0:
+        return 0, 0
+    seg = max(1, segment_bytes // itemsize)
+
+    def segs(c):
+        return -(-shard_range(n, N, c % N)[1] // seg)
+
+    base, rem = divmod(n, N)  # rem chunks of base + 1 elements, the others base
+    total = rem * -(-(base + 1) // seg) + (N - rem) * -(-base // seg)
+    sent = recv = 0
+    if "rs" in phases:
+        sent += total - segs(rank)
+        recv += total - segs(rank - 1)
+    if "ag" in phases:
+        sent += total - segs(rank + 1)
+        recv += total - segs(rank)
+    return sent, recv
 
 
 def ring_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
@@ -101,6 +130,9 @@ def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
     from hpcdp.comm.auto import choose
 
     algo = choose(collective, n * itemsize, N, algorithm)
+    if algo == "hierarchical":  # bytes per link kind, from the node layout
+        raise ValueError("collective_bytes: the hierarchical allreduce moves bytes on two link "
+                         "kinds; use hierarchical_bytes(n, nodes, per_node, node, local_rank, itemsize)")
     if algo == "native":
         return native_bytes(collective, n, N, rank, itemsize)
     if algo == "recursive":
@@ -153,5 +185,16 @@ def zero_step_bytes(stage: int, unit_sizes, N: int, rank: int, itemsize: int,
     return sent, recv
 
 
-__all__ = ["ring_bytes", "ring_allreduce_bytes", "reduce_scatter_bytes", "all_gather_bytes",
-           "recursive_bytes", "native_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes", "zero_step_bytes"]
+def hierarchical_bytes(n: int, nodes: int, per_node: int, node: int, local_rank: int,
+                       itemsize: int) -> dict[str, tuple[int, int]]:
+    """``{"intra": (sent, recv), "inter": (sent, recv)}`` bytes of the rank with local
+    rank ``local_rank`` on node ``node`` in a hierarchical allreduce of ``n`` elements
+    over ``nodes`` nodes of ``per_node`` ranks (see the module docstring)."""
+    chunk = shard_range(n, per_node, local_rank)[1]
+    return {"intra": ring_allreduce_bytes(n, per_node, local_rank, itemsize),
+            "inter": ring_allreduce_bytes(chunk, nodes, node, itemsize)}
+
+
+__all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "reduce_scatter_bytes", "all_gather_bytes",
+           "recursive_bytes", "native_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
+           "zero_step_bytes", "hierarchical_bytes"]

@@ -24,7 +24,8 @@ class Job:
     the whole file costs about one polling interval instead of one per job.
     """
 
-    def __init__(self, tmp: Path, sbatch_opts, script_args, env_changes: dict):
+    def __init__(self, tmp: Path, sbatch_opts, script_args, env_changes: dict,
+                 script: Path = SBATCH_SCRIPT, minutes: int = 10):
         tmp.mkdir(parents=True, exist_ok=True)
         self.tmp = tmp
         env = dict(os.environ)
@@ -33,11 +34,12 @@ class Job:
                 env.pop(k, None)
             else:
                 env[k] = v
-        # The job gets a 10-minute Slurm limit (train.sbatch's --signal=USR1@120 would
-        # stop a job under a 3-minute limit after 1 minute: a slow start on a loaded
-        # machine then looked like a failure); wait() bounds the test's wait.
-        self.cmd = ["sbatch", "--wait", "--parsable", "--time=10", f"--output={tmp}/job-%j.out",
-                    f"--chdir={REPO}", *sbatch_opts, str(SBATCH_SCRIPT), *script_args]
+        # The job gets a Slurm limit of ``minutes`` (10 by default: train.sbatch's
+        # --signal=USR1@120 would stop a job under a 3-minute limit after 1 minute, and
+        # a slow start on a loaded machine then looked like a failure); wait() bounds
+        # the test's wait.
+        self.cmd = ["sbatch", "--wait", "--parsable", f"--time={minutes}", f"--output={tmp}/job-%j.out",
+                    f"--chdir={REPO}", *sbatch_opts, str(script), *script_args]
         self._out, self._err = open(tmp / "sbatch.stdout", "w"), open(tmp / "sbatch.stderr", "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._out, stderr=self._err, env=env, cwd=REPO)
         self.rc = self.job_id = self.output = None

@@ -1,0 +1,606 @@
+"""The cost model: how long hpcdp's collectives and training steps take on a machine.
+
+A machine is a :class:`Profile` (TOML, measured by ``hpcdp scale --calibrate`` or written
+from a cluster's data sheet; shipped ones in ``hpcdp/profiles/``). Every byte and message
+count comes from :mod:`hpcdp.comm.volume` (the one place for them); this module only
+turns counts into seconds, alpha-beta-gamma style:
+
+    time = messages * alpha[link] + bytes * beta[link] * share + reduced bytes * gamma
+           + software (messages * msg_s + per call: call_s[algorithm]
+                       [+ 2(G-1) control messages * ctrl_msg_s in debug mode])
+
+``latency`` is the wire's part (messages * alpha), ``software`` all of hpcdp's own
+(Python) cost, so a table can say which of the two limits a collective.
+
+- ``alpha`` (s per message) and ``beta`` (s per byte) per link kind: ``intra`` (ranks of
+  one node: shared memory, NVLink) and ``inter`` (between nodes: the NIC). A ring step is
+  as slow as its slowest hop, so a flat ring that spans nodes runs at the inter-node
+  figures. ``share``: ranks of one node that drive inter-node traffic at once, per NIC
+  (the hierarchical allreduce runs one cross-node ring per local rank).
+- ``gamma`` (s per byte): the reduction (a NumPy add) of every byte a rank receives in a
+  reduce-scatter or recursive-doubling round.
+- software: hpcdp's Python layer. ``msg_s`` per message it sends (posting, polling,
+  bookkeeping; on top of the wire's alpha), ``call_s[algorithm]`` per collective call
+  (argument checks, request setup). hpcdp's collectives send nothing else on their way
+  (missing ranks are found lazily, after a timeout: docs/collectives.md); only debug mode
+  (``HPCDP_DEBUG=1``) sends a fingerprint to every peer per call, ``2(G-1)`` control
+  messages on a group of G ranks, ``ctrl_msg_s`` each: a profile with ``debug = true``
+  predicts such runs. That term grows with N like the ring's latency.
+
+A step: forward and backward take ``batch * flops_per_sample / flops_per_s`` (backward
+two thirds of it), the optimizer ``optimizer_s_per_param`` per parameter it updates,
+plus ``step_overhead_s``; all times the measured ``contention`` factor for the number of
+ranks that share a node (compute-only runs measure it: memory bandwidth, shared caches,
+oversubscribed cores). Communication that a strategy starts during compute overlaps it
+by the profile's ``overlap`` fraction: 1 where a NIC or DMA engine moves the bytes, 0
+where the CPU that computes also copies them (shared-memory MPI without a progress
+thread): ``exposed = overlap * scheduled_exposed + (1 - overlap) * total``.
+
+Strategies (per step, ``P`` parameters of ``itemsize`` bytes, buckets of the DDP plan):
+DDP (ring, recursive doubling, hierarchical or the fastest per bucket), the synchronous
+parameter server with K colocated servers (push + server update + pull; servers are
+ranks 0..K-1, so K <= ranks per node share one node's NICs), and ZeRO stages 1-3
+(reduce-scatter during backward, all-gather after the step; stage 3 also all-gathers
+each unit before its forward and backward). The ZeRO units are taken to be the DDP
+buckets.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpcdp.comm import volume as V
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+SEGMENT_BYTES = 1 << 20  # hpcdp's ring segment (hpcdp.comm.ring.DEFAULT_SEGMENT_BYTES)
+
+
+# -- the machine -----------------------------------------------------------------------
+
+@dataclass
+class Link:
+    alpha_s: float           # per message
+    beta_s_per_byte: float   # per byte, one direction (links are full duplex)
+
+
+@dataclass
+class Profile:
+    name: str
+    intra: Link
+    inter: Link
+    gamma_s_per_byte: float          # reduction speed
+    call_s: dict                     # hpcdp software cost per call, by algorithm
+    msg_s: float                     # hpcdp software cost per data message
+    ctrl_msg_s: float                # per control message (debug mode: 2(G-1) per call)
+    flops_per_s: float               # achieved training FLOP/s of one rank
+    optimizer_s_per_param: float
+    step_overhead_s: float = 0.0     # per step, independent of batch and model size
+    ranks_per_node: int = 1
+    nics_per_node: int = 1
+    cores_per_node: int = 0          # 0: unknown (no oversubscription flag)
+    overlap: float = 1.0
+    contention: dict = field(default_factory=dict)  # ranks on a node -> compute factor
+    description: str = ""
+    debug: bool = False              # predict HPCDP_DEBUG=1 runs (fingerprints every call)
+    provenance: dict = field(default_factory=dict)  # how it was measured / sources
+
+    def __post_init__(self):
+        if isinstance(self.call_s, (int, float)):
+            self.call_s = {"ring": float(self.call_s)}
+        if "ring" not in self.call_s or min(self.call_s.values()) < 0:
+            raise ValueError(f"profile {self.name}: call_s needs a 'ring' entry, all >= 0 (seconds)")
+        for key in ("gamma_s_per_byte", "msg_s", "ctrl_msg_s", "optimizer_s_per_param",
+                    "step_overhead_s"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"profile {self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
+        for kind in ("intra", "inter"):
+            link = getattr(self, kind)
+            if not (link.alpha_s >= 0 and link.beta_s_per_byte >= 0):
+                raise ValueError(f"profile {self.name}: [{kind}] alpha_s and beta_s_per_byte must be >= 0")
+        if not self.flops_per_s > 0:
+            raise ValueError(f"profile {self.name}: flops_per_s must be > 0, got {self.flops_per_s!r}")
+        if self.ranks_per_node < 1 or self.nics_per_node < 1:
+            raise ValueError(f"profile {self.name}: ranks_per_node and nics_per_node must be >= 1")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"profile {self.name}: overlap must be in [0, 1], got {self.overlap!r}")
+        self.contention = {int(k): float(v) for k, v in self.contention.items()}
+
+    def contention_at(self, ranks_on_node: int) -> float:
+        """Measured compute slowdown with this many ranks on a node (nearest measured
+        count at or below it; 1.0 when none was measured)."""
+        known = [k for k in self.contention if k <= ranks_on_node]
+        return self.contention[max(known)] if known else 1.0
+
+    def to_toml_dict(self) -> dict:
+        d = asdict(self)
+        d["contention"] = {str(k): v for k, v in sorted(self.contention.items())}
+        return d
+
+
+def profile_from_dict(d: dict, where: str = "profile") -> Profile:
+    d = dict(d)
+    try:
+        d["inter"] = Link(**d.get("inter", d["intra"]))  # one node only: no inter link
+        d["intra"] = Link(**d["intra"])
+        return Profile(**d)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{where}: not a machine profile ({e}); see docs/scaling.md for the keys") from None
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+@functools.lru_cache(maxsize=16)
+def load_profile(name_or_path: str) -> Profile:
+    """A profile from a TOML file, or a shipped one by name (``hpcdp/profiles/NAME.toml``)."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = PROFILE_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise ValueError(f"machine profile {name_or_path!r}: no such file, and no shipped profile of "
+                         f"that name (shipped: {', '.join(available_profiles())}); "
+                         "make one with hpcdp scale --calibrate")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"machine profile {path}: {e}") from None
+    return profile_from_dict(data, str(path))
+
+
+@dataclass(frozen=True)
+class Topology:
+    """N ranks in blocks of ``per_node`` (ranks 0..L-1 on node 0, ...)."""
+
+    nodes: int
+    per_node: int
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.per_node
+
+    @classmethod
+    def of(cls, N: int, per_node: int) -> "Topology":
+        """Nodes filled in order; a last, partly filled node counts as a whole one."""
+        per = min(N, per_node)
+        return cls(nodes=-(-N // per), per_node=per)
+
+
+# -- costs -----------------------------------------------------------------------------
+
+@dataclass
+class Cost:
+    """Seconds by cause, and the bytes one rank sends/receives per link kind."""
+
+    latency_s: float = 0.0
+    bandwidth_s: float = 0.0
+    reduce_s: float = 0.0
+    software_s: float = 0.0
+    intra: tuple = (0, 0)
+    inter: tuple = (0, 0)
+
+    @property
+    def total_s(self) -> float:
+        return self.latency_s + self.bandwidth_s + self.reduce_s + self.software_s
+
+    def __add__(self, o: "Cost") -> "Cost":
+        return Cost(self.latency_s + o.latency_s, self.bandwidth_s + o.bandwidth_s,
+                    self.reduce_s + o.reduce_s, self.software_s + o.software_s,
+                    _add2(self.intra, o.intra), _add2(self.inter, o.inter))
+
+    @property
+    def link_bytes(self) -> int:
+        """Bytes this rank sends plus receives, all links."""
+        return sum(self.intra) + sum(self.inter)
+
+
+def _add2(a, b):
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def _software(p: Profile, group: int, algorithm: str = "ring", calls: int = 1) -> float:
+    """hpcdp's per-call cost: request setup (plus, in debug mode, 2(G-1) fingerprint
+    messages per call)."""
+    if group <= 1:
+        return 0.0
+    call = p.call_s.get(algorithm, p.call_s["ring"])
+    return calls * (call + _ctrl(p, group))
+
+
+def _ctrl(p: Profile, group: int) -> float:
+    """Debug mode's fingerprint exchange on a group of ``group`` ranks (0 otherwise)."""
+    return 2 * (group - 1) * p.ctrl_msg_s if p.debug else 0.0
+
+
+def _ring(p: Profile, nbytes: int, G: int, kind: str, phases, share: float = 1.0,
+          itemsize: int = 4, calls: int = 1, call_group: int | None = None) -> Cost:
+    """One ring collective over G ranks whose slowest hop is a ``kind`` link. The rank
+    counted is G-1 (the smallest chunk under the shard rule: the most bytes)."""
+    if G <= 1 or nbytes <= 0:
+        return Cost()
+    n, r = nbytes // itemsize, G - 1
+    sent, recv = V.ring_bytes(n, G, r, itemsize, phases)
+    msgs = max(V.ring_messages(n, G, r, itemsize, SEGMENT_BYTES, phases))
+    rs_recv = V.ring_bytes(n, G, r, itemsize, ("rs",))[1] if "rs" in phases else 0
+    link = getattr(p, kind)
+    c = Cost(latency_s=msgs * link.alpha_s,
+             bandwidth_s=max(sent, recv) * link.beta_s_per_byte * share,
+             reduce_s=rs_recv * p.gamma_s_per_byte,
+             software_s=_software(p, call_group or G, "ring", calls) + msgs * p.msg_s)
+    setattr(c, kind, (sent, recv))
+    return c
+
+
+def _flat_kind(t: Topology) -> str:
+    return "inter" if t.nodes > 1 else "intra"
+
+
+def ring_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    return _ring(p, nbytes, t.ranks, _flat_kind(t), ("rs", "ag"), itemsize=itemsize)
+
+
+def reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    return _ring(p, nbytes, t.ranks, _flat_kind(t), ("rs",), itemsize=itemsize)
+
+
+def all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    return _ring(p, nbytes, t.ranks, _flat_kind(t), ("ag",), itemsize=itemsize)
+
+
+def recursive_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    """log2(p) whole-buffer exchanges (+ a fold and an unfold on the critical path when N
+    is not a power of two). With L ranks per node (a power of two) and ranks in node
+    blocks, the first log2(L) rounds pair ranks of one node; fold pairs (2i, 2i+1) share
+    a node when L is even."""
+    N = t.ranks
+    if N <= 1 or nbytes <= 0:
+        return Cost()
+    rounds = (1 << (N.bit_length() - 1)).bit_length() - 1
+    fold = 1 if N & (N - 1) else 0
+    per, multi = t.per_node, t.nodes > 1
+    intra_rounds = (min(rounds, per.bit_length() - 1) if per & (per - 1) == 0 else 0) if multi else rounds
+    fold_kind = "inter" if multi and per % 2 else "intra"
+    sent, recv = V.recursive_bytes(nbytes, N, 1 if fold else N - 1)  # a rank on the longest path
+    exchange = max(sent, recv) / (rounds + fold)   # bytes of one exchange, each way
+    c = Cost(software_s=_software(p, N, "recursive"),
+             reduce_s=(rounds + fold) * nbytes * p.gamma_s_per_byte)
+    for kind, k, hops in (("intra", intra_rounds, intra_rounds), ("inter", rounds - intra_rounds,
+                                                                   rounds - intra_rounds),
+                          (fold_kind, fold, 2 * fold)):
+        if k:
+            link = getattr(p, kind)
+            c.latency_s += hops * link.alpha_s
+            c.software_s += hops * p.msg_s
+            c.bandwidth_s += hops * exchange * link.beta_s_per_byte
+            setattr(c, kind, _add2(getattr(c, kind), (round(k * exchange),) * 2))
+    return c
+
+
+def hierarchical_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    """Reduce-scatter in the node, ring allreduce of 1/L of the buffer across nodes (L
+    rings at once share the node's NICs), all-gather in the node (hpcdp.comm.hierarchical)."""
+    L, M = t.per_node, t.nodes
+    if t.ranks <= 1 or nbytes <= 0:
+        return Cost()
+    n = nbytes // itemsize
+    chunk = V.hierarchical_bytes(n, M, L, M - 1, L - 1, itemsize)  # counts, for the check below
+    share = max(1.0, L / p.nics_per_node)
+    c = (_ring(p, nbytes, L, "intra", ("rs",), itemsize=itemsize)
+         + _ring(p, (n // L) * itemsize, M, "inter", ("rs", "ag"), share, itemsize)
+         + _ring(p, nbytes, L, "intra", ("ag",), itemsize=itemsize))
+    # the outer request's own setup (the profile's "hierarchical" call cost, 0 if not
+    # measured: the phases' calls dominate), and in debug mode its fingerprints to all N
+    c.software_s += p.call_s.get("hierarchical", 0.0) + _ctrl(p, t.ranks)
+    c.intra, c.inter = chunk["intra"], chunk["inter"]
+    return c
+
+
+ALLREDUCE = {"ring": ring_allreduce, "recursive": recursive_allreduce,
+             "hierarchical": hierarchical_allreduce}
+
+
+def allreduce(p: Profile, nbytes: int, t: Topology, algorithm: str = "ring",
+              itemsize: int = 4) -> tuple[str, Cost]:
+    """(algorithm used, cost); ``"auto"``: the fastest of ring, recursive, hierarchical."""
+    if algorithm == "auto":
+        names = ["ring", "recursive"] + (["hierarchical"] if t.nodes > 1 and t.per_node > 1 else [])
+        costs = {a: ALLREDUCE[a](p, nbytes, t, itemsize) for a in names}
+        best = min(names, key=lambda a: costs[a].total_s)
+        return best, costs[best]
+    if algorithm not in ALLREDUCE:
+        raise ValueError(f"cost model: allreduce algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(ALLREDUCE)}, auto")
+    return algorithm, ALLREDUCE[algorithm](p, nbytes, t, itemsize)
+
+
+def fastest_allreduce(nbytes: int, profile, nodes: int, per_node: int) -> str:
+    """The allreduce ``algorithm="auto"`` uses when a profile is configured: the same
+    answer on every rank (it depends only on these arguments). ``profile``: a Profile,
+    or its name / path (then answers are cached: this runs on every auto allreduce)."""
+    if isinstance(profile, str):
+        return _fastest_cached(nbytes, profile, nodes, per_node)
+    return allreduce(profile, nbytes, Topology(nodes, per_node), "auto", itemsize=1)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _fastest_cached(nbytes: int, name: str, nodes: int, per_node: int) -> str:
+    return fastest_allreduce(nbytes, load_profile(name), nodes, per_node)
+
+
+def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: int = 4) -> Cost:
+    """Synchronous push + pull with ``servers`` colocated servers (ranks 0..K-1), seen
+    from server 0's link: it receives its shard from every other worker, reduces them,
+    and sends the result back. Its peers on the same node use intra-node links and the
+    rest its node's NICs, shared by the servers placed on that node; both kinds work at
+    once, so a phase lasts as long as the slower."""
+    N, K = t.ranks, servers
+    if N <= 1 or nbytes <= 0:
+        return Cost()
+    n, srv = nbytes // itemsize, list(range(K))
+    push = V.ps_push_bytes(n, 0, srv, range(N), itemsize)
+    pull = V.ps_pull_bytes(n, 0, srv, range(N), itemsize)
+    peers = N - 1
+    local = t.per_node - 1
+    share = max(1.0, min(K, t.per_node) / p.nics_per_node)
+    c = Cost(software_s=_software(p, N, "ps", calls=2), reduce_s=push[1] * p.gamma_s_per_byte)
+    for phase in (push, pull):
+        shard = max(phase) / peers  # what the server exchanges with one worker
+        slowest = (0.0, 0.0, 0.0)
+        for kind, count, sh in (("intra", local, 1.0), ("inter", peers - local, share)):
+            if count:
+                link = getattr(p, kind)
+                lat, soft = count * link.alpha_s, count * p.msg_s
+                bw = count * shard * link.beta_s_per_byte * sh
+                slowest = max(slowest, (lat, bw, soft), key=sum)
+        c.latency_s += slowest[0]
+        c.bandwidth_s += slowest[1]
+        c.software_s += slowest[2]
+    for kind, count in (("intra", local), ("inter", peers - local)):
+        frac = count / peers
+        setattr(c, kind, (round((push[0] + pull[0]) * frac), round((push[1] + pull[1]) * frac)))
+    return c
+
+
+# -- the workload of a config ----------------------------------------------------------
+
+@dataclass
+class Workload:
+    """What the model needs from a training config."""
+
+    name: str
+    params: int
+    itemsize: int
+    buckets: list           # element counts, launch order (backward order)
+    flops_per_sample: float
+    optimizer_state: int    # optimizer state elements per parameter (AdamW 2, SGD+momentum 1)
+    batch: int              # global batch of the config
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.params * self.itemsize
+
+
+def flops_per_sample(model_cfg, params: int) -> float:
+    """Training FLOPs of one sample (3x the forward: Kaplan et al. 2020, sec. 2.1).
+    GPT forward per token: 2 per non-embedding weight, 2 * n_layer * T * d for attention,
+    2 * d * V for the tied output head. MLP: 2 per weight."""
+    if model_cfg.kind == "gpt":
+        d, T, V_, Lyr = model_cfg.n_embd, model_cfg.block_size, model_cfg.vocab_size, model_cfg.n_layer
+        non_emb = params - V_ * d - T * d
+        return 3 * T * (2 * non_emb + 2 * Lyr * T * d + 2 * d * V_)
+    return 3 * 2 * params
+
+
+def workload_from_config(cfg) -> Workload:
+    """Parameter count and DDP bucket plan of a loaded config (builds the model once)."""
+    import numpy as np
+
+    from hpcdp.nn import build_model
+    from hpcdp.strategies.buckets import bucket_cap_elements, plan_buckets
+
+    model = build_model(cfg.model, dtype=cfg.run.dtype, device="cpu")
+    flat = model.flat
+    itemsize = np.dtype(cfg.run.dtype).itemsize
+    ddp = cfg.parallel.sub("ddp") if hasattr(cfg.parallel, "sub") else None
+    mb = getattr(ddp, "bucket_mb", 25.0) if ddp is not None else 25.0
+    per_param = getattr(ddp, "bucketing", "size") == "per_param"
+    plan = plan_buckets(flat.layout, None if per_param else bucket_cap_elements(mb, itemsize))
+    state = {"adamw": 2, "sgd": 1 if getattr(cfg.optim, "momentum", 0) else 0}.get(cfg.optim.kind, 2)
+    return Workload(name=f"{cfg.model.kind} {flat.numel:,} params", params=flat.numel,
+                    itemsize=itemsize, buckets=[b.size for b in plan.buckets],
+                    flops_per_sample=flops_per_sample(cfg.model, flat.numel),
+                    optimizer_state=state, batch=cfg.train.global_batch)
+
+
+# -- a step ----------------------------------------------------------------------------
+
+@dataclass
+class Step:
+    """One predicted training step of one strategy at N ranks."""
+
+    strategy: str
+    ranks: int
+    batch_per_rank: float
+    step_s: float
+    compute_s: float
+    comm_s: float           # all communication time
+    exposed_s: float        # the part the step waits for
+    link_bytes: int         # busiest rank, sent + received per step
+    inter_bytes_node: int   # through the busiest node's NICs per step, sent + received
+    memory_bytes: int       # parameters + gradients + optimizer state per rank
+    algorithms: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def compute_times(p: Profile, wl: Workload, batch: float, ranks_on_node: int,
+                  opt_fraction: float = 1.0) -> tuple[float, float, float]:
+    """(forward, backward, optimizer) seconds for ``batch`` samples on one rank."""
+    k = p.contention_at(ranks_on_node)
+    fb = batch * wl.flops_per_sample / p.flops_per_s * k
+    opt = (p.step_overhead_s + opt_fraction * wl.params * p.optimizer_s_per_param) * k
+    return fb / 3, 2 * fb / 3, opt
+
+
+def scheduled_exposed(duration: float, ready: list, costs: list) -> float:
+    """Comm ops on one link, op i ready at ``ready[i]`` (seconds into a compute phase of
+    ``duration``), run in order: how far the last one ends past the phase."""
+    end = 0.0
+    for r, c in zip(ready, costs):
+        end = max(end, r) + c
+    return max(0.0, end - duration)
+
+
+def _exposed(p: Profile, duration: float, ready: list, costs: list) -> float:
+    return p.overlap * scheduled_exposed(duration, ready, costs) + (1 - p.overlap) * sum(costs)
+
+
+def _ready_in_backward(wl: Workload, t_b: float) -> list:
+    done, out = 0, []
+    for size in wl.buckets:
+        done += size
+        out.append(t_b * done / wl.params)
+    return out
+
+
+def _memory(wl: Workload, N: int, stage: int) -> int:
+    P, s = wl.params, wl.itemsize
+    state = wl.optimizer_state * P * s
+    if stage == 0:
+        return 2 * P * s + state
+    if stage == 1:
+        return 2 * P * s + state // N
+    if stage == 2:
+        return P * s + (P * s + state) // N
+    return (2 * P * s + state) // N + 2 * max(wl.buckets) * s  # + two gathered units
+
+
+def _inter_node(c: Cost, t: Topology, streams: int) -> int:
+    return 0 if t.nodes <= 1 else sum(c.inter) * streams
+
+
+def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
+         algorithm: str = "ring", servers: int = 1, per_node: int | None = None) -> Step:
+    """Predicted step of ``strategy`` ("ddp", "ps", "zero1", "zero2", "zero3") at N ranks
+    (nodes of ``per_node`` ranks, default the profile's)."""
+    t = Topology.of(N, per_node or p.ranks_per_node)
+    s = wl.itemsize
+    if strategy == "ddp":
+        t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, t.per_node)
+        used, costs, total = [], [], Cost()
+        for size in wl.buckets:
+            a, c = allreduce(p, size * s, t, algorithm, s)
+            used.append(a)
+            costs.append(c.total_s)
+            total = total + c
+        exposed = _exposed(p, t_b, _ready_in_backward(wl, t_b), costs)
+        streams = t.per_node if "hierarchical" in used else 1
+        return Step("ddp", N, batch_per_rank, t_f + t_b + t_o + exposed, t_f + t_b + t_o,
+                    sum(costs), exposed, total.link_bytes, _inter_node(total, t, streams),
+                    _memory(wl, N, 0), "/".join(sorted(set(used))) if N > 1 else "-")
+    if strategy == "ps":
+        if not 1 <= servers <= N:
+            raise ValueError(f"cost model: {servers} parameter servers on {N} ranks")
+        # workers run no optimizer (update = "server"): each server updates its shard
+        t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, t.per_node, 1.0 / servers)
+        c = ps_push_pull(p, wl.grad_bytes, t, servers, s)
+        comm = c.total_s
+        memory = 2 * wl.params * s + wl.optimizer_state * wl.params * s // servers
+        return Step(f"ps{servers}", N, batch_per_rank, t_f + t_b + t_o + comm, t_f + t_b + t_o,
+                    comm, comm, c.link_bytes, _inter_node(c, t, min(servers, t.per_node)),
+                    memory, "push/pull")
+    if strategy in ("zero1", "zero2", "zero3"):
+        stage = int(strategy[-1])
+        t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, t.per_node, 1.0 / N)
+        rs = [reduce_scatter(p, size * s, t, s) for size in wl.buckets]
+        ag = [all_gather(p, size * s, t, s) for size in wl.buckets]
+        gathers = 2 if stage == 3 else 1
+        total = Cost()
+        for c in rs + ag * gathers:
+            total = total + c
+        rs_t, ag_t = [c.total_s for c in rs], [c.total_s for c in ag]
+        if stage < 3:  # reduce-scatter during backward; all-gather after the step,
+            #            overlapping the next forward at best
+            exposed = (_exposed(p, t_b, _ready_in_backward(wl, t_b), rs_t)
+                       + _exposed(p, t_f, [0.0] * len(ag_t), ag_t))
+        else:  # each unit gathered before its forward (prefetched), and again before its
+            #    backward, then its gradient reduce-scattered
+            exposed = (_exposed(p, t_f, [0.0] * len(ag_t), ag_t)
+                       + _exposed(p, t_b, _ready_in_backward(wl, t_b),
+                                  [a + r for a, r in zip(ag_t, rs_t)]))
+        comm = sum(rs_t) + gathers * sum(ag_t)
+        return Step(strategy, N, batch_per_rank, t_f + t_b + t_o + exposed, t_f + t_b + t_o,
+                    comm, exposed, total.link_bytes, _inter_node(total, t, 1),
+                    _memory(wl, N, stage), "ring" if N > 1 else "-")
+    raise ValueError(f"cost model: unknown strategy {strategy!r}; choose ddp, ps, zero1, zero2, zero3")
+
+
+def efficiency(base: Step, point: Step, study: str = "weak") -> float:
+    """Weak: t(1)/t(N) at the same per-rank batch; strong: t(1)/(N t(N))."""
+    if study == "weak":
+        return base.step_s / point.step_s
+    return base.step_s / (point.ranks * point.step_s)
+
+
+# -- crossovers ------------------------------------------------------------------------
+
+def ring_latency_crossover(p: Profile, nbytes: int, per_node: int, max_ranks: int = 1 << 20,
+                           itemsize: int = 4):
+    """Smallest N (powers of two) where the ring's wire latency 2(N-1) alpha reaches its
+    bandwidth time for an ``nbytes`` bucket, and where hpcdp's software cost (per
+    message, per call; debug mode's fingerprints) does. None where it does not up to ``max_ranks``."""
+    lat = soft = None
+    N = 2
+    while N <= max_ranks and (lat is None or soft is None):
+        c = ring_allreduce(p, nbytes, Topology.of(N, per_node), itemsize)
+        if lat is None and c.latency_s >= c.bandwidth_s:
+            lat = N
+        if soft is None and c.software_s >= c.bandwidth_s:
+            soft = N
+        N *= 2
+    return lat, soft
+
+
+def hierarchical_crossover(p: Profile, nbytes: int, per_node: int, ranks: list,
+                           itemsize: int = 4):
+    """First N of ``ranks`` (>= 2 nodes) where the hierarchical allreduce beats the flat
+    ring for an ``nbytes`` bucket, or None."""
+    for N in ranks:
+        t = Topology.of(N, per_node)
+        if t.nodes < 2 or t.per_node < 2 or t.ranks != N:
+            continue
+        if hierarchical_allreduce(p, nbytes, t, itemsize).total_s < ring_allreduce(p, nbytes, t, itemsize).total_s:
+            return N
+    return None
+
+
+def ps_keeps_up_until(p: Profile, wl: Workload, batch_per_rank: float, servers: int,
+                      ranks: list, per_node: int | None = None):
+    """Largest N of ``ranks`` where K servers move a step's pushes and pulls in no more
+    time than the workers compute (so an asynchronous PS could hide them); the next N
+    is where the servers stop keeping up. Returns (last N that keeps up, first N that
+    does not) with None where there is none."""
+    last = first = None
+    for N in ranks:
+        if servers > N:
+            continue
+        st = step(p, wl, "ps", N, batch_per_rank, servers=servers, per_node=per_node)
+        t = Topology.of(N, per_node or p.ranks_per_node)
+        t_f, t_b, _ = compute_times(p, wl, batch_per_rank, t.per_node, 0.0)
+        if st.comm_s <= t_f + t_b:
+            last = N
+        elif first is None:
+            first = N
+    return last, first
+
+
+__all__ = ["Profile", "Link", "Topology", "Cost", "Workload", "Step", "load_profile",
+           "profile_from_dict", "available_profiles", "allreduce", "ring_allreduce",
+           "recursive_allreduce", "hierarchical_allreduce", "reduce_scatter", "all_gather",
+           "ps_push_pull", "fastest_allreduce", "workload_from_config", "step", "efficiency",
+           "compute_times", "scheduled_exposed", "ring_latency_crossover",
+           "hierarchical_crossover", "ps_keeps_up_until", "flops_per_sample"]
