@@ -231,15 +231,13 @@ def main(argv=None) -> int:
 
 
 def _digits_file(path: Path) -> None:
-    """The 8x8 digits as an HDF5 file (random pixels of the same shape without scikit-learn)."""
+    """The 8x8 digits (shipped with hpcdp) as an HDF5 file."""
     import h5py
-    try:
-        from sklearn.datasets import load_digits
-        b = load_digits()
-        x, y = (b.data / 16.0).astype(np.float32), b.target.astype(np.int64)
-    except ImportError:
-        rng = np.random.default_rng(0)
-        x, y = rng.random((1797, 64), dtype=np.float32), np.arange(1797) % 10
+
+    from hpcdp.data.digits import digits_file, read_digits
+
+    pixels, labels = read_digits(digits_file())
+    x, y = (pixels / 16.0).astype(np.float32), labels
     with h5py.File(path, "w") as f:
         f["x"], f["y"] = x, y
 

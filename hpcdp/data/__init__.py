@@ -7,7 +7,7 @@ into train and test deterministically (from ``data.seed``):
 - sequences (``task = "sequence"``): ``x`` int64 (n, T) tokens, ``y`` int64 (n, T) next tokens
 
 Sources: built-in synthetic sets (:mod:`.synthetic`), the 8x8 digits shipped inside
-scikit-learn (:mod:`.digits`), user files (:mod:`.files`: HDF5, ``.npy``, ``.npz``)
+hpcdp (:mod:`.digits`), user files (:mod:`.files`: HDF5, ``.npy``, ``.npz``)
 and token corpora made by ``hpcdp data prepare`` (:mod:`.corpus`). File data stays
 on disk by default: the four arrays are then array-like views that read the rows
 they are indexed with (:mod:`.views`). Which rank reads which samples is decided

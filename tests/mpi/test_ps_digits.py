@@ -8,7 +8,6 @@ from mpi4py import MPI
 
 from test_ps_support import same_on_all
 
-pytest.importorskip("sklearn")
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,9 +1,8 @@
-"""The digits come from the file in scikit-learn's wheel, without importing scikit-learn."""
+"""The digits ship inside hpcdp: scikit-learn's file, read without scikit-learn or SciPy."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import subprocess
 import sys
 
@@ -21,13 +20,17 @@ def test_digits_split_shapes_and_range():
     assert 0.0 <= ds.x_train.min() and ds.x_train.max() <= 1.0
 
 
-def test_same_arrays_as_scikit_learn_load_digits():
-    from sklearn.datasets import load_digits
-    ref = load_digits()
+def test_the_arrays_are_scikit_learns_load_digits():
+    """Pinned from scikit-learn 1.9.1's load_digits() (the file is the one it ships):
+    class counts, pixel sum and a SHA-256 of (uint8 pixels, int64 labels)."""
+    import hashlib
+
     x, y = D.read_digits(D.digits_file())
-    np.testing.assert_array_equal(x, ref.data)
-    np.testing.assert_array_equal(y, ref.target)
-    assert x.dtype == np.uint8 and y.dtype == np.int64
+    assert x.shape == (1797, 64) and x.dtype == np.uint8 and y.dtype == np.int64
+    assert np.bincount(y).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    assert int(x.sum()) == 561718
+    digest = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()
+    assert digest == "65e5b4619795efb40c1082f4c350c049e4ad552200d369b6ae99e21eef5e72c5"
 
 
 def test_loading_imports_neither_scikit_learn_nor_scipy():
@@ -39,11 +42,20 @@ def test_loading_imports_neither_scikit_learn_nor_scipy():
     assert r.stdout.strip() == "[]"
 
 
-def test_without_scikit_learn_the_error_names_the_extra(monkeypatch):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
-    with pytest.raises(DataError, match=r"pip install 'hpcdp\[digits\]'"):
+def test_a_missing_file_says_reinstall(monkeypatch, tmp_path):
+    monkeypatch.setattr(D, "FILE", tmp_path / "digits.csv.gz")
+    with pytest.raises(DataError, match=r"missing from this hpcdp install; reinstall hpcdp"):
         load_dataset(DataConfig(kind="digits"), "classification")
+
+
+def test_the_file_and_its_notice_are_package_data():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    data = pyproject["tool"]["setuptools"]["package-data"]["hpcdp"]
+    assert "data/digits.csv.gz" in data and "data/digits.NOTICE" in data
+    assert D.FILE.with_name("digits.NOTICE").is_file()
 
 
 @pytest.mark.parametrize("content, match", [
