@@ -269,7 +269,7 @@ def stall_worker(args) -> None:
     world = World.from_mpi()
     ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
     model = build_model(cfg.model, dtype="float32")
-    opt = build_optimizer(cfg.optim, dtype="float32")
+    opt = build_optimizer(cfg.optim, layout=model.flat.layout, dtype="float32")
     strategy = build_strategy(cfg.parallel, world, cfg.comm)
     strategy.setup(model.flat, opt, world)
     sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
@@ -347,6 +347,11 @@ def main(argv=None) -> int:
     if args.stall_worker:
         stall_worker(args)
         return 0
+    if args.repeat < 1 or args.every < 1:
+        p.error("--repeat and --every must be at least 1")
+    if not args.no_stall and args.stall_steps <= args.every:
+        p.error(f"--stall-steps {args.stall_steps} must exceed --every {args.every} (the stall "
+                "study needs saves to time), or pass --no-stall")
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.ranks = [int(r) for r in args.ranks.split(",")]
     args.layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]

@@ -72,7 +72,7 @@ def _load(config: str, overrides: list[str]):
     cfg = load_config(config, overrides)
     ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
     model = build_model(cfg.model, dtype=cfg.run.dtype, device="cpu")
-    opt = build_optimizer(cfg.optim, dtype=cfg.run.dtype)
+    opt = build_optimizer(cfg.optim, layout=model.flat.layout, dtype=cfg.run.dtype)  # decay groups as in training
     return cfg, ds, model, opt
 
 

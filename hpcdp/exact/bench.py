@@ -68,7 +68,7 @@ class _Contender:
 
         self.cfg, self.model = cfg, model
         be = get_backend("cpu")
-        self.opt = build_optimizer(cfg.optim, dtype=cfg.run.dtype)
+        self.opt = build_optimizer(cfg.optim, layout=model.flat.layout, dtype=cfg.run.dtype)
         self.strategy = build_strategy(cfg.parallel, world, cfg.comm)
         self.strategy.setup(model.flat, self.opt, world)
         self.exact = None

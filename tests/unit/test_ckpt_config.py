@@ -32,3 +32,15 @@ def test_shared_layout_needs_h5py_with_mpi():
         with pytest.raises(CheckpointError, match=r"needs h5py built with MPI .*bash .ci/parallel-hdf5.sh.*"
                                                   r"checkpoint.layout = \"split\""):
             check_available()
+
+
+def test_bench_ckpt_refuses_a_stall_study_without_saves(capsys):
+    """--stall-steps not above --every used to end in 'no median for empty data'."""
+    import pytest
+
+    from hpcdp.bench.ckpt import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--stall-steps", "8", "--every", "10"])
+    assert e.value.code == 2
+    assert "--stall-steps 8 must exceed --every 10" in capsys.readouterr().err
