@@ -19,7 +19,7 @@ import time
 
 from hpcdp.comm.errors import CommError
 
-from .ranks import drain_output, fmt_ranks, say
+from .ranks import abort_job, fmt_ranks, say
 
 
 class DeadlineExceeded(CommError):
@@ -92,9 +92,7 @@ def watchdog(timeout: float, what: str):
         rank = _world_rank()
         say(f"hpcdp: error: rank {rank}: {what} did not complete within {timeout:g}s "
             "(a rank is stuck, died or never got here); ending the job")
-        from mpi4py import MPI
-        drain_output()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True

@@ -26,7 +26,7 @@ import sys
 import traceback
 
 from .agree import USER_ERRORS, JobError, cause
-from .ranks import drain_output, say
+from .ranks import abort_job, say
 from .shutdown import finish
 from .signals import Interrupted, handling_signals
 
@@ -101,9 +101,7 @@ def report_failure(e: BaseException) -> int:
     say(f"hpcdp: error: {where + ': ' if where else ''}{_describe(e)}")
     status = _exit_status(e, size)
     if size > 1:
-        from mpi4py import MPI
-        drain_output()  # the launcher must read the line above before the abort kills us
-        MPI.COMM_WORLD.Abort(status)
+        abort_job(status)
     return status
 
 

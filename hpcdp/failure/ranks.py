@@ -1,4 +1,5 @@
-"""How failure messages write sets of ranks, and how they are printed (no MPI)."""
+"""How failure messages write sets of ranks, how they are printed, and how a rank ends
+the job once it has said why (MPI only there, imported when called)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,12 @@ def drain_output(limit: float = 2.0) -> None:
             if left[0] <= 0:
                 break
             time.sleep(0.005)
+
+
+def abort_job(status: int) -> None:
+    """End every rank of the job (``MPI_Abort`` on COMM_WORLD) once the launcher has
+    read what this rank printed (:func:`drain_output`). Does not return."""
+    from mpi4py import MPI
+
+    drain_output()
+    MPI.COMM_WORLD.Abort(status)
