@@ -161,10 +161,8 @@ def test_a_given_python_without_hpcdp_is_named_not_changed(tmp_path):
 
 # -- Slurm: install when missing, the repository's own starter ------------------
 
-def _slurm_script(name, *args, env=None, user=None):
+def _slurm_script(name, *args, env=None):
     cmd = ["bash", str(REPO / "tests" / "slurm" / name), *args]
-    if user:
-        cmd = ["runuser", "-u", user, "--", *cmd]
     return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=60)
 
 
@@ -180,8 +178,23 @@ def test_install_slurm_dry_run_names_the_apt_command_when_missing():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks the non-root message by switching to user nobody")
 def test_install_slurm_without_root_says_what_to_run():
-    r = _slurm_script("install-slurm.sh", env=MISSING, user="nobody")
-    assert r.returncode == 4
+    # User nobody runs copies of the scripts from a folder it can read: the checkout may
+    # sit in a private folder (a `mktemp -d` clone is mode 0700).
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="hpcdp-slurm-scripts-"))
+    try:
+        folder.chmod(0o755)
+        for name in ("install-slurm.sh", "local-slurm.sh"):
+            shutil.copy(REPO / "tests" / "slurm" / name, folder / name)
+            (folder / name).chmod(0o644)
+        r = subprocess.run(["runuser", "-u", "nobody", "--", "bash", str(folder / "install-slurm.sh")],
+                           env={**os.environ, **MISSING}, capture_output=True, text=True, timeout=60,
+                           cwd=folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert r.returncode == 4, r.stdout + r.stderr
     assert "needs root; run: sudo bash tests/slurm/install-slurm.sh" in r.stdout
 
 
