@@ -25,6 +25,7 @@ def _job(scenario: str):
     from mpi4py import MPI
 
     from hpcdp.comm import CollectiveTimeout, allreduce, get_context, iallreduce
+    from hpcdp.failure.ranks import abort_job
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -62,7 +63,7 @@ def _job(scenario: str):
     except CollectiveTimeout as err:
         print(f"rank {rank} missing {err.missing} waited {err.waited:.1f}: {err}", flush=True)
         time.sleep(4)  # let the other ranks print theirs
-        comm.Abort(7)
+        abort_job(7)  # after the launcher has read the line above (hpcdp.failure.ranks)
 
 
 @pytest.mark.parametrize("scenario,ranks", [("stalled", 4), ("polled", 3), ("lean", 3), ("late", 3)])

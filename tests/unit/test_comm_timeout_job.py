@@ -20,6 +20,8 @@ def _job():
 
     from hpcdp.comm import CollectiveTimeout, allreduce, get_context
 
+    from hpcdp.failure.ranks import abort_job
+
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     get_context(comm)  # collective setup done by everyone
@@ -31,7 +33,7 @@ def _job():
                   algorithm=sys.argv[1])
     except CollectiveTimeout as err:
         print(f"rank {rank} caught: {err}", flush=True)
-        comm.Abort(7)
+        abort_job(7)  # after the launcher has read the line above (hpcdp.failure.ranks)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "recursive"])
