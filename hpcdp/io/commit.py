@@ -79,9 +79,15 @@ def marker_problem(ckpt: Path) -> str | None:
     marker = Path(ckpt) / MARKER_FILE
     if not marker.is_file():
         return "it has no COMMITTED marker (the save did not finish)"
-    lines = marker.read_text(errors="replace").splitlines()
-    if len(lines) < 2 or not lines[0].startswith(FORMAT_NAME) or not lines[1].startswith("index.h5 sha256 "):
+    text = marker.read_text(errors="replace")
+    lines = text.splitlines()
+    head = lines[0].split() if lines else []
+    if (len(lines) < 2 or len(head) != 3 or head[:2] != [FORMAT_NAME, "step"] or not head[2].isdigit()
+            or text != marker_text(int(head[2]), (lines[1].split() or [""])[-1])):
         return "its COMMITTED marker is damaged"
+    named = STEP_DIR_RE.fullmatch(Path(ckpt).name)
+    if named and int(named.group(1)) != int(head[2]):
+        return f"its COMMITTED marker says step {head[2]}, the directory step {int(named.group(1))}: it is damaged"
     index = Path(ckpt) / INDEX_FILE
     if not index.is_file():
         return "index.h5 is missing"
@@ -145,7 +151,8 @@ def resolve(target: str, default_root, *, if_none: str = "train without --resume
         if STEP_DIR_RE.fullmatch(root.name) or (root / INDEX_FILE).exists():
             problem = marker_problem(root)
             if problem:
-                raise CheckpointError(f"--resume {target}: this checkpoint must not be loaded: {problem}")
+                raise CheckpointError(f"--resume {target}: this checkpoint must not be loaded: {problem}; "
+                                      f"use an earlier checkpoint (hpcdp ckpt ls {root.parent})")
             return root
         if not list_checkpoints(root) and (root / "checkpoints").is_dir():
             root = root / "checkpoints"

@@ -17,10 +17,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import h5py
 import numpy as np
 
-from .errors import CheckpointError
-from .h5 import open_read, pread_into
+from .errors import EARLIER, CheckpointError, damaged_file
+from .h5 import pread_into
 from .ranges import Span, blocks_covering, intersect
 
 
@@ -51,11 +52,25 @@ class Reader:
         if size != want:
             how = "truncated" if size < want else "longer than written"
             raise CheckpointError(f"checkpoint {self.dir}: data file {name} has {size} bytes, the index "
-                                  f"says {want}: the file is {how}")
-        h5 = open_read(path)
+                                  f"says {want}: the file is {how}; {EARLIER}")
+        with damaged_file(f"checkpoint {self.dir}: file {name}"):
+            h5 = h5py.File(path, "r")
         fd = os.open(path, os.O_RDONLY)
         self._open_files[fi] = (h5, fd, name)
         return self._open_files[fi]
+
+    def open_file(self, fi: int) -> str | None:
+        """Open data file number ``fi`` (an index into ``index.files``) and check its
+        size: None if it can be read, else the one line that says why not."""
+        try:
+            self._file(fi)
+        except CheckpointError as e:
+            return str(e)
+        return None
+
+    def h5_file(self, fi: int):
+        """The open h5py file of data file ``fi`` (opened by :meth:`open_file`)."""
+        return self._file(fi)[0]
 
     def close(self) -> None:
         for h5, fd, _ in self._open_files.values():
@@ -88,10 +103,11 @@ class Reader:
 
     def _dataset(self, h5, name: str, tensor: str, piece_off: int):
         path = f"{tensor}/{piece_off}" if self.layout == "split" else tensor
-        if path not in h5:
-            raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
-                                  f"(tensor {tensor}) although the index says it holds it")
-        return h5[path]
+        with damaged_file(f"checkpoint {self.dir}: file {name}, dataset /{path} (tensor {tensor})"):
+            if path not in h5:
+                raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
+                                      f"(tensor {tensor}) although the index says it holds it; {EARLIER}")
+            return h5[path]
 
     def _read_piece(self, fi, tensor_id, piece_off, piece_size, span: Span, out) -> None:
         h5, fd, name = self._file(fi)
@@ -100,11 +116,12 @@ class Reader:
         ds = self._dataset(h5, name, tensor, piece_off)
         where = f"checkpoint {self.dir}: file {name}, tensor {tensor} (piece at element {piece_off})"
         want_len = piece_size if self.layout == "split" else self.index.numel(tensor_id)
-        if ds.dtype != dtype or ds.shape != (want_len,):
-            raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
-                                  f"{dtype} ({want_len},): wrong dtype or shape")
-        block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
-        offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
+        with damaged_file(where):  # the dataset's header, attributes and layout
+            if ds.dtype != dtype or ds.shape != (want_len,):
+                raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
+                                      f"{dtype} ({want_len},): wrong dtype or shape; {EARLIER}")
+            block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
+            offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
         b0, b1 = blocks_covering(span, block)
         checks = []  # (block, lo, hi, future digest): hashing runs while the next block is read
         for b in range(b0, b1):  # one checksum block at a time
@@ -115,7 +132,8 @@ class Reader:
             if offset is not None:
                 pread_into(fd, buf, offset + (ds_start + lo) * dtype.itemsize, self.dir / name)
             else:
-                buf[...] = ds[ds_start + lo:ds_start + hi]
+                with damaged_file(where):
+                    buf[...] = ds[ds_start + lo:ds_start + hi]
             self.bytes_read += buf.nbytes
             checks.append((b, lo, hi, self._hasher.submit(_sha256, buf)))
             if not inside:
@@ -133,21 +151,21 @@ class Reader:
             block = int(ds.attrs["block"])
             digests = np.asarray(ds.attrs["sha256"])
         except KeyError as e:
-            raise CheckpointError(f"{where}: attribute {e} is missing") from None
+            raise CheckpointError(f"{where}: attribute {e} is missing; {EARLIER}") from None
         if self.layout == "split":
             start = 0
         else:
             table = np.asarray(ds.attrs["pieces"]).reshape(-1, 2)
             k = np.nonzero(table[:, 0] == piece_off)[0]
             if k.size != 1 or int(table[k[0], 1]) != piece_size:
-                raise CheckpointError(f"{where}: the dataset's piece table does not list this piece")
+                raise CheckpointError(f"{where}: the dataset's piece table does not list this piece; {EARLIER}")
             counts = (table[:, 1] + block - 1) // block
             base = int(counts[:k[0]].sum())
             digests = digests[base:base + int(counts[k[0]])]
             start = piece_off
         if digests.shape != ((piece_size + block - 1) // block, 32):
             raise CheckpointError(f"{where}: {digests.shape[0]} block digests for {piece_size} elements "
-                                  f"in blocks of {block}: the checksum attribute is damaged")
+                                  f"in blocks of {block}: the checksum attribute is damaged; {EARLIER}")
         return block, digests, start
 
 
