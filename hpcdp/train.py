@@ -112,6 +112,27 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
 
     Returns a summary dict (run_dir, steps, last loss, last eval) on every worker.
     """
+    held: list = []  # the checkpoint folder's writer lock, once taken (rank 0)
+    try:
+        return _run_training(cfg, world, model, out, resume, held)
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def before_anything(cfg: Config, resume, held: list) -> None:
+    """World rank 0, first of all (no data read, no run directory made): the
+    ``--resume`` target must name a complete checkpoint, and a job that saves into
+    an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py)."""
+    if resume:
+        from hpcdp.io.commit import resolve
+        resolve(resume, cfg.checkpoint.dir or None)
+    if cfg.checkpoint.enabled and cfg.checkpoint.dir:
+        from hpcdp.io.lock import acquire
+        held.append(acquire(cfg.checkpoint.dir, cfg.run.name))
+
+
+def _run_training(cfg: Config, world, model, out, resume, held: list) -> dict:
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
     from hpcdp.failure.agree import on_root, stage
@@ -130,6 +151,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout
     with stage(world.comm, "setup", timeout=setup_s):
+        if world.rank == 0:
+            before_anything(cfg, resume, held)
         try:
             if cfg.run.device == "cuda":  # one GPU per rank on a node: GPU = local rank % GPUs
                 from hpcdp.backend.cuda import select_device
@@ -208,6 +231,9 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
                                                f"{floor:.4f} nats" if floor is not None else ""))
         if exact is not None:
             writer.log(exact.describe())
+        for lock in held:
+            if lock.took_over:
+                writer.log(f"checkpoint.dir: took over a stale lock ({lock.took_over})")
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
                    f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
                    f"{total} steps of {cfg.train.global_batch} samples ({batches.batches_per_epoch} per epoch)")

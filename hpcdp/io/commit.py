@@ -130,6 +130,22 @@ def prune(root, keep: int) -> list[Path]:
     return drop
 
 
+def run_dir_hint(path) -> str:
+    """For a run directory (it holds the run's ``config.toml``) whose checkpoints were
+    saved elsewhere: where its config says they went; else ""."""
+    import tomllib
+
+    config = Path(path) / "config.toml"
+    try:
+        where = tomllib.loads(config.read_text()).get("checkpoint", {}).get("dir", "")
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return ""
+    if not where:
+        return ""
+    return (f" (it is a run directory: its config.toml saved checkpoints to checkpoint.dir = {where!r}, "
+            f"relative to where that job ran: hpcdp ckpt ls {where})")
+
+
 def resolve(target: str, default_root, *, if_none: str = "train without --resume, or point it at a "
             "step-* directory") -> Path:
     """The checkpoint that ``--resume target`` means (complete, or an error).
@@ -159,8 +175,9 @@ def resolve(target: str, default_root, *, if_none: str = "train without --resume
     items = list_checkpoints(root)
     done = [path for _, path, ok in items if ok]
     if not done:
-        what = f"only {len(items)} incomplete one(s)" if items else "none"
-        raise CheckpointError(f"--resume {target}: no complete checkpoint in {root} ({what}); {if_none}")
+        what = (f"{root} holds only {len(items)} incomplete checkpoint(s)" if items
+                else f"{root} holds no step-* checkpoint{run_dir_hint(root)}")
+        raise CheckpointError(f"--resume {target}: no complete checkpoint: {what}; {if_none}")
     problem = marker_problem(done[-1])
     if problem:
         raise CheckpointError(f"--resume {target}: the newest checkpoint {done[-1]} must not be loaded: "
@@ -169,4 +186,4 @@ def resolve(target: str, default_root, *, if_none: str = "train without --resume
 
 
 __all__ = ["tmp_dir", "prepare", "commit", "marker_problem", "list_checkpoints", "latest", "prune",
-           "resolve", "marker_text"]
+           "resolve", "marker_text", "run_dir_hint"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .commit import list_checkpoints, marker_problem
+from .commit import list_checkpoints, marker_problem, run_dir_hint
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import FORMAT_NAME, INDEX_FILE, PARAM, STEP_DIR_RE
 from .index import read_index
@@ -162,7 +162,7 @@ def checkpoints_in(path) -> list[Path]:
         return [path]
     items = list_checkpoints(path) or list_checkpoints(path / "checkpoints")
     if not items:
-        raise CheckpointError(f"{path}: not a checkpoint and holds no step-* checkpoints")
+        raise CheckpointError(f"{path}: not a checkpoint and holds no step-* checkpoints{run_dir_hint(path)}")
     return [p for _, p, _ in items]
 
 
