@@ -130,9 +130,24 @@ def main(argv=None) -> int:
     _one_thread_per_rank_under_a_launcher()
     commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data,
                 "check-exact": _check_exact, "ckpt": _ckpt, "sample": _sample}
+    if argv[:1] in (["-V"], ["--version"]):
+        from hpcdp import __version__
+        print(f"hpcdp {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR
+        asked = argv[:1] in (["-h"], ["--help"])
+        out = sys.stdout if asked else sys.stderr
+        print("usage: hpcdp COMMAND [options]   (hpcdp COMMAND --help for its options; hpcdp --version)\n",
+              file=out)
+        print(__doc__.strip().split("\n\n")[1], file=out)
+        if argv and not asked:
+            import difflib
+            close = difflib.get_close_matches(argv[0], commands, n=1)
+            print(f"\nhpcdp: error: unknown command {argv[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                  file=out)
+        elif not argv:
+            print("\nhpcdp: error: no command given", file=out)
+        return 0 if asked else USAGE_ERROR
     try:
         return commands[argv[0]](argv[1:])
     except (ValueError, FileNotFoundError) as e:  # ConfigError, DataError and setup errors
