@@ -285,15 +285,15 @@ def _run_training(cfg: Config, world, model, out, resume, held: list) -> dict:
                                 "samples_per_s": global_n / dt, "step_time_s": dt})
             stop = ckpt.after_step(step)  # saves when due; True on SIGTERM/SIGUSR1 (saved)
             evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
-            if step == 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop:
+            if step == start + 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop:
                 # Every rank flushes after the same steps; only the writer waits.
                 for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
                     last_loss = loss_sum
                     writer.step({"step": rec["step"], "epoch": rec["epoch"], "loss": loss_sum,
                                  **{k: rec[k] for k in ("lr", "global_batch", "samples_per_s", "step_time_s")},
                                  "ranks": ranks})
-                    if rec["step"] in (1, total):
-                        writer.log(memory_line(rec["step"], ranks))
+                    if rec["step"] in (start + 1, total):
+                        writer.log(memory_line(rec["step"], ranks, world.size - comm.Get_size()))
                 pending.clear()
             if evals_now:
                 last_eval = run_eval(step)
@@ -343,11 +343,13 @@ def strategy_ranks(strategy, world) -> int:
     return world.size if getattr(strategy, "stage", 0) else 1
 
 
-def memory_line(step: int, ranks: dict) -> str:
-    """One log line: each rank's model state (persistent), tagged peak and peak RSS."""
+def memory_line(step: int, ranks: dict, servers: int = 0) -> str:
+    """One log line: each worker rank's model state (persistent), tagged peak and peak
+    RSS; ``servers``: dedicated parameter-server ranks, which report no step figures."""
     def mib(key):
         return "[" + ", ".join(f"{v / 2**20:.1f}" for v in ranks.get(key, [])) + "]"
-    return (f"memory @ step {step} (MiB per rank): model state {mib('mem_persistent_bytes')} "
+    who = f"per worker rank; the {servers} server rank(s) are not listed" if servers else "per rank"
+    return (f"memory @ step {step} (MiB {who}): model state {mib('mem_persistent_bytes')} "
             f"(params {mib('mem_params_bytes')}, grads {mib('mem_grads_bytes')}, "
             f"optim {mib('mem_optim_bytes')}); peak with working buffers {mib('mem_peak_bytes')}; "
             f"peak RSS {mib('rss_peak_bytes')}")

@@ -1,13 +1,14 @@
 """One writing job per checkpoint folder (hpcdp/io/lock.py), and the checks a run
 makes before it reads data or makes its run directory: a live holder's lock is
 refused with one line naming job, host and pid; a dead one's is taken over; a bad
-``--resume`` target leaves nothing behind. Also: ``ckpt ls`` of a run directory
-whose checkpoints went elsewhere says where. Wall time: about 10 s."""
+``--resume`` target leaves nothing behind; a resumed run logs its first step. Also:
+``ckpt ls`` of a run directory whose checkpoints went elsewhere says where. Wall
+time: about 15 s."""
 
 from __future__ import annotations
 
 import os
-import signal
+import re
 import socket
 import subprocess
 import sys
@@ -108,6 +109,10 @@ def test_train_refuses_a_folder_in_use_and_a_bad_resume_before_anything(tmp_path
     assert run.returncode == 0, run.stderr[-2000:]
     assert "took over a stale lock" in run.stdout and f"pid {proc.pid}" in run.stdout
     assert not (tmp_path / "ck" / LOCK_FILE).exists()  # released at the end
+    # resumed into one more step: that first step has its log line (and memory line)
+    run = _hpcdp(tmp_path, *JOB, "--set", "train.steps=3", "--set", 'run.out_dir="run1"', "--resume", "latest")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert re.search(r"^step +3/3 +loss", run.stdout, re.M) and "memory @ step 3" in run.stdout, run.stdout
     # a --resume target that holds no checkpoint: refused before data and run directory
     (tmp_path / "docs").mkdir()
     run = _hpcdp(tmp_path, "train", "--set", 'run.out_dir="run2"', "--resume", "docs")
