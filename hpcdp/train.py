@@ -225,10 +225,12 @@ def _run_training(cfg: Config, world, model, out, resume, held: list) -> dict:
     writer = MetricsWriter(Path(run_dir) / "metrics.jsonl" if writer_rank else None,
                            total, cfg.run.log_every, out=out)
     floor = ds.info.get("loss_floor")
+    uniform = math.log(ds.n_classes)  # the loss of predicting every class (token) alike
     if writer_rank:
         writer.log(f"run dir: {run_dir}")
         writer.log(f"data: {ds.describe()}" + (f"; loss floor (exact conditional entropy) "
-                                               f"{floor:.4f} nats" if floor is not None else ""))
+                                               f"{floor:.4f} nats, a uniform guess {uniform:.4f}"
+                                               if floor is not None else ""))
         if exact is not None:
             writer.log(exact.describe())
         for lock in held:
@@ -248,7 +250,8 @@ def _run_training(cfg: Config, world, model, out, resume, held: list) -> dict:
         if writer_rank:
             writer.write({"eval": {"step": step, **res}})
             writer.log(f"eval @ step {step}: loss {res['loss']:.4f}  accuracy {res['accuracy']:.4f}"
-                       + (f"  (loss floor {floor:.4f})" if floor is not None else "")
+                       + (f"  (loss floor {floor:.4f}, uniform guess {uniform:.4f}: "
+                          f"{progress(res['loss'], uniform, floor)})" if floor is not None else "")
                        + f"  on {res['n']} {'tokens' if ds.task == 'sequence' else 'samples'}"
                        + f"  weights sha256 {res['weights_sha256']}")
         return res
@@ -321,6 +324,13 @@ def _run_training(cfg: Config, world, model, out, resume, held: list) -> dict:
             comm.Free()
     return {"run_dir": run_dir, "steps": total, "loss": last_loss, "eval": last_eval,
             "stopped_by": ckpt.stopped_by, "checkpoint": str(ckpt.saved_path) if ckpt.saved_path else None}
+
+
+def progress(loss: float, uniform: float, floor: float) -> str:
+    """How far ``loss`` got from a uniform guess towards the floor, in words."""
+    if not (uniform > floor) or not math.isfinite(loss):
+        return "n/a"
+    return f"{100 * (uniform - loss) / (uniform - floor):.0f}% of the way from the uniform guess to the floor"
 
 
 def check_state_fits(cfg, strategy, flat, world) -> None:

@@ -145,7 +145,10 @@ def test_gpt_on_markov_sequences_reports_the_loss_floor(tmp_path):
     summary = run_training(cfg, out=out)
     assert summary["eval"]["loss_floor"] == pytest.approx(1.6671, abs=1e-3)
     assert "loss floor (exact conditional entropy) 1.667" in out.getvalue()
-    assert "(loss floor 1.6671)" in out.getvalue()
+    assert "(loss floor 1.6671, uniform guess 2.7726: " in out.getvalue()  # ln 16: 16 tokens
+    assert "a uniform guess 2.7726" in out.getvalue()
+    loss, floor, uniform = summary["eval"]["loss"], summary["eval"]["loss_floor"], np.log(16)
+    assert f"{100 * (uniform - loss) / (uniform - floor):.0f}% of the way from the uniform guess" in out.getvalue()
     ev = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines() if "eval" in x]
     assert ev[0]["eval"]["n"] == 8 * 32  # 8 test sequences x 32 tokens
 
