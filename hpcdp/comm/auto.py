@@ -15,9 +15,9 @@ byte size and the world size, equal on all ranks.
 
 With a machine profile (``HPCDP_PROFILE``, see docs/scaling.md) the cost model picks
 the allreduce instead, among ring, recursive doubling and the hierarchical allreduce,
-for the node layout it is given (:func:`choose_allreduce` with ``layout``); the lean
-path then stays off for "auto" allreduces (:func:`native_below` is 0), so every
-size is the model's choice.
+for the node layout (hpcdp.comm.collectives asks :func:`hpcdp.comm.cost.fastest_allreduce`;
+this module imports no cost model); the lean path then stays off for "auto" allreduces
+(:func:`native_below` is 0), so every size is the model's choice.
 
 To add an algorithm, add its name to the
 collective's ``ALGORITHMS`` entry and, if auto should pick it, a row to ``TABLE``
@@ -115,12 +115,8 @@ def choose(collective: str, nbytes: int, world_size: int, algorithm: str = "auto
     return rows[-2][1]
 
 
-def choose_allreduce(nbytes: int, world_size: int, algorithm: str = "auto", layout=None) -> str:
-    """:func:`choose` for an allreduce; with ``layout`` ``(profile, nodes, ranks per node)``
-    (hpcdp.comm.hierarchical.auto_layout) the cost model decides what "auto" runs."""
-    if algorithm == "auto" and layout is not None:
-        from hpcdp.costmodel import fastest_allreduce
-        return fastest_allreduce(nbytes, *layout)
+def choose_allreduce(nbytes: int, world_size: int, algorithm: str = "auto") -> str:
+    """:func:`choose` for an allreduce (without a machine profile)."""
     return choose("allreduce", nbytes, world_size, algorithm)
 
 

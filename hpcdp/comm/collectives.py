@@ -145,8 +145,12 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
     if algorithm == "auto" and ctx.size > 1:
         from hpcdp.comm.hierarchical import auto_layout
         layout = auto_layout(ctx, timeout)  # None unless HPCDP_PROFILE names a profile
-    algo = _byte_order(choose_allreduce(nbytes, ctx.size, algorithm, layout), algorithm,
-                       work.dtype, "allreduce")
+    if layout is not None:  # (profile, nodes, ranks per node): the cost model decides
+        from hpcdp.comm.cost import fastest_allreduce
+        algo = fastest_allreduce(nbytes, *layout)
+    else:
+        algo = choose_allreduce(nbytes, ctx.size, algorithm)
+    algo = _byte_order(algo, algorithm, work.dtype, "allreduce")
     call = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
     if ctx.size == 1 or work.size == 0:
         if src is not work:
