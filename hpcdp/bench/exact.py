@@ -71,7 +71,7 @@ class _Contender:
         self.strategy.setup(model.flat, self.opt, world)
         self.exact = None
         if cfg.train.reproducible == "exact":
-            from .mode import ExactMode
+            from hpcdp.exact.mode import ExactMode
             self.exact = ExactMode(cfg.train, self.strategy, world, model.flat)
         self.sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
         self.fetch = lambda idx: (Tensor(ds.x_train[idx], backend=be), Tensor(ds.y_train[idx], backend=be))
