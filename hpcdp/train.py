@@ -38,6 +38,8 @@ from hpcdp.strategies import build_strategy as default_build_strategy
 
 
 def task_of(model_cfg) -> str:
+    """The dataset task a model trains on: "classification" (MLP) or "sequence" (GPT);
+    public for the tools that load a config's data themselves (bench exact, ps study)."""
     return "classification" if model_cfg.kind == "mlp" else "sequence"
 
 
@@ -349,4 +351,4 @@ def main_train(config_path=None, overrides=(), out=None, resume=None, build_stra
     return run_training(cfg, world=world, out=out, resume=resume, build_strategy=build_strategy)
 
 
-__all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train"]
+__all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train", "task_of"]

@@ -288,22 +288,32 @@ def hierarchical_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int =
     return c
 
 
-ALLREDUCE = {"ring": ring_allreduce, "recursive": recursive_allreduce,
-             "hierarchical": hierarchical_allreduce}
+def priced(collective: str = "allreduce") -> dict:
+    """``{algorithm: cost function}`` of the registered algorithms the model prices
+    (hpcdp.comm.algorithms: each algorithm registers its cost function)."""
+    from hpcdp.comm.algorithms import registered
+    return {a.name: a.cost for a in registered(collective) if a.cost is not None}
 
 
 def allreduce(p: Profile, nbytes: int, t: Topology, algorithm: str = "ring",
               itemsize: int = 4) -> tuple[str, Cost]:
-    """(algorithm used, cost); ``"auto"``: the fastest of ring, recursive, hierarchical."""
+    """(algorithm used, cost); ``"auto"``: the fastest of the algorithms the model may
+    pick (registered with ``model_picks``: ring and recursive doubling; hierarchical on 2+
+    nodes of 2+ ranks)."""
+    from hpcdp.comm.algorithms import registered
+
     if algorithm == "auto":
-        names = ["ring", "recursive"] + (["hierarchical"] if t.nodes > 1 and t.per_node > 1 else [])
-        costs = {a: ALLREDUCE[a](p, nbytes, t, itemsize) for a in names}
+        multi = t.nodes > 1 and t.per_node > 1
+        names = [a.name for a in registered("allreduce") if a.cost is not None
+                 and (a.model_picks == "always" or (a.model_picks == "multi_node" and multi))]
+        costs = {a: priced()[a](p, nbytes, t, itemsize) for a in names}
         best = min(names, key=lambda a: costs[a].total_s)
         return best, costs[best]
-    if algorithm not in ALLREDUCE:
+    table = priced()
+    if algorithm not in table:
         raise ValueError(f"cost model: allreduce algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(ALLREDUCE)}, auto")
-    return algorithm, ALLREDUCE[algorithm](p, nbytes, t, itemsize)
+                         f"{', '.join(table)}, auto")
+    return algorithm, table[algorithm](p, nbytes, t, itemsize)
 
 
 def fastest_allreduce(nbytes: int, profile, nodes: int, per_node: int) -> str:
@@ -357,4 +367,4 @@ def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: i
 __all__ = ["Profile", "Link", "Topology", "Cost", "load_profile", "profile_from_dict",
            "available_profiles", "allreduce", "ring_allreduce", "recursive_allreduce",
            "hierarchical_allreduce", "reduce_scatter", "all_gather", "ps_push_pull",
-           "fastest_allreduce", "SEGMENT_BYTES", "PROFILE_DIR"]
+           "fastest_allreduce", "priced", "SEGMENT_BYTES", "PROFILE_DIR"]

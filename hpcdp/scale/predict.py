@@ -90,8 +90,8 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
     hier = M.hierarchical_crossover(profile, bucket, per_node, ranks, wl.itemsize)
     sizes = [1 << k for k in range(10, 29, 2)]
     top = CM.Topology.of(max(ranks), per_node)
-    curve = {a: [CM.ALLREDUCE[a](profile, s, top, wl.itemsize).total_s for s in sizes]
-             for a in ("ring", "recursive", "hierarchical")}
+    curve = {a: [CM.priced()[a](profile, s, top, wl.itemsize).total_s for s in sizes]
+             for a in CM.priced()}
     return {
         "profile": profile.name, "workload": wl.name, "params": wl.params,
         "buckets": wl.buckets, "batch_per_rank": batch, "strong_batch": strong_batch,

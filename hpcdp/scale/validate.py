@@ -70,10 +70,10 @@ def collective_points(profile, bench: dict, n: int, per_node: int, cores: int,
     pts = []
     for row in bench["rows"]:
         algo = row["algorithm"]
-        if algo not in CM.ALLREDUCE:
+        if algo not in CM.priced():
             continue
         measured = min(row["samples_us"]) * 1e-6
-        pred = CM.ALLREDUCE[algo](profile, row["size"], topo, 4).total_s
+        pred = CM.priced()[algo](profile, row["size"], topo, 4).total_s
         pts.append({"kind": "collective", "what": f"{algo} {row['size']} B", "algorithm": algo,
                     "ranks": n, "bytes": row["size"], "measured_s": measured, "pred_s": pred,
                     "error": measured / pred - 1.0,
