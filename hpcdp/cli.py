@@ -81,10 +81,17 @@ def main(argv=None) -> int:
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR
     import importlib
 
+    from hpcdp.launch import ChildFailed
+
     try:
         return importlib.import_module(command_module(argv[0])).main(argv[1:]) or 0
     except (ValueError, FileNotFoundError) as e:  # ConfigError, DataError and setup errors
         return _user_error(e)
+    except ChildFailed as e:  # a job a tool launched failed: its command and output's tail
+        if os.environ.get("HPCDP_TRACEBACK"):
+            raise
+        print(f"hpcdp {argv[0]}: {e}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -187,6 +187,33 @@ def test_no_private_name_is_imported_from_another_part():
     assert not bad, "private names used across parts (add a public hook there):\n" + "\n".join(bad)
 
 
+def test_no_private_name_of_another_part_is_used_through_its_module():
+    """``import hpcdp.x.y as m`` / ``from hpcdp.x import y`` then ``m._name`` counts as well."""
+    files = sorted(PKG.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    bad = []
+    for f in files:
+        me = module_name(f)
+        aliases = {}
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in modules and a.asname:
+                        aliases[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hpcdp"):
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in modules:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                target = aliases[node.value.id]
+                if part_of(target) != part_of(me) and (me, target) not in PENDING:
+                    bad.append(f"{f.relative_to(ROOT)}:{node.lineno}: {me} uses {target}.{node.attr}")
+    assert not bad, "private names used across parts (add a public hook there):\n" + "\n".join(bad)
+
+
 def test_the_rules_see_lazy_relative_and_package_imports():
     """The walker finds imports inside functions, relative ones and ``from pkg import mod``."""
     found = {(m, t) for m, t, _, _ in edges()}
