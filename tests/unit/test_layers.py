@@ -27,6 +27,9 @@ PENDING = {
     ("hpcdp.data.batches", "hpcdp.exact.batches"),
     ("hpcdp.exact.mode", "hpcdp.step"),
 }
+# Parts the layer table names that the other half adds (hpcdp/config_error.py); to be
+# emptied with PENDING.
+PENDING_PARTS = {"config_error"}
 PKG = ROOT / "hpcdp"
 DOC = ROOT / "docs" / "architecture.md"
 
@@ -106,7 +109,7 @@ def test_every_part_of_the_package_is_in_the_layer_table():
     missing = sorted(parts - set(layers))
     assert not missing, (f"parts of hpcdp missing from the layer table of {DOC.name}: {missing}; "
                          "add each to the layer it belongs to")
-    gone = sorted(set(layers) - parts)
+    gone = sorted(set(layers) - parts - PENDING_PARTS)
     assert not gone, f"the layer table of {DOC.name} names parts that do not exist: {gone}"
 
 
