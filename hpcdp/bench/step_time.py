@@ -335,7 +335,7 @@ def main(argv=None) -> int:
           + (f" (were set: {', '.join(cleared)})" if cleared else " (were not set)"), flush=True)
     results = []
     for t in threads:
-        cmd = [sys.executable, "-m", "hpcdp.bench.step", "--child", str(t), "--models", ",".join(models),
+        cmd = [sys.executable, "-m", "hpcdp.bench.step_time", "--child", str(t), "--models", ",".join(models),
                "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
         proc = subprocess.run(cmd, env=_child_env(t), capture_output=True, text=True)
         if proc.returncode != 0:

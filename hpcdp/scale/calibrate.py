@@ -10,7 +10,7 @@ What is measured, and what each fit gives (docs/scaling.md has the reasoning):
    time per parameter for the config's optimizer;
 3. one-rank training steps of the config at three batch sizes (``B/2, B, 2B``): the
    line ``step_overhead_s + P * optimizer_s_per_param + B * flops_per_sample / flops_per_s``;
-4. the compute-only job (:mod:`hpcdp.bench.compute_only`) at each rank count of
+4. the compute-only job (:mod:`hpcdp.scale.compute_only`) at each rank count of
    ``--ranks`` (one node): ``contention[k] = t(k) / t(1)``.
 
 Every measurement is a median or best of interleaved repeats; the profile records the

@@ -24,7 +24,7 @@ Phi = model bytes and N ranks, all workers, it is about:
 - ring allreduce: every rank moves 2 * 2 (N-1)/N Phi (sends and receives 2(N-1)/N Phi).
 
 Run: ``hpcdp scale --study staleness`` / ``--study ps-bytes`` or
-``python -m hpcdp.bench.ps_study staleness|bytes [--ranks N] [--out DIR]``.
+``python -m hpcdp.scale.ps_study staleness|bytes [--ranks N] [--out DIR]``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""hpcdp.costmodel against hand-computed cases (no MPI)."""
+"""The cost model (hpcdp.comm.cost: collectives; hpcdp.scale.model: steps) against hand-computed cases (no MPI)."""
 
 import math
 
