@@ -160,6 +160,8 @@ class Topology:
 
 
 # -- costs -----------------------------------------------------------------------------
+# software_cost, debug_ctrl_cost and ring_phases_cost are the building blocks a new
+# algorithm's cost function (registered in hpcdp.comm.algorithms) is written with.
 
 @dataclass
 class Cost:
@@ -191,21 +193,21 @@ def _add2(a, b):
     return (a[0] + b[0], a[1] + b[1])
 
 
-def _software(p: Profile, group: int, algorithm: str = "ring", calls: int = 1) -> float:
+def software_cost(p: Profile, group: int, algorithm: str = "ring", calls: int = 1) -> float:
     """hpcdp's per-call cost: request setup (plus, in debug mode, 2(G-1) fingerprint
     messages per call)."""
     if group <= 1:
         return 0.0
     call = p.call_s.get(algorithm, p.call_s["ring"])
-    return calls * (call + _ctrl(p, group))
+    return calls * (call + debug_ctrl_cost(p, group))
 
 
-def _ctrl(p: Profile, group: int) -> float:
+def debug_ctrl_cost(p: Profile, group: int) -> float:
     """Debug mode's fingerprint exchange on a group of ``group`` ranks (0 otherwise)."""
     return 2 * (group - 1) * p.ctrl_msg_s if p.debug else 0.0
 
 
-def _ring(p: Profile, nbytes: int, G: int, kind: str, phases, share: float = 1.0,
+def ring_phases_cost(p: Profile, nbytes: int, G: int, kind: str, phases, share: float = 1.0,
           itemsize: int = 4, calls: int = 1, call_group: int | None = None) -> Cost:
     """One ring collective over G ranks whose slowest hop is a ``kind`` link. The rank
     counted is G-1 (the smallest chunk under the shard rule: the most bytes)."""
@@ -219,7 +221,7 @@ def _ring(p: Profile, nbytes: int, G: int, kind: str, phases, share: float = 1.0
     c = Cost(latency_s=msgs * link.alpha_s,
              bandwidth_s=max(sent, recv) * link.beta_s_per_byte * share,
              reduce_s=rs_recv * p.gamma_s_per_byte,
-             software_s=_software(p, call_group or G, "ring", calls) + msgs * p.msg_s)
+             software_s=software_cost(p, call_group or G, "ring", calls) + msgs * p.msg_s)
     setattr(c, kind, (sent, recv))
     return c
 
@@ -229,15 +231,15 @@ def _flat_kind(t: Topology) -> str:
 
 
 def ring_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
-    return _ring(p, nbytes, t.ranks, _flat_kind(t), ("rs", "ag"), itemsize=itemsize)
+    return ring_phases_cost(p, nbytes, t.ranks, _flat_kind(t), ("rs", "ag"), itemsize=itemsize)
 
 
 def reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
-    return _ring(p, nbytes, t.ranks, _flat_kind(t), ("rs",), itemsize=itemsize)
+    return ring_phases_cost(p, nbytes, t.ranks, _flat_kind(t), ("rs",), itemsize=itemsize)
 
 
 def all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
-    return _ring(p, nbytes, t.ranks, _flat_kind(t), ("ag",), itemsize=itemsize)
+    return ring_phases_cost(p, nbytes, t.ranks, _flat_kind(t), ("ag",), itemsize=itemsize)
 
 
 def recursive_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
@@ -255,7 +257,7 @@ def recursive_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4)
     fold_kind = "inter" if multi and per % 2 else "intra"
     sent, recv = V.recursive_bytes(nbytes, N, 1 if fold else N - 1)  # a rank on the longest path
     exchange = max(sent, recv) / (rounds + fold)   # bytes of one exchange, each way
-    c = Cost(software_s=_software(p, N, "recursive"),
+    c = Cost(software_s=software_cost(p, N, "recursive"),
              reduce_s=(rounds + fold) * nbytes * p.gamma_s_per_byte)
     for kind, k, hops in (("intra", intra_rounds, intra_rounds), ("inter", rounds - intra_rounds,
                                                                    rounds - intra_rounds),
@@ -278,12 +280,12 @@ def hierarchical_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int =
     n = nbytes // itemsize
     chunk = V.hierarchical_bytes(n, M, L, M - 1, L - 1, itemsize)  # counts, for the check below
     share = max(1.0, L / p.nics_per_node)
-    c = (_ring(p, nbytes, L, "intra", ("rs",), itemsize=itemsize)
-         + _ring(p, (n // L) * itemsize, M, "inter", ("rs", "ag"), share, itemsize)
-         + _ring(p, nbytes, L, "intra", ("ag",), itemsize=itemsize))
+    c = (ring_phases_cost(p, nbytes, L, "intra", ("rs",), itemsize=itemsize)
+         + ring_phases_cost(p, (n // L) * itemsize, M, "inter", ("rs", "ag"), share, itemsize)
+         + ring_phases_cost(p, nbytes, L, "intra", ("ag",), itemsize=itemsize))
     # the outer request's own setup (the profile's "hierarchical" call cost, 0 if not
     # measured: the phases' calls dominate), and in debug mode its fingerprints to all N
-    c.software_s += p.call_s.get("hierarchical", 0.0) + _ctrl(p, t.ranks)
+    c.software_s += p.call_s.get("hierarchical", 0.0) + debug_ctrl_cost(p, t.ranks)
     c.intra, c.inter = chunk["intra"], chunk["inter"]
     return c
 
@@ -345,7 +347,7 @@ def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: i
     peers = N - 1
     local = t.per_node - 1
     share = max(1.0, min(K, t.per_node) / p.nics_per_node)
-    c = Cost(software_s=_software(p, N, "ps", calls=2), reduce_s=push[1] * p.gamma_s_per_byte)
+    c = Cost(software_s=software_cost(p, N, "ps", calls=2), reduce_s=push[1] * p.gamma_s_per_byte)
     for phase in (push, pull):
         shard = max(phase) / peers  # what the server exchanges with one worker
         slowest = (0.0, 0.0, 0.0)
@@ -367,4 +369,5 @@ def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: i
 __all__ = ["Profile", "Link", "Topology", "Cost", "load_profile", "profile_from_dict",
            "available_profiles", "allreduce", "ring_allreduce", "recursive_allreduce",
            "hierarchical_allreduce", "reduce_scatter", "all_gather", "ps_push_pull",
-           "fastest_allreduce", "priced", "SEGMENT_BYTES", "PROFILE_DIR"]
+           "fastest_allreduce", "priced", "software_cost", "debug_ctrl_cost", "ring_phases_cost",
+           "SEGMENT_BYTES", "PROFILE_DIR"]
