@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.config import Config, ConfigError, dump_toml
+from hpcdp.config import Config, dump_toml
+from hpcdp.config_error import ConfigError
 from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
 from hpcdp.exact.digest import weights_sha256
@@ -114,7 +115,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
     """
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
-    from hpcdp.failure.agree import on_root, stage
+    from hpcdp.failure.setup_outcome import on_root, stage
     from hpcdp.failure.skew import schedule_differences, schedule_text
     from hpcdp.failure.steps import StepChecks, release
     from hpcdp.nn.padding import slice_weight
@@ -126,7 +127,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
     # The memory figures count what this process holds: free an earlier in-process
     # run's cyclic garbage first (one collection per run, milliseconds).
     gc.collect()
-    # Each setup stage ends with every rank agreeing (hpcdp.failure.agree): an error on
+    # Each setup stage ends with every rank agreeing (hpcdp.failure.setup_outcome): an error on
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout
     with stage(world.comm, "setup", timeout=setup_s):
@@ -331,7 +332,7 @@ def main_train(config_path=None, overrides=(), out=None, resume=None) -> dict:
     """``hpcdp train``: load the config (None: built-in default) and train. Every rank
     loads its own config; they must agree (hpcdp.failure.skew) before anything else."""
     from hpcdp.config import CommConfig, load_config
-    from hpcdp.failure.agree import stage
+    from hpcdp.failure.setup_outcome import stage
     from hpcdp.failure.skew import config_differences, config_text
     from hpcdp.world import World
 

@@ -40,9 +40,9 @@ import time
 
 import numpy as np
 
+from hpcdp.data.micro import rank_micro_batches
 from hpcdp.step import LocalBatch, StepResult, micro_pass
 
-from .batches import plan_micro_batches
 from .fixed import Codec, band, exponents_of, quantized_exponent
 from .reducers import build_reducer
 
@@ -52,6 +52,7 @@ class ExactMode:
         from hpcdp import comm as hcomm
 
         self.micro = int(cfg_train.exact_micro_batch)
+        self.chosen = bool(getattr(cfg_train, "exact_micro_chosen", False))
         self.strategy, self.world, self.flat = strategy, world, flat
         self.ledger = getattr(world, "ledger", None)
         self._hcomm = hcomm
@@ -73,15 +74,17 @@ class ExactMode:
         self._stats: dict = {}
 
     def describe(self) -> str:
-        return (f"reproducible = exact: micro-batches of {self.micro} samples, gradients summed in "
+        how = (" (train.exact_micro_batch unset: chosen from the global batch; set it to choose)"
+               if self.chosen else "")
+        return (f"reproducible = exact: micro-batches of {self.micro} samples{how}, gradients summed in "
                 f"int64 fixed point at one agreed scale; weights are bit-identical for any rank count")
 
     # -- the batch ---------------------------------------------------------------
     def local_batch(self, sampler, step0: int) -> LocalBatch:
-        """This rank's whole micro-batches of 0-based step ``step0`` (batches.py)."""
-        g = sampler.global_indices(step0)
-        micro, _ = plan_micro_batches(g, self.micro, self.strategy.dp_size, self.strategy.dp_rank)
-        return LocalBatch(micro, len(g), filler=g[:1], step=step0)
+        """This rank's whole micro-batches of 0-based step ``step0`` (hpcdp.data.micro)."""
+        s = self.strategy
+        micro, n = rank_micro_batches(sampler, step0, s.dp_size, s.dp_rank, exact_micro=self.micro)
+        return LocalBatch(micro, n, filler=sampler.global_indices(step0)[:1], step=step0)
 
     # -- the step -------------------------------------------------------------------
     def train_step(self, model, strategy, batch: LocalBatch, fetch, *, after_backward=None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcdp.config_parallel import ConfigError
+from hpcdp.config_error import ConfigError
 
 from .fixed import quantized_exponent
 

@@ -11,7 +11,7 @@
 - index.py       index.h5: where every tensor lives, the run's state
 - reader.py      read element ranges, verifying checksums block by block
 - commit.py      atomic directory protocol, marker, latest, keep, --resume targets
-- agree.py       ranks agree on a save/load outcome (no hangs)
+- outcome.py     ranks agree on a save/load outcome (no hangs)
 - save.py, load.py       one save / one restore across ranks
 - runstate.py    config, step, data position, optimizer scalars
 - background.py  the asynchronous writer thread;  stop.py  SIGTERM/SIGUSR1

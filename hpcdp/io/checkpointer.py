@@ -98,7 +98,7 @@ class Checkpointer:
             self.log = log
         if not self.resume_target:
             return 0
-        from .agree import on_root
+        from .outcome import on_root
         from .commit import resolve
         from .load import load
 

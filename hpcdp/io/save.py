@@ -1,6 +1,6 @@
 """One save, from host snapshots to a committed checkpoint (every rank calls it).
 
-The phases and who runs them (each ends with an agreement, see agree.py, so a
+The phases and who runs them (each ends with an agreement, see outcome.py, so a
 failure anywhere stops every rank with the same message instead of a hang)::
 
     rank 0      prepare <root>/.step-S.tmp/                      (commit.prepare)
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .agree import all_ok, allgather_rows, on_root
+from .outcome import all_ok, allgather_rows, on_root
 from .errors import CheckpointError
 from .commit import commit, prepare, prune, tmp_dir
 from .failpoint import failpoint
@@ -120,7 +120,7 @@ def rank_scalar_arrays(comm, scalars: dict, *, timeout: float = 300.0) -> dict:
     table = np.zeros((size, len(keys)), dtype=np.float64)
     table[rank] = [float(scalars[k]) for k in keys]
     if size > 1 and keys:
-        from .agree import allreduce_gently
+        from .outcome import allreduce_gently
         allreduce_gently(table.reshape(-1), comm, "sum", timeout)
     return {k: table[:, i].copy() for i, k in enumerate(keys)}
 

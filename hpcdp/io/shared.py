@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 
-from .agree import allgather_rows
+from .outcome import allgather_rows
 from .checksum import block_elements, submit_digests
 from .errors import CheckpointError
 from .failpoint import failpoint

@@ -186,18 +186,6 @@ class DDP(ReplicatedCheckpoint, Strategy):
                               + "; ".join(parts) + f"); {hint}")
 
 
-def expected_step_bytes(plan, world_size: int, rank: int, itemsize: int) -> tuple[int, int]:
-    """Gradient bytes (sent, received) of one DDP step on ``rank`` with ring allreduce:
-    the sum over buckets of :func:`hpcdp.comm.volume.ring_allreduce_bytes`."""
-    from hpcdp.comm.volume import ring_allreduce_bytes
-
-    sent = recv = 0
-    for b in plan.buckets:
-        s, r = ring_allreduce_bytes(b.size, world_size, rank, itemsize)
-        sent, recv = sent + s, recv + r
-    return sent, recv
-
-
 def build(parallel_cfg, world=None, comm_cfg=None) -> DDP:
     """Construct from a ParallelConfig (its ``[parallel.ddp]`` options) and the
     ``[comm]`` section (timeout, debug)."""
@@ -209,4 +197,4 @@ def build(parallel_cfg, world=None, comm_cfg=None) -> DDP:
     return DDP(opts, **kw)
 
 
-__all__ = ["DDP", "DDPConfig", "ReplicaMismatch", "build", "expected_step_bytes", "MIB"]
+__all__ = ["DDP", "DDPConfig", "ReplicaMismatch", "build", "MIB"]

@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from hpcdp.config_parallel import ConfigError, ZeroConfig
+from hpcdp.config_error import ConfigError
+from hpcdp.config_parallel import ZeroConfig
 from hpcdp.io.protocol import ShardedCheckpoint
 from hpcdp.ownership import group_shard, owned_ranges
 from hpcdp.strategies.base import Strategy
