@@ -142,9 +142,6 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
                           timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
         strategy = build_strategy(cfg.parallel, world, cfg.comm)
-        if cfg.train.reproducible == "exact":  # ZeRO 2-3 with integer reductions (hpcdp/exact/zero.py)
-            from hpcdp.exact.zero import exact_strategy
-            strategy = exact_strategy(strategy)
         if model is None:  # layout and init recipes only: nothing allocated yet
             from hpcdp.nn import build_model
             model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device, storage=())
@@ -249,7 +246,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
                                        for idx in batch.local.micro]
             # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
             loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
-                                   checks=checks.at(step), exact=exact).loss
+                                   checks=checks.at(step)).loss
             stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
             stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
             dt = time.perf_counter() - t0

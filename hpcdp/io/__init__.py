@@ -6,6 +6,7 @@
 - ranges.py      range arithmetic: intersect, split at parameter boundaries, coverage
 - checksum.py    SHA-256 per 4 MiB block
 - h5.py          deterministic HDF5 files, raw pwrite/pread of contiguous datasets
+- layouts.py     the layout registry (checkpoint.layout -> its class)
 - shardfile.py   layout "split": one file per rank
 - shared.py      layout "shared": one file, parallel HDF5 (h5py mpio)
 - index.py       index.h5: where every tensor lives, the run's state

@@ -65,8 +65,11 @@ def test_unsupported_strategy_is_an_error_before_step_1():
     from hpcdp.strategies.base import SingleRank
     from hpcdp.world import World
 
-    class Other(SingleRank):
+    class Other(SingleRank):  # a strategy whose collectives cannot carry a gradient codec
         name = "mine"
+
+        def set_grad_codec(self, codec):
+            raise NotImplementedError("its reductions are float only")
 
     m = MLP([4, 3], seed=0)
     strategy = Other()

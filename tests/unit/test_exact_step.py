@@ -36,9 +36,8 @@ def make_strategy(kind):
         from hpcdp.strategies.ddp import DDP, DDPConfig
         return DDP(DDPConfig(bucket_mb=0.002))
     from hpcdp.config_parallel import ZeroConfig
-    from hpcdp.exact.zero import exact_strategy
     from hpcdp.strategies.zero import make_zero
-    return exact_strategy(make_zero(ZeroConfig(stage=int(kind[-1]), bucket_mb=0.002), timeout=60.0))
+    return make_zero(ZeroConfig(stage=int(kind[-1]), bucket_mb=0.002), timeout=60.0)
 
 
 def run(nudge=None, steps=4, kind="none"):
@@ -57,7 +56,7 @@ def run(nudge=None, steps=4, kind="none"):
             nudge(exact, step)
         batch = exact.local_batch(sampler, step)
         assert len(batch.micro) == 4  # one rank: every micro-batch of the step
-        train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(Y[i])), exact=exact)
+        train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(Y[i])))
     params = strategy.gather_full_params() if hasattr(strategy, "gather_full_params") else model.flat.data
     exact.close()
     strategy.close()
@@ -102,7 +101,7 @@ def test_a_nonfinite_gradient_makes_its_tensor_nan():
             model.flat.grad[poisoned.offset] = np.inf
     X = np.random.default_rng(0).integers(0, 11, size=(8, 6))
     batch = exact.local_batch(GlobalSampler(8, 8, seed=0), 0)
-    train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(X[i])), exact=exact,
+    train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(X[i])),
                after_backward=after_backward)
     g = model.flat.grad
     assert np.isnan(g[poisoned.offset:poisoned.offset + poisoned.size]).all()

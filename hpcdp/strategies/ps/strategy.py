@@ -142,9 +142,44 @@ class ParameterServer(Strategy):
             self.worker.poll()
             self.hook_polls += 1
 
+    # -- the gradient codec (hpcdp/strategies/codec.py) -------------------
+    def set_grad_codec(self, codec) -> None:
+        """Synchronous mode only (every rank, servers included): workers encode each
+        micro-batch's gradient into one payload and push payload shards behind the
+        codec's header; servers sum them with ``codec.aggregate``."""
+        if self.cfg.mode != "sync":
+            raise NotImplementedError("the asynchronous parameter server cannot carry a gradient codec "
+                                      "(which updates a gradient meets depends on timing)")
+        if not isinstance(self.flat.data, np.ndarray):
+            raise NotImplementedError("the parameter server runs on host buffers only")
+        from hpcdp.strategies.codec import FullGradPayload
+
+        self.grad_codec = codec
+        if self.server is not None:
+            self.server.codec = codec
+            self.server.offset = self.roles.shard(self.flat.numel, self.server.index)[0]
+        if self.worker is not None:
+            self._payload = FullGradPayload(self.flat, codec)
+            self.worker.codec, self.worker.payload = codec, self._payload.payload
+
+    def zero_grad(self) -> None:
+        self.flat.zero_grad()
+        if self.grad_codec is not None:
+            self._payload.zero()
+
+    def begin_backward(self, last_micro: bool = True) -> None:
+        if self.grad_codec is not None:
+            self._payload.begin_micro()
+
     # -- the step ---------------------------------------------------------
-    def finish_gradients(self) -> None:
-        """Nothing to wait for: pushes go out in step(), after the lr is known."""
+    def finish_gradients(self) -> bool | None:
+        """Nothing to wait for: pushes go out in step(), after the lr is known. (A
+        codec: the last micro-batch is encoded, and the codec decides whether the
+        pass set is usable before anything is pushed.)"""
+        if self.grad_codec is None:
+            return None
+        self._payload.fold()
+        return self.grad_codec.finish()
 
     def step(self) -> None:
         t0 = time.perf_counter()

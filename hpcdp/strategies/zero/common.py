@@ -138,16 +138,66 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
 
     def _reduce_grads(self, b: int):
         """The engine's launch: reduce-scatter group b's buffer in place (zeros if the
-        group got no gradient in this backward)."""
+        group got no gradient in this backward). With a gradient codec the buffer is
+        encoded into a payload-typed group buffer first and released at once; that
+        buffer is reduce-scattered."""
         self._bind_grad_buffer(b)
-        return self._reduce_scatter(self._gbuf[b])
+        if self.grad_codec is None:
+            return self._reduce_scatter(self._gbuf[b])
+        bk = self.plan.buckets[b]
+        g = self._gbuf[b]
+        payload = np.zeros(bk.size, dtype=self.grad_codec.payload_dtype)
+        self.grad_codec.encode(g if isinstance(g, np.ndarray) else self.backend.to_numpy(g), payload,
+                               lo=bk.offset)
+        self.flat.release(bk.offset, bk.size, grad=True)  # the float buffer goes now
+        self._gbuf[b], self._gpay[b] = None, payload
+        return self._reduce_scatter(payload)
 
     def _grads_reduced(self, b: int) -> None:
         """The engine's on_done: add this rank's chunk into its shard, free the buffer."""
+        if self.grad_codec is not None:  # payloads add exactly in any order (integers)
+            self._shard_of(self.pshard_payload, b)[...] += self._chunk_view(self._gpay[b], b)
+            self._gpay[b] = None
+            return
         self.backend.add_(self._shard_of(self.gshard, b), self._chunk_view(self._gbuf[b], b))
         bk = self.plan.buckets[b]
         self.flat.release(bk.offset, bk.size, grad=True)
         self._gbuf[b] = None
+
+    # -- the gradient codec (hpcdp/strategies/codec.py) ----------------------------------
+    def set_grad_codec(self, codec) -> None:
+        """Stages 2 and 3: each micro-batch's group buffers are encoded before their
+        reduce-scatter; this rank's chunks add into a payload shard (``Psi / N``
+        payload elements), decoded into the gradient shard after ``codec.finish()``.
+        (Stage 1 keeps a full gradient: its own override.)"""
+        self.grad_codec = codec
+        self.pshard_payload = np.zeros(self.shard_numel, dtype=codec.payload_dtype)
+        self._gpay = [None] * len(self.plan.buckets)
+
+    def _codec_zero(self) -> None:
+        if self.grad_codec is not None:
+            self.pshard_payload.fill(0)
+
+    def _codec_finish(self) -> bool | None:
+        """After the last micro-batch's reduce-scatters (stages 2, 3): the codec's
+        verdict, and the payload shard decoded into the gradient shard if usable."""
+        codec = self.grad_codec
+        if codec is None:
+            return None
+        ok = codec.finish()
+        if ok:
+            for b in self.mine:
+                lo, n = self.mine[b]
+                if not n:
+                    continue
+                ints, target = self._shard_of(self.pshard_payload, b), self._shard_of(self.gshard, b)
+                if isinstance(target, np.ndarray):
+                    codec.decode(ints, target, lo=lo)
+                else:
+                    host = np.empty(n, dtype=self.flat.dtype)
+                    codec.decode(ints, host, lo=lo)
+                    self.backend.copy_(target, self.backend.asarray(host, self.flat.dtype))
+        return ok
 
     def _update(self, params, grads) -> None:
         """One optimizer update of this rank's pieces, decided alike on every rank.
