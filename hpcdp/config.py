@@ -297,11 +297,6 @@ def _check_exact_train(train) -> None:
 def _check_exact_config(cfg) -> None:
     """Across sections: strategies that cannot be exact."""
     strategy = cfg.parallel.strategy
-    if strategy == "zero" and getattr(cfg.optim, "clip_grad_norm", 0.0):
-        raise ConfigError("optim.clip_grad_norm: under ZeRO the gradient norm is summed in floats over "
-                          "the ranks' shards, which differs with the rank count; exact mode cannot clip "
-                          "there yet: set optim.clip_grad_norm = 0, use parallel.strategy = 'ddp', or "
-                          "train.reproducible = 'fast'")
     if strategy == "ps":
         ps = cfg.parallel.sub("ps")
         if ps is not None and getattr(ps, "mode", "sync") == "async":

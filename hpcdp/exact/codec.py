@@ -25,6 +25,11 @@ alike on every worker:
   scale is always the one of this step's agreed max (an accepted guess equals it),
   so a resumed run needs no extra state.
 
+The clipping norm (``optim.clip_grad_norm`` under ZeRO, where each rank holds a
+shard of the gradient): :meth:`sum_squares` puts every element's square on one
+fixed-point grid and sums int64 over the shards and ranks, so the norm, and with it
+the clipped update, is the same bits for any rank count.
+
 The parameter server's wire: a push carries the per-tensor exponents in front of
 the payload shard (:meth:`header`); a server checks that every worker used the
 same ones, sums the integers and decodes once (:meth:`aggregate`).
@@ -138,6 +143,25 @@ class IntegerCodec:
         out = np.empty(total.size, dtype=dtype)
         self.fixed.decode(total, out, lo=lo)
         return out
+
+    # -- the clipping norm ------------------------------------------------------------
+    def sum_squares(self, pieces, comm=None, numel: int | None = None) -> float:
+        """The squared L2 norm of the decoded gradient, whatever shards ``pieces``
+        (this rank's, host arrays) and the other ranks of ``comm`` hold: every square
+        on one fixed-point grid (fixed.norm_scale), int64 sums in any order, one
+        conversion back. NaN if any element is not finite."""
+        from .fixed import norm_scale, square_sum
+
+        s = norm_scale(self.fixed.exps, numel if numel is not None else int(self.fixed.seg_len.sum()))
+        acc = np.zeros(2, dtype=np.int64)   # (sum of squares, non-finite elements seen)
+        for g in pieces:
+            if g.size:
+                total, finite = square_sum(np.ascontiguousarray(g), s)
+                acc[0] += total
+                acc[1] += not finite
+        if comm is not None and comm.Get_size() > 1:
+            self._hcomm.allreduce(acc, comm=comm, op="sum", ledger=self.ledger)
+        return float("nan") if acc[1] else math.ldexp(float(acc[0]), -s)
 
     def step_stats(self) -> dict:
         out, self._stats = self._stats, {}

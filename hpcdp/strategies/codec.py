@@ -21,6 +21,8 @@ The protocol (duck-typed; :class:`GradCodec` documents it)::
                                        # collective of its own among the workers)
     codec.decode(payload, out, lo)     # out = the summed gradient (ok only)
     codec.header_size / header() / aggregate(...)   # the parameter server's wire
+    codec.sum_squares(pieces, comm, numel)           # optional: the clipping norm of
+                                                     # a sharded gradient (ZeRO)
 
 What a strategy does with one installed (each in its own file):
 

@@ -26,13 +26,10 @@ EXACT = {"reproducible": "exact", "steps": 5, "epochs": 0, "global_batch": 12}
      r"parallel\.ps\.aggregate: exact mode sums integers"),
     ({"reproducible": "bitwise"}, {}, r"train\.reproducible: 'bitwise' is not allowed; choose one of "
                                       r"'fast', 'exact'"),
-    ({"exact_micro_batch": 3}, {"strategy": "zero", "zero": {"stage": 2}},
-     r"optim\.clip_grad_norm: under ZeRO the gradient norm is summed in floats"),
 ])
 def test_bad_exact_configs_are_clear_errors(train, parallel, message):
-    optim = {"clip_grad_norm": 1.0} if parallel.get("strategy") == "zero" else {}
     with pytest.raises(ConfigError, match=message):
-        config_from_dict({"train": {**EXACT, **train}, "parallel": parallel, "optim": optim})
+        config_from_dict({"train": {**EXACT, **train}, "parallel": parallel})
 
 
 def test_exact_micro_batch_is_chosen_when_unset_and_an_explicit_one_wins():

@@ -209,17 +209,25 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         ``optimizer.step``, ``train.on_nonfinite``) on EVERY rank by writing NaN into
         this rank's first gradient element: then all ranks stop, or all skip the
         update, although only one rank's shard held the bad value. The pieces go
-        through ``optimizer.step`` as one update (``more=``: one step count)."""
+        through ``optimizer.step`` as one update (``more=``: one step count).
+        With a gradient codec that offers ``sum_squares`` (exact mode) and clipping
+        on, the codec computes the global squared norm instead (a fixed-point sum,
+        the same bits for any rank count)."""
         import math
 
         from hpcdp.optim.clip import allreduce_sum, clip_factor, sum_squares
 
         be = self.backend
-        ss = sum_squares(be, grads)
-        if self.dp_size > 1:
-            ss = allreduce_sum(self.comm)(ss)
-        norm = math.sqrt(ss) if ss >= 0 else float("nan")
         max_norm = getattr(self.optimizer, "clip_grad_norm", 0.0)
+        exact_norm = getattr(self.grad_codec, "sum_squares", None) if max_norm else None
+        if exact_norm is not None:  # the codec's norm: the same for any split over ranks
+            host = [g if isinstance(g, np.ndarray) else be.to_numpy(g) for g in grads]
+            ss = exact_norm(host, self.comm if self.dp_size > 1 else None, self.flat.numel)
+        else:
+            ss = sum_squares(be, grads)
+            if self.dp_size > 1:
+                ss = allreduce_sum(self.comm)(ss)
+        norm = math.sqrt(ss) if ss >= 0 else float("nan")
         if max_norm:
             self.grad_norm = norm
             c = clip_factor(norm, max_norm) if math.isfinite(norm) else 1.0
