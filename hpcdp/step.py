@@ -43,34 +43,9 @@ marked places below, not into callers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
-import numpy as np
-
-
-@dataclass
-class LocalBatch:
-    """This rank's part of one global batch.
-
-    ``micro``: index arrays (into the dataset), one per micro-batch, in order; any
-    may be empty. ``global_samples``: samples in the global batch (all ranks).
-    ``filler``: indices of one sample that an empty micro-batch runs with weight 0.
-    ``weights``: each micro-batch's share of the global mean loss, when it is not
-    ``len(idx) / global_samples`` (padded sequences: counted tokens over the global
-    batch's, hpcdp.nn.padding).
-    ``step``: the 0-based optimizer step; with the dataset indices it keys every
-    random draw (dropout) of the step (hpcdp/nn/streams.py).
-    """
-
-    micro: Sequence[np.ndarray]
-    global_samples: int
-    filler: np.ndarray
-    weights: Sequence[float] | None = None
-    step: int = 0
-
-    @property
-    def samples(self) -> int:
-        return int(sum(len(idx) for idx in self.micro))
+from hpcdp.data.micro import LocalBatch  # the batch record lives with the data (re-exported)
 
 
 @dataclass

@@ -21,10 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcdp.step import LocalBatch
-
+from .micro import LocalBatch, rank_micro_batches
 from .prefetch import Prefetcher
-from .micro import rank_micro_batches
 from .sampler import make_sampler
 
 

@@ -1,4 +1,5 @@
-"""Micro-batches of one step: which samples each micro-batch of this rank holds.
+"""Micro-batches of one step: which samples each micro-batch of this rank holds, and
+:class:`LocalBatch`, the record of them that :func:`hpcdp.step.train_step` runs.
 
 Two ways to cut, one place (:func:`rank_micro_batches`):
 
@@ -34,12 +35,39 @@ the rank counts it will run so that each of them holds at least one micro-batch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from hpcdp.shard import shard_range
 
 from .sampler import micro_batches
+
+
+@dataclass
+class LocalBatch:
+    """This rank's part of one global batch.
+
+    ``micro``: index arrays (into the dataset), one per micro-batch, in order; any
+    may be empty. ``global_samples``: samples in the global batch (all ranks).
+    ``filler``: indices of one sample that an empty micro-batch runs with weight 0.
+    ``weights``: each micro-batch's share of the global mean loss, when it is not
+    ``len(idx) / global_samples`` (padded sequences: counted tokens over the global
+    batch's, hpcdp.nn.padding).
+    ``step``: the 0-based optimizer step; with the dataset indices it keys every
+    random draw (dropout) of the step (hpcdp/nn/streams.py).
+    """
+
+    micro: Sequence[np.ndarray]
+    global_samples: int
+    filler: np.ndarray
+    weights: Sequence[float] | None = None
+    step: int = 0
+
+    @property
+    def samples(self) -> int:
+        return int(sum(len(idx) for idx in self.micro))
 
 
 def plan_micro_batches(global_idx: np.ndarray, micro: int, dp_size: int, dp_rank: int):
@@ -68,4 +96,4 @@ def rank_micro_batches(sampler, step: int, dp_size: int, dp_rank: int, *, accum:
     return micro_batches(local, accum), global_n
 
 
-__all__ = ["plan_micro_batches", "rank_micro_batches"]
+__all__ = ["LocalBatch", "plan_micro_batches", "rank_micro_batches"]

@@ -12,8 +12,7 @@ error at setup, before step 1.
 from __future__ import annotations
 
 from hpcdp.config_error import ConfigError
-from hpcdp.data.micro import rank_micro_batches
-from hpcdp.step import LocalBatch
+from hpcdp.data.micro import LocalBatch, rank_micro_batches
 
 from .codec import IntegerCodec
 

@@ -1,11 +1,9 @@
 """The parameter-server strategy: roles, setup, the step and shutdown (the package
 docstring, hpcdp/strategies/ps/__init__.py, describes the modes and options)."""
 
-
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
