@@ -19,8 +19,8 @@ Exact mode is a gradient codec plus a micro-batch plan (docs/reproducibility.md)
 Modules: fixed.py (the integer kernels and the scale), codec.py (IntegerCodec:
 the guessed and agreed scale, the parameter server's wire, the ZeRO clipping
 norm), mode.py (ExactMode: builds and installs the codec, cuts batches),
-digest.py (SHA-256 of the weights), check.py (``hpcdp check-exact``), bench.py
-(``hpcdp bench exact``). The config rules live in hpcdp/config.py.
+digest.py (SHA-256 of the weights). The config rules live in hpcdp/config.py; the
+tools ``hpcdp check-exact`` and ``hpcdp bench exact`` sit above the library.
 
 Nothing is imported here.
 """
