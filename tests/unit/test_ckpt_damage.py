@@ -123,7 +123,7 @@ def test_the_marker_must_name_the_directorys_step(ckpt):
 
 
 def test_a_missing_or_truncated_rank_file_is_named_once(ckpt, capsys):
-    from hpcdp.io.cli import main
+    from hpcdp.commands.ckpt import main
 
     path = ckpt / "rank-00000.h5"
     data = damaged(path, "cut", 4000, 0)
@@ -169,7 +169,7 @@ dir = "ck"
 
 
 def _hpcdp(cwd, *args):
-    from hpcdp.bench.scale import THREAD_ENV
+    from hpcdp.launch import THREAD_ENV
 
     return subprocess.run([sys.executable, "-m", "hpcdp.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT)}, timeout=300)

@@ -82,7 +82,7 @@ def test_another_hosts_lock_is_stale_once_its_heartbeat_stops(tmp_path, monkeypa
 
 
 def _hpcdp(cwd, *args):
-    from hpcdp.bench.scale import THREAD_ENV
+    from hpcdp.launch import THREAD_ENV
 
     return subprocess.run([sys.executable, "-m", "hpcdp.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT)}, timeout=300)

@@ -133,7 +133,7 @@ def test_each_documented_command_is_well_formed(doc, command):
 
 
 def _run(cwd, command: str, *extra: str, timeout=600):
-    from hpcdp.bench.scale import THREAD_ENV
+    from hpcdp.launch import THREAD_ENV
 
     env = {**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
