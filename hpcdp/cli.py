@@ -74,6 +74,18 @@ def _one_thread_per_rank_under_a_launcher() -> None:
 
 
 def main(argv=None) -> int:
+    """``hpcdp ARGV``; its output cut short by a pipe (``hpcdp ckpt info X | head``)
+    ends it quietly (status 141, as the shell reports SIGPIPE), without a traceback."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141
+
+
+def _main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
     if argv[:1] in (["-V"], ["--version"]):
