@@ -120,7 +120,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
     """
     held: list = []  # the checkpoint folder's writer lock, once taken (rank 0)
     try:
-        return _run_training(cfg, world, model, out, resume, held)
+        return _run_training(cfg, world, model, out, resume, build_strategy, held)
     finally:
         for lock in held:
             lock.release()
@@ -138,7 +138,7 @@ def before_anything(cfg: Config, resume, held: list) -> None:
         held.append(acquire(cfg.checkpoint.dir, cfg.run.name))
 
 
-def _run_training(cfg: Config, world, model, out, resume, held: list) -> dict:
+def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: list) -> dict:
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
     from hpcdp.failure.setup_outcome import on_root, stage
