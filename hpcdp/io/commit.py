@@ -137,11 +137,13 @@ def run_dir_hint(path) -> str:
 
     config = Path(path) / "config.toml"
     try:
-        where = tomllib.loads(config.read_text()).get("checkpoint", {}).get("dir", "")
+        section = tomllib.loads(config.read_text()).get("checkpoint", {})
+        where, every = section.get("dir", ""), section.get("every", 0)
     except (OSError, tomllib.TOMLDecodeError, AttributeError):
         return ""
     if not where:
-        return ""
+        return ("" if every else " (it is a run directory whose run saved no checkpoints: its config.toml "
+                "has checkpoint.every = 0 and no checkpoint.dir)")
     return (f" (it is a run directory: its config.toml saved checkpoints to checkpoint.dir = {where!r}, "
             f"relative to where that job ran: hpcdp ckpt ls {where})")
 

@@ -92,7 +92,7 @@ JOB = ["train", "--set", "train.steps=2", "--set", "train.epochs=0", "--set", "r
        "--set", 'run.out_dir="run"', "--set", 'checkpoint.dir="ck"']
 
 
-def test_train_refuses_a_folder_in_use_and_a_bad_resume_before_anything(tmp_path):
+def test_train_refuses_a_folder_in_use_and_a_bad_resume_before_anything(tmp_path, capsys):
     (tmp_path / "ck").mkdir()
     proc = _sleeper()
     try:
@@ -120,6 +120,11 @@ def test_train_refuses_a_folder_in_use_and_a_bad_resume_before_anything(tmp_path
     assert run.stderr.strip() == ("hpcdp: error: --resume docs: no complete checkpoint: docs holds no step-* "
                                   "checkpoint; train without --resume, or point it at a step-* directory")
     assert not (tmp_path / "run2").exists()
+    (tmp_path / "plain").mkdir()  # a run directory of a run without checkpoints
+    (tmp_path / "plain" / "config.toml").write_text("[checkpoint]\nevery = 0\ndir = \"\"\n")
+    from hpcdp.commands.ckpt import main as ckpt_main
+    assert ckpt_main(["ls", str(tmp_path / "plain")]) == 2
+    assert "whose run saved no checkpoints" in capsys.readouterr().err
     # ckpt ls / --resume of the run directory: its checkpoints went to checkpoint.dir
     for args in (["ckpt", "ls", "run"], ["train", "--resume", "run", "--set", 'run.out_dir="run3"']):
         out = _hpcdp(tmp_path, *args)
