@@ -16,7 +16,10 @@
 - save.py, load.py       one save / one restore across ranks
 - runstate.py    config, step, data position, optimizer scalars
 - background.py  the asynchronous writer thread;  stop.py  SIGTERM/SIGUSR1
-- checkpointer.py  what train.py calls;  cli.py  `hpcdp ckpt ls|info|verify|export`
+- inspect.py     verify, export, digests, summaries (`hpcdp ckpt`, hpcdp/commands/ckpt.py)
+- errors.py      CheckpointError; damaged_file: h5py's errors on damaged files as one line
+- lock.py        one writing job per checkpoint.dir (job, host, pid; stale locks taken over)
+- checkpointer.py  what train.py calls
 - weights.py     a checkpoint's weights into a model built from its config, one process
                  (`hpcdp sample --resume`)
 
