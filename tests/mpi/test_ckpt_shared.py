@@ -124,25 +124,3 @@ def test_a_damaged_shared_file_is_refused_on_every_rank():
     finally:
         remove(tmp)
 
-
-@pytest.mark.mpi(min_size=2)
-def test_every_damage_of_the_shared_file_is_one_line_or_touches_nothing():
-    """tests/unit/test_ckpt_damage.py's sweep (flips, zeroed runs, cuts at many
-    offsets) on the shared layout's one file, on rank 0 (verify is one process)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-    from test_ckpt_damage import sweep
-
-    comm = MPI.COMM_WORLD
-    tmp = shared_dir()
-    try:
-        w = group(comm.Get_size())
-        train(config("ddp", tmp / "run", steps=2, ckpt_dir=tmp / "ck", checkpoint__layout="shared"), w)
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            seen = sweep(_step(tmp / "ck", 2), "shared.h5", 48)
-            assert seen["reported"] >= 24, seen
-    finally:
-        remove(tmp)
