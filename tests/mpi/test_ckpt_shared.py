@@ -123,4 +123,3 @@ def test_a_damaged_shared_file_is_refused_on_every_rank():
             train(config("ddp", tmp / "again", steps=4), w, resume=str(ckpt))
     finally:
         remove(tmp)
-
