@@ -40,7 +40,7 @@ class Checkpointer:
         self.stopped_by = 0
         self.saved_path: Path | None = None
         self.log = lambda _msg: None
-        self.comm = self.stop = self.background = None
+        self.comm = self.stop = self.background = self.buffers = self.writer = None
         if not (self.enabled or resume):
             return
         if not hasattr(strategy, "checkpoint_pieces"):
@@ -57,9 +57,15 @@ class Checkpointer:
         self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
         if self.enabled and self.c.on_signal:
             self.stop = GracefulStop(idup(world.comm, self.timeout, what), timeout=self.timeout)
+        self.buffers = self.writer = None
         if self.c.asynchronous:
             from .background import BackgroundSaver
+            from .hostbuf import HostBuffers
             self.background = BackgroundSaver()
+            self.buffers = HostBuffers()  # the snapshot's home, reused by every save
+            if self.c.writer == "process" and self.c.layout == "split":
+                from .writerproc import WriterProcess
+                self.writer = WriterProcess(self.buffers)
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
@@ -170,11 +176,14 @@ class Checkpointer:
         t0 = time.perf_counter()
         asynchronous = self.background is not None and not wait
         pieces = self.strategy.checkpoint_pieces()
-        snap = take_snapshot(pieces, self.flat.layout, self.flat.backend, copy=asynchronous)
+        snap = take_snapshot(pieces, self.flat.layout, self.flat.backend, copy=False)
+        if asynchronous:  # the one copy: into the reusable, page-aligned buffers
+            snap, _ = self.buffers.copy(snap)
         rank_arrays = rank_scalar_arrays(self.comm, self.strategy.checkpoint_scalars(), timeout=self.timeout)
         attrs, state, arrays = self._state(step, rank_arrays)
         job = SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays,
-                      layout=self.c.layout, keep=self.c.keep, threads=self.threads)
+                      layout=self.c.layout, keep=self.c.keep, threads=self.threads,
+                      writer=self.writer.write_rank_file if asynchronous and self.writer else None)
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
@@ -205,6 +214,12 @@ class Checkpointer:
             if self.background is not None and not abandon:
                 self._collect_background(wait=True)
         finally:
+            if self.writer is not None:
+                self.writer.close(abandon=abandon)
+                self.writer = None
+            if self.buffers is not None and not (self.background and self.background.busy()):
+                self.buffers.close()
+                self.buffers = None
             if self.stop is not None:
                 self.stop.close(wait=not abandon)
                 if not abandon:

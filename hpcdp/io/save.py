@@ -42,6 +42,8 @@ class SaveJob:
     layout: str = "split"
     keep: int = 0
     threads: int = 1            # hashing threads of this rank (checksum.hash_threads)
+    writer: object = None       # layout "split": writes the rank file (default shardfile's;
+    #                             writerproc.WriterProcess.write_rank_file: a helper process)
 
 
 def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
@@ -60,8 +62,9 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
     else:
         files = [rank_file_name(r) for r in range(size)]
         attrs = {"rank": rank, "world_size": size, "step": job.step}
-        all_ok(comm, lambda: write_rank_file(tmp / files[rank], job.snapshot, attrs, step=job.step, rank=rank,
-                                             threads=job.threads), timeout=timeout)
+        write = job.writer or write_rank_file
+        all_ok(comm, lambda: write(tmp / files[rank], job.snapshot, attrs, step=job.step, rank=rank,
+                                   threads=job.threads), timeout=timeout)
     # Every rank's piece table reaches rank 0 (its files are not reopened to learn it).
     every = allgather_rows(comm, mine, timeout=timeout)
     names = list(job.expected)
