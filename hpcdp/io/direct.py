@@ -42,13 +42,13 @@ def wanted() -> bool:
     return os.environ.get(ENV, "1") != "0" and hasattr(os, "O_DIRECT")
 
 
-def open_direct(path) -> int | None:
-    """A write descriptor of ``path`` with O_DIRECT, or None where the file system
-    refuses it (or it is switched off)."""
+def open_direct(path, flags: int = os.O_WRONLY) -> int | None:
+    """A descriptor of ``path`` with O_DIRECT (write, or ``flags``), or None where
+    the file system refuses it (or it is switched off)."""
     if not wanted():
         return None
     try:
-        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+        return os.open(path, flags | os.O_DIRECT)
     except OSError as e:
         if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
             return None
@@ -59,6 +59,66 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     """Page-aligned uint8 memory (an anonymous mapping), for O_DIRECT transfers."""
     buf = mmap.mmap(-1, max(ALIGN, -(-int(nbytes) // ALIGN) * ALIGN))
     return np.frombuffer(buf, dtype=np.uint8)[:nbytes]
+
+
+# Bounce buffers are kept for the next file: fresh pages cost a fault each (on the
+# development VM, faulting in memory was slower than writing it to disk).
+_spare: list = []
+_spare_lock = threading.Lock()
+
+
+def _take_bounce() -> list:
+    with _spare_lock:
+        if _spare:
+            return _spare.pop()
+    return [aligned_empty(CHUNK), aligned_empty(CHUNK)]
+
+
+def _give_bounce(pair: list) -> None:
+    with _spare_lock:
+        if len(_spare) < 2:
+            _spare.append(pair)
+
+
+class DirectReads:
+    """``pread`` past the page cache: the pages around a range are read with
+    O_DIRECT into a page-aligned buffer and the range copied out (reading an
+    evicted file through the cache costs a fresh page per 4 KiB on top). Falls back
+    to a plain ``pread`` where O_DIRECT is refused (at open or per read)."""
+
+    def __init__(self, max_bytes: int):
+        self._buf = aligned_empty(max_bytes + 2 * ALIGN)
+        self.refused = False
+
+    def read_into(self, dfd: int | None, fd: int, out: np.ndarray, offset: int) -> int:
+        """Fill ``out`` (contiguous) from ``offset``; returns the bytes that came;
+        fewer than ``out.nbytes`` means the file ended."""
+        view = out.reshape(-1).view(np.uint8)
+        n = view.shape[0]
+        a = offset // ALIGN * ALIGN
+        b = -(-(offset + n) // ALIGN) * ALIGN
+        if dfd is None or self.refused or b - a > self._buf.shape[0]:
+            return _pread_all(fd, view, offset)
+        try:
+            got = _pread_all(dfd, self._buf[:b - a], a)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self.refused = True
+            return _pread_all(fd, view, offset)
+        have = max(0, min(n, got - (offset - a)))
+        view[:have] = self._buf[offset - a:offset - a + have]
+        return have
+
+
+def _pread_all(fd: int, view: np.ndarray, offset: int) -> int:
+    done = 0
+    while done < view.shape[0]:
+        k = os.preadv(fd, [memoryview(view[done:])], offset + done)
+        if k == 0:
+            break
+        done += k
+    return done
 
 
 def is_aligned(arr: np.ndarray) -> bool:
@@ -80,7 +140,7 @@ class PieceWriter:
         self.refused = False        # O_DIRECT opened but a transfer was refused (EINVAL)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1) if self.direct else None
-        self._bounce = [aligned_empty(CHUNK), aligned_empty(CHUNK)] if self.direct else []
+        self._bounce = _take_bounce() if self.direct else []
         self._busy = [None, None]   # the write in flight from each bounce buffer
         self._turn = 0
 
@@ -143,6 +203,9 @@ class PieceWriter:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            if self._bounce:
+                _give_bounce(self._bounce)
+                self._bounce = []
             if self.dfd is not None:
                 os.close(self.dfd)
                 self.dfd = None
@@ -157,5 +220,5 @@ class PieceWriter:
         self.close()
 
 
-__all__ = ["PieceWriter", "open_direct", "aligned_empty", "is_aligned", "wanted", "ALIGN", "ALIGN_THRESHOLD",
+__all__ = ["PieceWriter", "DirectReads", "open_direct", "aligned_empty", "is_aligned", "wanted", "ALIGN", "ALIGN_THRESHOLD",
            "CHUNK", "ENV"]

@@ -176,3 +176,54 @@ def test_writer_process_writes_the_same_file_and_its_death_is_reported(tmp_path,
     finally:
         w.close()
         buf.close()
+
+
+@pytest.mark.parametrize("offset,n", [(0, 4096), (100, 5000), (4096 * 3 - 1, 2), (70000, 4 << 20)])
+def test_direct_reads_give_the_bytes_and_stop_at_the_end_of_the_file(tmp_path, offset, n):
+    path = tmp_path / "f"
+    data = np.random.default_rng(1).integers(0, 255, 80000 + (4 << 20), dtype=np.uint8)
+    data.tofile(path)
+    reads = direct.DirectReads(4 << 20)
+    fd, dfd = os.open(path, os.O_RDONLY), direct.open_direct(path, os.O_RDONLY)
+    try:
+        out = np.zeros(n + 1, dtype=np.uint8)[1:]   # odd address
+        assert reads.read_into(dfd, fd, out, offset) == n
+        assert np.array_equal(out, data[offset:offset + n])
+        tail = np.zeros(10, dtype=np.uint8)
+        assert reads.read_into(dfd, fd, tail, data.shape[0] - 4) == 4  # the file ends: short
+        assert np.array_equal(tail[:4], data[-4:])
+    finally:
+        os.close(fd)
+        if dfd is not None:
+            os.close(dfd)
+
+
+@pytest.mark.parametrize("io", ["1", "0"])
+def test_a_restore_reads_the_same_bits_with_or_without_o_direct(tmp_path, monkeypatch, io):
+    from hpcdp.io.load import load
+    from hpcdp.io.protocol import Piece
+    from hpcdp.io.runstate import expected_tensors
+    from hpcdp.io.save import SaveJob, save
+    from hpcdp.io.snapshot import take_snapshot
+    from hpcdp.nn.params import ParamSpec
+
+    monkeypatch.setenv(direct.ENV, io)
+    layout = [ParamSpec("w0", 0, (1000, 1100), 1_100_000), ParamSpec("w1", 1_100_000, (3,), 3)]
+
+    class _Flat:
+        pass
+    flat = _Flat()
+    flat.layout, flat.dtype = layout, np.dtype("float32")
+
+    class _Opt:
+        names = ("m",)
+    rng = np.random.default_rng(2)
+    pieces = [Piece(b, 0, rng.standard_normal(1_100_003).astype(np.float32)) for b in ("param", "optim/m")]
+    job = SaveJob(tmp_path, 1, take_snapshot(pieces, layout, copy=False), expected_tensors(flat, _Opt()),
+                  {"strategy": "test", "world_size": 1}, {"step": 1, "optimizer_kind": "adamw"}, {})
+    ckpt = save(job, None)
+    targets = [Piece(p.buffer, p.offset + 5, np.full(p.size - 9, np.nan, np.float32)) for p in pieces]
+    _, nbytes = load(ckpt, targets, layout, expected_tensors(flat, _Opt()), "adamw", None)
+    for t, p in zip(targets, pieces):
+        np.testing.assert_array_equal(t.array, p.array[5:-4])
+    assert nbytes >= sum(t.array.nbytes for t in targets)
