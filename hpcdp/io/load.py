@@ -23,7 +23,7 @@ from .index import read_index
 from .ranges import split_by_layout
 from .reader import Reader
 from .runstate import compatibility_problem
-from .spread import plan, read_share, same_everywhere, share, shares
+from .spread import common_targets, plan, read_share, share, shares
 
 
 def _hosts(targets) -> list:
@@ -57,31 +57,34 @@ def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, 
          timeout: float = 300.0, threads: int = 1, spread: bool = True):
     """Check compatibility and fill ``targets`` on every rank; returns
     ``(index, bytes read on this rank)`` or raises the same error everywhere.
-    ``optimizer_kind`` None: weights only; ``comm`` None: one process. Where every
-    rank restores the same targets (a replicated strategy) and ``spread`` is on,
-    each reads 1/M and the ranks share the rest (spread.py)."""
+    ``optimizer_kind`` None: weights only; ``comm`` None: one process. The targets
+    every rank restores (a replica's) are, with ``spread``, read 1/M per rank and
+    shared (spread.py); the others each rank reads alone."""
     ckpt_dir = Path(ckpt_dir)
     # decided before anything can fail: every rank takes the same path
-    split = spread and same_everywhere(comm, targets, timeout)
-    hosts = _hosts(targets) if split else None
+    common = common_targets(comm, targets, timeout) if spread else []
+    together = [targets[i] for i in common]            # every rank's: read 1/M, shared
+    alone = [t for i, t in enumerate(targets) if i not in set(common)]   # this rank's own
+    hosts = _hosts(together)
 
     def run():
         index = read_index(ckpt_dir)
         problem = compatibility_problem(index, expected, optimizer_kind)
         if problem:
             raise CheckpointError(f"checkpoint {ckpt_dir}: {problem}")
-        if not split:
-            return index, fill_targets(ckpt_dir, index, targets, layout, backend, threads), None
-        segs = plan(index, targets, layout, ckpt_dir)
-        owners = shares(segs, targets, comm.Get_size())
+        nbytes = fill_targets(ckpt_dir, index, alone, layout, backend, threads) if alone else 0
+        if not together:
+            return index, nbytes, None
+        segs = plan(index, together, layout, ckpt_dir)
+        owners = shares(segs, together, comm.Get_size())
         with Reader(ckpt_dir, index, threads) as reader:
             read_share(reader, segs, owners[comm.Get_rank()], hosts)
-            return index, reader.bytes_read, (segs, owners)
+            return index, nbytes + reader.bytes_read, (segs, owners)
 
     index, nbytes, planned = all_ok(comm, run, timeout=timeout)
-    if split:  # every rank read its share without error: now they swap
+    if planned is not None:  # every rank read its share without error: now they swap
         share(comm, *planned, hosts, timeout)
-        _to_device(targets, hosts, backend)
+        _to_device(together, hosts, backend)
     return index, nbytes
 
 

@@ -2,10 +2,9 @@
 
 Under a replicated strategy (none, DDP, a parameter server's worker replicas) every
 rank needs the whole state, and reading it on each would make the file system
-serve the checkpoint M times. When every rank of the checkpoint's communicator asks
-for the same targets (compared by a digest of their buffers, offsets, sizes and
-dtypes: one small agreement), the restore is planned once, identically on every
-rank, and split:
+serve the checkpoint M times. The targets that every rank of the checkpoint's
+communicator asks for (compared by a digest of their buffer, offset, size and
+dtype: one small agreement) are planned once, identically on every rank, and split:
 
 1. the targets' elements are cut where they meet stored pieces and at the stored
    pieces' checksum blocks (``BLOCK_BYTES``), giving segments of at most one block
@@ -18,8 +17,8 @@ rank, and split:
    broadcast from its reader (MPI ``Ibcast`` in at most ``SHARE_BYTES`` pieces,
    all posted at once, polled against the comm timeout).
 
-Targets that differ between ranks (ZeRO, parameter-server shards) are read as
-before: each rank reads only what it owns.
+Targets that differ between ranks (ZeRO, parameter-server shards and their
+optimizer state) are read as before: each rank reads only what it owns.
 """
 
 from __future__ import annotations
@@ -41,14 +40,25 @@ def targets_digest(targets) -> np.ndarray:
     return np.frombuffer(hashlib.sha256(desc.encode()).digest(), dtype=np.uint8)
 
 
-def same_everywhere(comm, targets, timeout: float) -> bool:
-    """True when every rank of ``comm`` (two or more) restores the same targets."""
+def common_targets(comm, targets, timeout: float) -> list[int]:
+    """Indices of this rank's targets that every rank of ``comm`` (two or more) also
+    restores, in an order all ranks share (by digest); [] on one rank."""
     if comm is None or comm.Get_size() == 1:
-        return False
+        return []
     from .agree import allgather_rows
 
-    rows = allgather_rows(comm, targets_digest(targets)[None, :], timeout=timeout)
-    return all(np.array_equal(r, rows[0]) for r in rows)
+    mine = np.stack([targets_digest([t]) for t in targets]) if targets else np.zeros((0, 32), np.uint8)
+    rows = allgather_rows(comm, mine, timeout=timeout)
+    common = set.intersection(*[{bytes(d) for d in r} for r in rows])
+    local = {}
+    for i, d in enumerate(mine):
+        local.setdefault(bytes(d), i)
+    return [local[d] for d in sorted(common)]
+
+
+def same_everywhere(comm, targets, timeout: float) -> bool:
+    """True when every rank of ``comm`` (two or more) restores the same targets."""
+    return bool(targets) and len(common_targets(comm, targets, timeout)) == len(targets)
 
 
 def plan(index, targets, layout, ckpt_dir) -> list[tuple[int, int, int, int, int]]:
@@ -108,4 +118,4 @@ def share(comm, segs, owners, hosts, timeout: float) -> None:
     wait(reqs, timeout, "the checkpoint's pieces from the ranks that read them", sources=roots)
 
 
-__all__ = ["same_everywhere", "plan", "shares", "read_share", "share", "targets_digest", "SHARE_BYTES"]
+__all__ = ["common_targets", "same_everywhere", "plan", "shares", "read_share", "share", "targets_digest", "SHARE_BYTES"]

@@ -104,3 +104,30 @@ def test_sharded_targets_are_not_spread():
         assert comm.allreduce(nbytes) == sum(a.nbytes for a in full.values())
     finally:
         remove(tmp)
+
+
+@pytest.mark.mpi
+def test_targets_every_rank_has_are_spread_and_the_rest_read_alone():
+    """A colocated parameter server's restore: every rank the whole weights, each
+    its own shard of the optimizer state."""
+    from hpcdp.io.load import load
+    from hpcdp.io.protocol import Piece
+    from hpcdp.io.save import SaveJob, save
+    from hpcdp.io.snapshot import take_snapshot
+
+    comm = MPI.COMM_WORLD
+    tmp = shared_dir()
+    try:
+        layout, expected, full, mine = _state(comm)
+        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
+                      {"strategy": "test", "world_size": comm.Get_size()},
+                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
+        ckpt = save(job, comm)
+        targets = [Piece(p.buffer, p.offset, np.zeros_like(p.array)) for p in mine if p.buffer != "param"]
+        targets.insert(comm.Get_rank() % 2, Piece("param", 0, np.zeros_like(full["param"])))  # order differs
+        _, nbytes = load(ckpt, targets, layout, expected, "adamw", comm)
+        for t in targets:
+            np.testing.assert_array_equal(t.array, full[t.buffer][t.offset:t.offset + t.size])
+        assert comm.allreduce(nbytes) == sum(a.nbytes for a in full.values())
+    finally:
+        remove(tmp)
