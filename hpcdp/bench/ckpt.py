@@ -14,10 +14,20 @@ bytes / wall time of the slowest rank. Sizes: the largest GPT config shipped
 (``jobs/gpt_ddp.toml``; parameters + AdamW m and v) and a synthetic state of at
 least 1 GiB.
 
+Options: ``--io direct,buffered`` times the writer with O_DIRECT (where the file
+system takes it) and through the page cache (``HPCDP_CKPT_DIRECT=0``) in the same
+run; ``--restore replica`` restores the whole state on every rank (DDP's restore:
+1/M read per rank and shared, io/spread.py) and reports the bytes read over all
+ranks (the readers' counters and /proc/self/io); ``--dcp-python`` times PyTorch DCP
+(dcp_contender.py, with the Python of a venv that has torch) on the same state
+interleaved with ours; ``--sizes gpt25m`` is the 25 M-parameter GPT (8 blocks, 512
+wide).
+
 Stall. A real training loop (jobs/gpt_ddp.toml, DDP on 2 ranks, hpcdp.step.train_step)
 saving every K steps: the time of each save call (synchronous: the whole save;
-asynchronous: the host copy, the rest runs in a thread), and the steps that ran while
-a background write was in flight, against the median step without any save.
+asynchronous: the host copy, the rest runs in the background: ``--stall-modes``
+thread and/or process, checkpoint.writer), and the steps that ran while a background
+write was in flight, against the median step without any save.
 
 Layout "shared" needs h5py with MPI (``bash .ci/parallel-hdf5.sh``): run the bench
 from that venv for both layouts; from the main venv the shared rows say why they

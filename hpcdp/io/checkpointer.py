@@ -63,9 +63,11 @@ class Checkpointer:
             from .hostbuf import HostBuffers
             self.background = BackgroundSaver()
             self.buffers = HostBuffers()  # the snapshot's home, reused by every save
-            if self.c.writer == "process" and self.c.layout == "split":
+            if self.c.writer == "process" and self.c.layout == "split" and self.buffers.fd is not None:
                 from .writerproc import WriterProcess
                 self.writer = WriterProcess(self.buffers)
+                if self.enabled:
+                    self.writer.start()
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:

@@ -25,14 +25,13 @@ def _aligned(n: int) -> int:
 
 class HostBuffers:
     def __init__(self):
-        self.fd: int | None = None
+        # a file without a name (gone with its last descriptor), so a helper can map it
+        self.fd: int | None = os.memfd_create("hpcdp-ckpt-snapshot", 0) if hasattr(os, "memfd_create") else None
         self.size = 0
         self._map = None
         self.array: np.ndarray | None = None   # the whole mapping as uint8
 
     def _ensure(self, nbytes: int) -> None:
-        if self.fd is None:
-            self.fd = os.memfd_create("hpcdp-ckpt-snapshot", 0) if hasattr(os, "memfd_create") else None
         if nbytes <= self.size:
             return
         # a smaller mapping of an earlier save goes when its last view does

@@ -62,6 +62,12 @@ class WriterProcess:
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Start the helper now (its imports take a moment: better before training)."""
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self._start()
+
     def _start(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "hpcdp.io.writerproc", str(self.buffers.fd)],
