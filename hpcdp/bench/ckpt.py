@@ -196,7 +196,7 @@ def _proc_read_bytes() -> int:
 
 # -- dd of the same bytes ----------------------------------------------------------------
 
-def dd_point(files, ranks: int, directory: Path) -> dict:
+def dd_point(files, ranks: int, directory: Path, direct: bool = False) -> dict:
     """``dd`` of the same bytes: R parallel ``dd conv=fsync`` copy the checkpoint's data
     files (one file each; the one shared file in R byte ranges) to new files on the
     same disk (the sources were just read: page cache), then, after eviction, R
@@ -228,9 +228,18 @@ def dd_point(files, ranks: int, directory: Path) -> dict:
     _evict(outs)
     read_s = run_all([["dd", f"if={o}", "of=/dev/null", "bs=4M"] for o in outs])
     nbytes = sum(n for _, _, n in jobs)
+    out = {"bytes": nbytes, "write_s": write_s, "read_s": read_s}
+    if direct:  # the disk without the page cache: dd oflag=direct (whole 4 MiB blocks; a tail is dropped)
+        for o in outs:
+            o.unlink()
+        counts = [n // (4 << 20) for _, _, n in jobs]
+        out["direct_bytes"] = sum(counts) * (4 << 20)
+        out["direct_write_s"] = run_all([["dd", f"if={f}", f"of={o}", "bs=4M", "iflag=skip_bytes", f"skip={lo}",
+                                          f"count={c}", "oflag=direct", "conv=fsync"]
+                                         for (f, lo, _), o, c in zip(jobs, outs, counts)])
     for o in outs:
         o.unlink()
-    return {"bytes": nbytes, "write_s": write_s, "read_s": read_s}
+    return out
 
 
 def _mpiexec(ranks: int, argv, extra_env=None) -> dict:
@@ -264,7 +273,7 @@ def bandwidth(args) -> list:
                                                          "--dir", str(directory), "--restore", args.restore],
                                                  {DIRECT_ENV: "1" if io == "direct" else "0"}))
                         if io == args.io[0]:
-                            dds.append(dd_point(ours[io][-1]["files"], ranks, directory))
+                            dds.append(dd_point(ours[io][-1]["files"], ranks, directory, args.dd_direct))
                         shutil.rmtree(ours[io][-1]["root"], ignore_errors=True)
                     if args.dcp_python:
                         dcps.append(dcp_point(args.dcp_python, size, ranks, directory))
@@ -283,6 +292,9 @@ def _row(size, layout, ranks, io, ours, dds, dcps, restore) -> dict:
         row[f"{what}_MBps"] = row["bytes"] / t / 1e6
         row[f"dd_{what}_MBps"] = statistics.median(o["bytes"] for o in dds) / d / 1e6
         row[f"{what}_vs_dd"] = row[f"{what}_MBps"] / row[f"dd_{what}_MBps"]
+        if what == "write" and "direct_write_s" in dds[0]:
+            row["dd_direct_write_MBps"] = statistics.median(o["direct_bytes"] / o["direct_write_s"] for o in dds) / 1e6
+            row["write_vs_dd_direct"] = row["write_MBps"] / row["dd_direct_write_MBps"]
         if dcps:
             row[f"dcp_{what}_s"] = statistics.median(o[f"{what}_s"] for o in dcps)
             row[f"{what}_vs_dcp"] = t / row[f"dcp_{what}_s"]
@@ -291,6 +303,9 @@ def _row(size, layout, ranks, io, ours, dds, dcps, restore) -> dict:
           f"read {row['read_MBps']:7.1f} MB/s (dd {row['dd_read_MBps']:7.1f}, {row['read_vs_dd']:.2f}x); "
           f"{restore} restore read {row['read_counted'] / 2**20:.1f} MiB (counted), "
           f"{row['read_from_disk'] / 2**20:.1f} MiB (/proc/self/io)", flush=True)
+    if "dd_direct_write_MBps" in row:
+        print(f"{'':>7} {'':>6} {ranks:>2} ranks: dd oflag=direct writes {row['dd_direct_write_MBps']:7.1f} MB/s "
+              f"(ours {row['write_vs_dd_direct']:.2f}x that)", flush=True)
     if dcps:
         print(f"{'':>7} {'dcp':>6} {ranks:>2} ranks: save {row['dcp_write_s']:.3f} s (ours {row['write_s']:.3f} s, "
               f"{row['write_vs_dcp']:.2f}x its time), load {row['dcp_read_s']:.3f} s (ours {row['read_s']:.3f} s, "
@@ -422,6 +437,8 @@ def main(argv=None) -> int:
                    "takes it) and/or buffered (the page cache)")
     p.add_argument("--restore", default="shard", choices=("shard", "replica"),
                    help="shard: each rank restores its 1/R (ZeRO); replica: the whole state on every rank (DDP)")
+    p.add_argument("--dd-direct", action="store_true", help="also time dd oflag=direct (the disk past the page "
+                   "cache) on the same bytes")
     p.add_argument("--dcp-python", help="the Python of a venv with torch: also time PyTorch DCP on the same state")
     p.add_argument("--json", help="write the rows to this file")
     # worker modes (launched under mpiexec by the above)
