@@ -11,8 +11,8 @@
 
 Every rank calls every method at the same steps. The checkpoint's traffic runs on
 communicators of its own (duplicates of the world's), so it never matches a
-strategy's messages, and the asynchronous writer's thread never shares one with
-the training thread.
+strategy's messages, and the asynchronous save's thread never shares one with
+the training thread (its rank file is written by a helper process: writerproc.py).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ class Checkpointer:
         self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
         if self.enabled and self.c.on_signal:
             self.stop = GracefulStop(idup(world.comm, self.timeout, what), timeout=self.timeout)
-        self.buffers = self.writer = None
         if self.c.asynchronous:
             from .background import BackgroundSaver
             from .hostbuf import HostBuffers
