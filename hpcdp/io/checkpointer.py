@@ -180,20 +180,25 @@ class Checkpointer:
         snap = take_snapshot(pieces, self.flat.layout, self.flat.backend, copy=False)
         if asynchronous:  # the one copy: into the reusable, page-aligned buffers
             snap, _ = self.buffers.copy(snap)
-        rank_arrays = rank_scalar_arrays(self.comm, self.strategy.checkpoint_scalars(), timeout=self.timeout)
-        attrs, state, arrays = self._state(step, rank_arrays)
-        job = SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays,
-                      layout=self.c.layout, keep=self.c.keep, threads=self.threads,
-                      writer=self.writer.write_rank_file if asynchronous and self.writer else None)
+        scalars = self.strategy.checkpoint_scalars()
+        writer = self.writer.write_rank_file if asynchronous and self.writer else None
+
+        def job():
+            # the one small agreement of the run state: in the background for an
+            # asynchronous save (it would wait here for the slowest rank)
+            rank_arrays = rank_scalar_arrays(self.comm, scalars, timeout=self.timeout)
+            attrs, state, arrays = self._state(step, rank_arrays)
+            return SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays, layout=self.c.layout,
+                           keep=self.c.keep, threads=self.threads, writer=writer)
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
-            self.background.submit(lambda: save(job, self.comm, timeout=self.timeout))
+            self.background.submit(lambda: save(job(), self.comm, timeout=self.timeout))
             self.last_stall_s = time.perf_counter() - t0
             self.log(f"checkpoint step {step}: {snap.nbytes / 2**20:.1f} MiB copied on rank 0 in "
                      f"{self.last_stall_s:.3f} s, writing in the background")
             return
-        self.saved_path = save(job, self.comm, timeout=self.timeout)
+        self.saved_path = save(job(), self.comm, timeout=self.timeout)
         self.last_stall_s = time.perf_counter() - t0
         self.log(f"checkpoint step {step}: saved {self.saved_path} ({snap.nbytes / 2**20:.1f} MiB from "
                  f"rank 0) in {self.last_stall_s:.3f} s")
