@@ -50,9 +50,9 @@ from pathlib import Path
 import numpy as np
 
 from hpcdp.io.direct import ENV as DIRECT_ENV  # "0": the writer goes through the page cache
+from hpcdp.jobs import config_path
 
 GIB = 1 << 30
-ROOT = Path(__file__).resolve().parents[2]
 OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
              "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
@@ -72,7 +72,7 @@ def state_layout(size: str):
 
         from hpcdp.config import config_from_dict
         from hpcdp.nn import build_model
-        raw = tomllib.loads((ROOT / "jobs" / "gpt_ddp.toml").read_text())
+        raw = tomllib.loads(config_path("gpt_ddp.toml").read_text())
         raw["model"].update(GPTS[size])
         cfg = config_from_dict(raw)
         return list(build_model(cfg.model, dtype="float32").flat.layout), "float32"
@@ -243,13 +243,10 @@ def dd_point(files, ranks: int, directory: Path, direct: bool = False) -> dict:
 
 
 def _mpiexec(ranks: int, argv, extra_env=None) -> dict:
-    from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+    from hpcdp.launch import child_env, hpcdp_command, mpiexec_command, run_child
 
-    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "hpcdp.bench.ckpt", *argv]
-    env = {**os.environ, **THREAD_ENV, **OMPI_ROOT, "PYTHONPATH": str(ROOT), **(extra_env or {})}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench ckpt: {' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    cmd = mpiexec_command(ranks, "hpcdp bench ckpt") + hpcdp_command("hpcdp.bench.ckpt") + list(argv)
+    proc = run_child(cmd, "hpcdp bench ckpt", 1800, child_env({**OMPI_ROOT, **(extra_env or {})}), tail=4000)
     return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
 
 
@@ -331,7 +328,7 @@ def dcp_point(python: str, size: str, ranks: int, directory: Path) -> dict:
 
 
 def _thread_env() -> dict:
-    from hpcdp.bench.scale import THREAD_ENV
+    from hpcdp.launch import THREAD_ENV
     return dict(THREAD_ENV)
 
 
@@ -356,7 +353,7 @@ def stall_worker(args) -> None:
     from hpcdp.world import World
     from hpcdp.autograd import Tensor
 
-    raw = tomllib.loads((ROOT / "jobs" / "gpt_ddp.toml").read_text())
+    raw = tomllib.loads(config_path("gpt_ddp.toml").read_text())
     raw["train"]["steps"] = args.steps
     raw["checkpoint"] = {"dir": str(Path(args.dir) / f"stall-{args.mode}"), "every": args.every,
                          "asynchronous": args.mode != "sync", "final": False, "keep": 2}
