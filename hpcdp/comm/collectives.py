@@ -29,7 +29,8 @@ from hpcdp.comm.native import native_all_gather, native_allreduce, native_reduce
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.recursive import recursive_doubling
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
-from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES, RingRequest
+from hpcdp.comm.compiled.engine import ring_request
+from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 from hpcdp.shard import shard_range
 
 _KINDS = "fiu"
@@ -160,7 +161,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
                                    segment_bytes=segment_bytes,
                                    max_message_bytes=max_message_bytes, result=result)
     if algo == "ring":
-        return RingRequest(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
+        return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
                            phases=("rs", "ag"), segment_bytes=segment_bytes,
                            max_message_bytes=max_message_bytes, result=result)
     if algo == "native":
@@ -252,14 +253,13 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
         req.result = result
         return req
     if in_place:
-        return RingRequest(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
+        return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
                            op=op, phases=("rs",), segment_bytes=segment_bytes,
                            max_message_bytes=max_message_bytes, result=result)
-    req = RingRequest(ctx, "reduce_scatter", call, ledger, timeout, work=None,
-                      src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
-                      max_message_bytes=max_message_bytes, result=result)
-    req._final_copy = (out, req.work[off:off + size])
-    return req
+    return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=None,
+                        src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
+                        max_message_bytes=max_message_bytes, result=result,
+                        final_out=(out, off, size))
 
 
 def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
@@ -324,7 +324,7 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         full[off:off + size] = chunk
     if ctx.size == 1 or n == 0:
         return DoneRequest(ctx, "all_gather", call, ledger, result)
-    return RingRequest(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
+    return ring_request(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
                        op=None, phases=("ag",), segment_bytes=segment_bytes,
                        max_message_bytes=max_message_bytes, result=result)
 
