@@ -9,7 +9,9 @@ finds nothing to do it sleeps (``usleep``, doubling from 1 us to
 hpcdp.comm.compiled.request.BACKOFF_US), so on a machine without a spare core it
 takes a few percent of one, never a busy-polled core. The thread's timer slack is
 set to 1 us (``prctl(PR_SET_TIMERSLACK)``, Linux) so those short sleeps are short.
-With nothing in flight it blocks on a condition variable.
+With nothing in flight it blocks on a condition variable. A request is picked up
+PICKUP_DELAY_S after it started at the earliest, so a blocking call (start, then
+wait at once) runs on its own thread alone.
 
 The thread never raises: a request whose deadline passes (or that a waiting thread
 takes over, see CompiledRingRequest.wait) is left to the thread that waits on it,
@@ -28,6 +30,7 @@ import time
 from hpcdp.comm.compiled import kernels as K
 
 PR_SET_TIMERSLACK = 29
+PICKUP_DELAY_S = 50e-6
 
 
 def _short_timer_slack() -> None:
@@ -62,6 +65,9 @@ class ProgressThread:
                 while not self._queue:
                     self._cond.wait()
                 req = self._queue[0]
+            if not req.done and int(req.st[K.ST_STOP]) == 0 and \
+                    time.monotonic() - req.started < PICKUP_DELAY_S:
+                time.sleep(PICKUP_DELAY_S)  # a blocking call waits at once: leave it alone
             wanted = not req.done and int(req.st[K.ST_STOP]) == 0
             if wanted and not req.lock.acquire(False):
                 time.sleep(20e-6)  # the training thread is in its test(): retry shortly
