@@ -97,8 +97,11 @@ def test_compiled_requests_run_for_the_compiled_dtypes(comm):
         assert isinstance(req, CompiledRingRequest)
         assert np.array_equal(req.wait(), np.full(1000, comm.Get_size(), np.float32))
         half = iallreduce(np.ones(10, np.float16), comm=comm, algorithm="ring")
-        assert not isinstance(half, CompiledRingRequest)  # float16: the Python ring
+        assert isinstance(half, CompiledRingRequest)  # float16: computed on its bits
         half.wait()
+        custom = iallreduce(np.ones(10), comm=comm, algorithm="ring", op=lambda a, b: a + b)
+        assert not isinstance(custom, CompiledRingRequest)  # a callable op: the Python ring
+        custom.wait()
     finally:
         set_engine(comm, "python")
 

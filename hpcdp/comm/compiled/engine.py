@@ -5,8 +5,8 @@ context is first used) or :func:`set_engine` per communicator. ``compiled`` runs
 the ring collectives (reduce-scatter, all-gather, allreduce) through
 hpcdp.comm.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
 It takes host numpy buffers of native byte order with a built-in op (sum, mean,
-max, min) and a dtype compiled code handles (8- to 64-bit integers, float32,
-float64); any other call (float16, a callable op, a device array) runs on the
+max, min) and a dtype compiled code handles (8- to 64-bit integers, float16,
+float32, float64); any other call (a callable op, long double, a device array) runs on the
 Python ring, as does everything when the MPI library cannot be bound
 (hpcdp.comm.compiled.binding): then one line in the log says why, once per process.
 
@@ -24,7 +24,7 @@ import numpy as np
 from hpcdp.comm.ring import RingRequest
 
 ENGINES = ("python", "compiled")
-_COMPILED_KINDS = frozenset("bBhHiIlLqQfd")
+_COMPILED_KINDS = frozenset("bBhHiIlLqQefd")
 _OPS = {"sum": 0, "mean": 0, "max": 1, "min": 2}
 log = logging.getLogger("hpcdp.comm")
 

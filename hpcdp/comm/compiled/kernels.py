@@ -28,6 +28,8 @@ doubling back-off, never busy-polls, returns when done, at the deadline or when
 from __future__ import annotations
 
 import numpy as np
+import math
+
 from numba import njit
 
 from hpcdp.comm.compiled.ccall import ccall
@@ -49,8 +51,8 @@ P_N, P_T, P_S, P_SEG, P_ITEM, P_LEFT, P_RIGHT, P_LAST_RS, P_OP, P_MEAN, P_INT, \
     P_MC, P_STATUS_TAG, P_HSIZE, P_ANY, P_BACKOFF, \
     O_ST, O_STEPS, O_OFF, O_SIZE, O_NSEG, O_RST, O_SST, O_COPY, O_RMETA, O_SMETA, \
     O_RNEXT, O_SNEXT, O_END, \
-    F_ISEND, F_IRECV, F_TESTSOME, F_IPROBE, F_CLOCK, F_USLEEP, F_YIELD = range(36)
-P_LEN = 36
+    F_ISEND, F_IRECV, F_TESTSOME, F_IPROBE, F_CLOCK, F_USLEEP, F_YIELD, P_HALF = range(37)
+P_LEN = 37
 # after the 2*T*S request handles, H holds the handles of the data communicator, the
 # control communicator and MPI_BYTE (H's dtype is the ABI's handle width)
 H_COMM, H_CTRL, H_BYTE = 0, 1, 2
@@ -79,6 +81,89 @@ def _reduce(op, out, a, b_, lo, abase, n):
             x, y = a[abase + i], b_[lo + i]
             r = x if x < y else y
             out[lo + i] = x if x != x else r
+
+# float16: Numba has no half arithmetic on the CPU, so half buffers travel as uint16
+# and each element is converted, computed in float32 and rounded back, exactly as
+# NumPy's half loops do (npy_half_to_float, the float32 operation, npy_float_to_half
+# with round-to-nearest-even; max/min: (a >= b or isnan(a)) ? a : b on the halves;
+# a NaN operand comes back quieted, an invalid operation as NumPy's default NaN).
+@njit(nogil=True, cache=True, inline="always")
+def _h2f(h):
+    e, m = (h >> 10) & 0x1F, h & 0x3FF
+    if e == 0:
+        v = math.ldexp(float(m), -24)
+    elif e == 31:
+        v = math.inf if m == 0 else math.nan
+    else:
+        v = math.ldexp(float(1024 + m), e - 25)
+    return np.float32(-v if h & 0x8000 else v)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _rne(x):
+    fl = math.floor(x)
+    d = x - fl
+    if d > 0.5 or (d == 0.5 and int(fl) % 2 == 1):
+        fl += 1.0
+    return int(fl)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _f2h(v):
+    """float32 value (not NaN) -> half bits, round to nearest even."""
+    s = 0x8000 if math.copysign(1.0, v) < 0 else 0
+    a = abs(float(v))
+    if a >= 65520.0:  # 65504 is the largest half; 65520 and up round to inf
+        return s | 0x7C00
+    if a < 6.103515625e-05:  # 2**-14: subnormal (or the smallest normal after rounding)
+        return s | _rne(math.ldexp(a, 24))
+    E = math.frexp(a)[1] - 1
+    r = _rne(math.ldexp(a, 10 - E))
+    if r == 2048:
+        r, E = 1024, E + 1
+    if E + 15 >= 31:
+        return s | 0x7C00
+    return s | ((E + 15) << 10) | (r - 1024)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _half_op(op, x, y):
+    hx, hy = np.uint32(x), np.uint32(y)
+    nx, ny = (hx & 0x7FFF) > 0x7C00, (hy & 0x7FFF) > 0x7C00
+    fx, fy = _h2f(hx), _h2f(hy)
+    if op == OP_MAX:
+        return hx if (fx >= fy or nx) else hy
+    if op == OP_MIN:
+        return hx if (fx <= fy or nx) else hy
+    if nx:
+        return hx | 0x200
+    if ny:
+        return hy | 0x200
+    r = np.float32(fx + fy)
+    if r != r:
+        return np.uint32(0xFE00)
+    return np.uint32(_f2h(r))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _half_div(x, n):
+    hx = np.uint32(x)
+    if (hx & 0x7FFF) > 0x7C00:
+        return hx | 0x200
+    return np.uint32(_f2h(np.float32(_h2f(hx) / np.float32(n))))
+
+
+@njit(nogil=True, cache=True)
+def _reduce_half(op, out, a, b_, lo, abase, n):
+    for i in range(n):
+        out[lo + i] = _half_op(op, a[abase + i], b_[lo + i])
+
+
+@njit(nogil=True, cache=True)
+def _finalize_half(out, lo, n, N):
+    for i in range(lo, lo + n):
+        out[i] = _half_div(out[i], N)
+
 
 @njit(nogil=True, cache=True, inline="always")
 def _finalize(out, lo, n, is_int, div):
@@ -151,7 +236,7 @@ def _post_recvs(P, hv, steps, off, size, nseg, work, tmp, st, recv_st, recv_next
 def _pass(P, hv, steps, off, size, nseg, work, src, tmp, div, st, recv_st, send_st, recv_next,
           send_next, copy_after, rreq, rmeta, sreq, smeta, idx, outc, stat):
     """One round of tests and the work they release; True if anything moved."""
-    T, S, seg, hs = P[P_T], P[P_S], P[P_SEG], P[P_HSIZE]
+    T, S, seg, hs, N = P[P_T], P[P_S], P[P_SEG], P[P_HSIZE], P[P_N]
     moved = False
     lo = st[ST_RHEAD]
     n = min(st[ST_RPOST] - lo, TEST_WINDOW)
@@ -171,9 +256,16 @@ def _pass(P, hv, steps, off, size, nseg, work, src, tmp, div, st, recv_st, send_
             if kind == REDUCE:
                 slo = off[rc] + k * seg
                 ln = min(seg, off[rc] + size[rc] - slo)
-                _reduce(P[P_OP], work, tmp, src, slo, (t % 2) * P[P_MC] + k * seg, ln)
+                abase = (t % 2) * P[P_MC] + k * seg
+                if P[P_HALF]:
+                    _reduce_half(P[P_OP], work, tmp, src, slo, abase, ln)
+                else:
+                    _reduce(P[P_OP], work, tmp, src, slo, abase, ln)
                 if t == P[P_LAST_RS] and P[P_MEAN]:
-                    _finalize(work, slo, ln, P[P_INT], div)
+                    if P[P_HALF]:
+                        _finalize_half(work, slo, ln, N)
+                    else:
+                        _finalize(work, slo, ln, P[P_INT], div)
                 t2 = t + 2
                 if t2 < T and steps[t2, 2] == REDUCE and k < nseg[steps[t2, 1]]:
                     recv_st[t2 * S + k] = 1

@@ -165,6 +165,11 @@ class CompiledRingRequest(Request):
         P[K.P_INT] = int(work.dtype.kind in "iu")
         self.div = np.full(1, ctx.size, dtype=work.dtype)
         self.tmp = tmp
+        self.views = (work, src, tmp)
+        if work.dtype == np.float16:  # computed on the bits (hpcdp.comm.compiled.kernels)
+            P[K.P_HALF] = 1
+            self.views = (work.view(np.uint16), src.view(np.uint16), tmp.view(np.uint16))
+            self.div = self.div.view(np.uint16)
         self.st = self.I[P[K.O_ST]:P[K.O_ST] + K.ST_LEN]
         self.left = (ctx.rank - 1) % ctx.size
         self.lock = threading.Lock()
@@ -176,8 +181,9 @@ class CompiledRingRequest(Request):
 
     # -- the compiled calls ----------------------------------------------------
     def _advance(self, mode, deadline):
-        code = self.engine.advance(mode, deadline, self.I, self.H, self.work, self.src,
-                                   self.tmp, self.div, self.X, self.stat)
+        work, src, tmp = self.views
+        code = self.engine.advance(mode, deadline, self.I, self.H, work, src, tmp, self.div,
+                                   self.X, self.stat)
         if code == K.FAILED:
             self._failed()
         return code
