@@ -72,13 +72,13 @@ def test_the_engine_binds_this_mpi(comm):
     set_engine(comm, "python")
 
 
-# every dtype with 64-byte segments (pipelining, many messages per chunk); whole chunks
+# every dtype with 256-byte segments (pipelining, many messages per chunk); whole chunks
 # (one message per step) for three
-CASES = [(d, 64) for d in DTYPES] + [(d, None) for d in (np.float32, np.float64, np.int64)]
+CASES = [(d, 256) for d in DTYPES] + [(d, None) for d in (np.float32, np.float64, np.int64)]
 
 
 @pytest.mark.parametrize("dtype,seg", CASES,
-                         ids=[f"{np.dtype(d).name}-{'seg64' if s else 'whole'}" for d, s in CASES])
+                         ids=[f"{np.dtype(d).name}-{'seg256' if s else 'whole'}" for d, s in CASES])
 def test_bitwise_equal_to_the_python_ring(comm, dtype, seg):
     for n in lengths(comm.Get_size()):
         ref, ref_ledger = run_all(comm, "python", dtype, n, seg)
