@@ -29,7 +29,7 @@ from hpcdp.comm.native import native_all_gather, native_allreduce, native_reduce
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.recursive import recursive_doubling
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
-from hpcdp.comm.compiled.engine import ring_request
+from hpcdp.comm.compiled.engine import blocking_call, ring_request
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 from hpcdp.shard import shard_range
 
@@ -162,8 +162,8 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
                                    max_message_bytes=max_message_bytes, result=result)
     if algo == "ring":
         return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
-                           phases=("rs", "ag"), segment_bytes=segment_bytes,
-                           max_message_bytes=max_message_bytes, result=result)
+                            phases=("rs", "ag"), segment_bytes=segment_bytes,
+                            max_message_bytes=max_message_bytes, result=result)
     if algo == "native":
         body = lambda req: native_allreduce(req, src, work, op)  # noqa: E731
     else:
@@ -191,9 +191,9 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
         out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
         if out is not None:
             return out
-    return iallreduce(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
-                      segment_bytes=segment_bytes, timeout=timeout,
-                      max_message_bytes=max_message_bytes).wait()
+    return blocking_call(iallreduce, sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm,
+                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
+                         max_message_bytes=max_message_bytes).wait()
 
 
 # -- reduce-scatter ------------------------------------------------------------
@@ -254,8 +254,8 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
         return req
     if in_place:
         return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
-                           op=op, phases=("rs",), segment_bytes=segment_bytes,
-                           max_message_bytes=max_message_bytes, result=result)
+                            op=op, phases=("rs",), segment_bytes=segment_bytes,
+                            max_message_bytes=max_message_bytes, result=result)
     return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=None,
                         src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
                         max_message_bytes=max_message_bytes, result=result,
@@ -269,9 +269,9 @@ def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", l
         out = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
         if out is not None:
             return out
-    return ireduce_scatter(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
-                           segment_bytes=segment_bytes, timeout=timeout,
-                           max_message_bytes=max_message_bytes).wait()
+    return blocking_call(ireduce_scatter, sendbuf, recvbuf, comm=comm, op=op,
+                         algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                         timeout=timeout, max_message_bytes=max_message_bytes).wait()
 
 
 # -- all-gather ----------------------------------------------------------------
@@ -325,8 +325,8 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
     if ctx.size == 1 or n == 0:
         return DoneRequest(ctx, "all_gather", call, ledger, result)
     return ring_request(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
-                       op=None, phases=("ag",), segment_bytes=segment_bytes,
-                       max_message_bytes=max_message_bytes, result=result)
+                        op=None, phases=("ag",), segment_bytes=segment_bytes,
+                        max_message_bytes=max_message_bytes, result=result)
 
 
 def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
@@ -336,6 +336,6 @@ def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
         if out is not None:
             return out
-    return iall_gather(sendbuf, recvbuf, comm=comm, algorithm=algorithm, ledger=ledger,
-                       segment_bytes=segment_bytes, timeout=timeout,
-                       max_message_bytes=max_message_bytes).wait()
+    return blocking_call(iall_gather, sendbuf, recvbuf, comm=comm, algorithm=algorithm,
+                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
+                         max_message_bytes=max_message_bytes).wait()
