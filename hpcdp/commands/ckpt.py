@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import CheckpointError
+from hpcdp.io.errors import CheckpointError
 
 OK, CORRUPT, USAGE = 0, 1, 2
 
@@ -24,7 +24,7 @@ def _mib(n) -> str:
 
 
 def cmd_ls(args) -> int:
-    from .inspect import checkpoints_in, summary
+    from hpcdp.io.inspect import checkpoints_in, summary
 
     rows = [summary(p) for p in checkpoints_in(args.dir)]
     print(f"{'checkpoint':<24} {'status':<10} {'size':>10}  written by")
@@ -39,9 +39,9 @@ def cmd_ls(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .commit import marker_problem
-    from .index import read_index
-    from .inspect import weights_sha256
+    from hpcdp.io.commit import marker_problem
+    from hpcdp.io.index import read_index
+    from hpcdp.io.inspect import weights_sha256
 
     problem = marker_problem(args.ckpt)
     index = read_index(args.ckpt)
@@ -72,7 +72,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .inspect import checkpoints_in, verify
+    from hpcdp.io.inspect import checkpoints_in, verify
 
     status = OK
     for path in args.paths:
@@ -94,8 +94,8 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .commit import marker_problem
-    from .inspect import export
+    from hpcdp.io.commit import marker_problem
+    from hpcdp.io.inspect import export
 
     problem = marker_problem(args.ckpt)
     if problem:
@@ -105,7 +105,7 @@ def cmd_export(args) -> int:
     return OK
 
 
-def main(argv) -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hpcdp ckpt", description="Inspect hpcdp checkpoints.")
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("ls", help="list the checkpoints in a folder or run directory")
