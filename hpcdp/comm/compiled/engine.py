@@ -44,7 +44,10 @@ class CompiledEngine:
         from hpcdp.comm.compiled import kernels
         from hpcdp.comm.compiled.progress import ProgressThread
 
+        from hpcdp.comm.context import BufferPool
+
         self.binding = binding
+        self.pool, self.pool_lock = BufferPool(), threading.Lock()  # scratch (request.py)
         self.advance = kernels.advance
         self._sleep = kernels.sleep_us
         self.progress = ProgressThread()

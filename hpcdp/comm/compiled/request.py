@@ -140,6 +140,8 @@ class CompiledRingRequest(Request):
                  segment_bytes, max_message_bytes=None, result=None, final_out=None,
                  background=True):
         super().__init__(ctx, name, call, ledger, timeout, max_message_bytes)
+        self.engine = engine
+        self._own_scratch: list = []
         if work is None:  # out-of-place reduce-scatter: chunks pass through a pooled scratch
             work = self.scratch(src.size, src.dtype)
         itemsize = work.dtype.itemsize
@@ -155,7 +157,6 @@ class CompiledRingRequest(Request):
         if final_out is not None:
             out, off, size = final_out
             self._final_copy = (out, work[off:off + size])
-        self.engine = engine
         tmp = self.scratch(2 * plan.mc, work.dtype) if plan.has_rs else work[:0]
         self.I, self.H, self.X, self.stat = plan.state(ctx, self.seq)
         P = self.I[:K.P_LEN]
@@ -178,6 +179,16 @@ class CompiledRingRequest(Request):
             self._finish()
         elif background:
             engine.progress.submit(self)
+
+    def scratch(self, n: int, dtype) -> np.ndarray:
+        """Pooled scratch from the engine's own pool (under its lock): the progress
+        thread may complete this request and return the scratch while the training
+        thread takes buffers from the communicator's pool, which has no lock."""
+        dtype = np.dtype(dtype)
+        with self.engine.pool_lock:
+            raw = self.engine.pool.get(n * dtype.itemsize)
+        self._own_scratch.append(raw)
+        return raw[:n * dtype.itemsize].view(dtype)
 
     # -- the compiled calls ----------------------------------------------------
     def _advance(self, mode, deadline):
@@ -209,6 +220,10 @@ class CompiledRingRequest(Request):
             dst, src = self._final_copy
             dst[...] = src
         self._complete()
+        with self.engine.pool_lock:
+            for raw in self._own_scratch:
+                self.engine.pool.put(raw)
+        self._own_scratch = []
 
     def background_pass(self, deadline) -> int:
         """The progress thread's turn (holding the lock): advance until done, the
