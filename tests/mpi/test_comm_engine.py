@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from hpcdp.comm import CollectiveTimeout, Ledger, all_gather, allreduce, iallreduce, \
     iall_gather, reduce_scatter

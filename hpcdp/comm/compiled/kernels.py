@@ -1,5 +1,6 @@
-"""The compiled ring's state machine: one ``@njit(nogil=True)`` function per MPI
-binding that posts, tests and reduces every segment of a ring collective.
+"""The compiled ring's state machine: ``advance``, ``@njit(nogil=True, cache=True)``,
+posts, tests and reduces every segment of a ring collective, calling MPI through
+the addresses in its plan (hpcdp.comm.compiled.ccall, .binding).
 
 It is hpcdp.comm.ring's algorithm step for step (that module's docstring): the same
 chunks, segments, tags, scratch slots, receive window and dependency rules, so the
@@ -14,8 +15,8 @@ into flat arrays:
 - ``st`` holds the counters (``ST_*`` below): open requests, remaining messages and
   the ledger's bytes and messages, counted when posted as the Python ring does.
 
-``advance`` returns DONE, PROGRESS (something moved), IDLE, TIMEOUT (``MPI_Wtime``
-passed the deadline), PEER (a peer started the missing-rank diagnosis: its status
+``advance`` returns DONE, PROGRESS (something moved), IDLE, TIMEOUT (CLOCK_MONOTONIC,
+time.monotonic's clock, passed the deadline), PEER (a peer started the missing-rank diagnosis: its status
 message waits on the control communicator) or FAILED (an MPI call returned an
 error: ``st[ST_ERR]``). Modes: ``ONCE`` (passes until nothing moves; ``test()``),
 ``BLOCK`` (until done or the deadline, spinning like MPI and yielding the core
