@@ -50,7 +50,9 @@ def test_rank_that_never_calls_ends_the_job(algorithm, engine):
     assert proc.returncode != 0, out
     assert "ranks [2] never arrived" in out, out
     assert "timed out after 2s" in out, out
-    assert elapsed < 40, f"took {elapsed:.0f}s"
+    # the compiled engine's first use on a fresh clone compiles it (about 5 s per rank
+    # per dtype, three ranks on two cores) before the collective that times out
+    assert elapsed < (90 if engine == "compiled" else 40), f"took {elapsed:.0f}s"
 
 
 if __name__ == "__main__":
