@@ -141,9 +141,26 @@ def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
     return len(arrays), note
 
 
+def checkpoint_of(path) -> Path:
+    """The checkpoint ``path`` names: a step-* directory itself, else the newest
+    complete one in a folder of them (or a run directory's ``checkpoints/``)."""
+    from .commit import marker_problem
+    from .inspect import checkpoints_in
+
+    found = checkpoints_in(path)
+    done = [p for p in found if marker_problem(p) is None]
+    if not done:
+        raise CheckpointError(f"{path}: {marker_problem(found[-1])}" if len(found) == 1 else
+                              f"{path}: no complete checkpoint ({len(found)} incomplete)")
+    return done[-1]
+
+
 def export_any(ckpt_dir, out, fmt: str | None = None, *, optimizer: bool = False) -> str:
-    """Export in ``fmt`` (or the one ``out``'s suffix names); returns one line saying what was written."""
+    """Export in ``fmt`` (or the one ``out``'s suffix names) from ``ckpt_dir`` (a
+    checkpoint, or a folder of them: its newest complete one); returns one line
+    saying what was written."""
     fmt = format_of(out, fmt)
+    ckpt_dir = checkpoint_of(ckpt_dir)
     if optimizer and fmt not in ("h5", "npz"):
         raise CheckpointError(f"--optimizer: the {fmt} export holds weights only; use an .h5 or .npz file")
     if fmt in ("h5", "npz"):
@@ -159,5 +176,5 @@ def export_any(ckpt_dir, out, fmt: str | None = None, *, optimizer: bool = False
             f"transformers.GPT2LMHeadModel.from_pretrained({str(out)!r})")
 
 
-__all__ = ["FORMATS", "HPCDP_FORMAT", "format_of", "export_any", "export_safetensors", "export_hf_gpt2",
+__all__ = ["FORMATS", "HPCDP_FORMAT", "format_of", "checkpoint_of", "export_any", "export_safetensors", "export_hf_gpt2",
            "read_weights", "save_safetensors"]

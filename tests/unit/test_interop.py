@@ -9,8 +9,12 @@ the proof is tests/hf."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +30,8 @@ from hpcdp.io.weights import model_from_checkpoint
 from hpcdp.nn import build_model
 from hpcdp.shard import shard_range
 
-from interop_jobs import SOURCES, byte_corpus, hpcdp, job_text, ok
+from hpcdp.bench.scale import THREAD_ENV
+from interop_jobs import ROOT, SOURCES, byte_corpus, hpcdp, job_text, ok
 
 CKPT = "ck/step-00000002"
 
@@ -264,3 +269,31 @@ def test_tokenizer_errors_are_one_line(tmp_path):
     with pytest.raises(DataError, match="not a Hugging Face tokenizer.json"):
         from hpcdp.data.bpe import HFTokenizer
         HFTokenizer('{"version": "1.0"}')
+
+
+def guide_block() -> list[str]:
+    text = (ROOT / "docs" / "user-guide.md").read_text()
+    section = text[text.index("### Models in and out"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_user_guide_commands_work_as_written(tmp_path):
+    """docs/user-guide.md's round trip, line by line, in a shell (2 ranks under mpiexec)."""
+    lines = guide_block()
+    assert [x.split()[0] for x in lines] == ["hpcdp", "hpcdp", "mpiexec", "hpcdp", "mpiexec", "hpcdp"]
+    shutil.copytree(SOURCES, tmp_path / "notes", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "job.toml").write_text(job_text(vocab=2000, ckpt="") + '[parallel]\nstrategy = "ddp"\n')
+    env = {**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for line in lines:
+        proc = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, (line, proc.stdout[-2000:], proc.stderr[-2000:])
+    conf = json.loads((tmp_path / "gpt2-mine" / "config.json").read_text())
+    assert conf["vocab_size"] == 2000 and conf["eos_token_id"] == 0
+    assert (tmp_path / "gpt2-mine" / "tokenizer.json").read_text() == (tmp_path / "tokenizer.json").read_text()
+    assert 'init_from = "gpt2-mine"' in (tmp_path / "ft" / "config.toml").read_text()
+    assert (tmp_path / "ft" / "metrics.jsonl").read_text().count('"step"') >= 2  # it trained
+    assert set(load_file(str(tmp_path / "mine.safetensors"))) == {
+        k[len("transformer."):] for k in load_file(str(tmp_path / "gpt2-mine" / "model.safetensors"))}
