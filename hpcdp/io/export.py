@@ -87,15 +87,17 @@ def export_safetensors(ckpt_dir, out) -> int:
 
 
 def corpus_tokenizer(cfg):
-    """The Hugging Face tokenizer of the run's corpus (``data.kind = "tokens"`` made
-    with ``--tokenizer FILE``), or None (another tokenizer, or the corpus is gone)."""
-    if cfg.data.kind != "tokens" or not Path(cfg.data.path).is_file():
-        return None
+    """``(tokenizer, why not)``: the Hugging Face tokenizer of the run's corpus
+    (``data.kind = "tokens"`` made with ``--tokenizer FILE``), or None and the reason."""
+    if cfg.data.kind != "tokens":
+        return None, "the run's data is not a token corpus"
+    if not Path(cfg.data.path).is_file():
+        return None, f"the run's corpus data.path = {cfg.data.path!r} is not here"
     from hpcdp.data.corpus import open_corpus
 
     f, tok = open_corpus(Path(cfg.data.path))
     f.close()
-    return tok if tok.kind == "hf" else None
+    return (tok, "") if tok.kind == "hf" else (None, f"the corpus's tokenizer is {tok.kind}")
 
 
 def hf_arrays(arrays: dict, tied: bool) -> dict:
@@ -120,7 +122,7 @@ def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
         raise CheckpointError(f"export --format hf-gpt2: checkpoint {ckpt_dir} holds a model.kind = "
                               f"{cfg.model.kind!r} model; only a GPT has a GPT-2 layout (use --format safetensors)")
     arrays, index = read_weights(ckpt_dir)
-    tok = corpus_tokenizer(cfg)
+    tok, why = corpus_tokenizer(cfg)
     eot = tok.token_id(END_OF_TEXT) if tok is not None else None
     if eot is not None and eot >= cfg.model.vocab_size:
         eot = None
@@ -136,8 +138,7 @@ def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
         _replace_into(out / "tokenizer.json", lambda tmp: tmp.write_text(tok.json, encoding="utf-8"))
     _replace_into(out / "config.json", lambda tmp: tmp.write_text(json.dumps(conf, indent=2) + "\n"))
     note = ("tokenizer.json from the corpus" + (f", bos/eos id {eot}" if eot is not None else "")
-            if tok is not None else "no tokenizer.json (the run's data has no Hugging Face tokenizer), "
-            "bos/eos ids none")
+            if tok is not None else f"no tokenizer.json ({why}), bos/eos ids none")
     return len(arrays), note
 
 

@@ -34,9 +34,9 @@ from .errors import CheckpointError
 
 WEIGHTS, SHARDED_INDEX, CONFIG, TOKENIZER = ("model.safetensors", "model.safetensors.index.json",
                                              "config.json", "tokenizer.json")
-# the [model] keys an hpcdp safetensors file's stored config must agree on
-MODEL_KEYS = ("kind", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "tied_head", "gelu", "sizes",
-              "activation")
+# the [model] keys an hpcdp safetensors file's stored config must agree on, per model.kind
+MODEL_KEYS = {"gpt": ("kind", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "tied_head", "gelu"),
+              "mlp": ("kind", "sizes", "activation", "gelu")}
 
 
 class Source:
@@ -126,9 +126,10 @@ def open_hf_folder(path: Path) -> Source:
             f" (only {', '.join(bins)}: hpcdp reads no pickle files; re-save it with transformers' "
             "save_pretrained, which writes safetensors)" if bins else ""))
     tensors = {}
+    tied = bool(conf.get("tie_word_embeddings", True))
     for key, file in files.items():
         name = hpcdp_name(key)
-        if name is not None:
+        if name is not None and not (tied and name == "lm_head.weight"):  # a tied head is wte itself
             tensors[name] = (file, key, transposed(name))
     tok = path / TOKENIZER
     return Source(path, "hf-gpt2", tensors,
@@ -150,9 +151,9 @@ def open_hpcdp_file(path: Path) -> Source:
     def problem(m):
         if stored is None:
             return None  # no stored config (another tool's file): names and shapes decide
-        for key in MODEL_KEYS:
+        for key in MODEL_KEYS[m.kind]:
             if key in stored and stored[key] != getattr(m, key, None):
-                if key in ("sizes", "activation") and m.kind != "mlp":
+                if key == "gelu" and m.kind == "mlp" and m.activation != "gelu":
                     continue
                 return (f"model.{key} is {stored[key]!r} in the file's config, {getattr(m, key, None)!r} here: "
                         f"set model.{key} = {json.dumps(stored[key])}")

@@ -24,6 +24,9 @@ import pytest
 
 from interop_jobs import SOURCES, byte_corpus, hpcdp, job_text, ok
 
+# minutes on a loaded machine: several trainings, mpiexec jobs and torch start-ups each
+pytestmark = pytest.mark.timeout(900)
+
 IDS = np.random.default_rng(0).integers(0, 256, size=(3, 16))
 TOL = {"float64": 1e-10, "float32": 1e-5}
 

@@ -164,6 +164,41 @@ def test_float64_run_from_a_float32_export_converts(trained):
     np.testing.assert_array_equal(model.flat.data, checkpoint_weights(trained).astype(np.float64))
 
 
+STRATEGIES = {"ddp": ['parallel.strategy="ddp"'],
+              "ps": ['parallel.strategy="ps"', "parallel.ps.servers=2"],
+              "zero3": ['parallel.strategy="zero"', "parallel.zero.stage=3"]}
+
+
+def test_every_strategy_starts_from_the_imported_weights(trained):
+    """2 real ranks: DDP (replicas read everything), the parameter server (2 servers
+    keep private shard copies) and ZeRO-3 (each rank reads its shard) train the
+    same loss curve from the export, in float64."""
+    curves, reads = {}, {}
+    for name, sets in STRATEGIES.items():
+        args = ["train", "--config", "job.toml", "--set", 'model.init_from="hf"', "--set", 'run.dtype="float64"',
+                "--set", "train.steps=3", "--set", f'run.out_dir="s-{name}"', "--set", f'checkpoint.dir="ck-{name}"']
+        for x in sets:
+            args += ["--set", x]
+        out = ok(hpcdp(trained, *args, ranks=2))
+        m = re.search(r"model.init_from: hf \(hf-gpt2\): ([\d,]+) of ([\d,]+) parameters read on this rank", out)
+        assert m, out
+        reads[name] = (int(m.group(1).replace(",", "")), int(m.group(2).replace(",", "")))
+        lines = [json.loads(x) for x in (trained / f"s-{name}" / "metrics.jsonl").read_text().splitlines()]
+        curves[name] = [x["loss"] for x in lines if "step" in x and "loss" in x]
+    n = reads["ddp"][1]
+    assert reads["ddp"] == reads["ps"] == (n, n)
+    assert 0 < reads["zero3"][0] < n  # rank 0's shard only
+    assert len(curves["ddp"]) == 3
+    np.testing.assert_allclose(curves["ps"], curves["ddp"], rtol=1e-9)
+    np.testing.assert_allclose(curves["zero3"], curves["ddp"], rtol=1e-9)
+    # the first loss is the imported weights' (the random init's is another)
+    (trained / "plain.toml").write_text(job_text(tied=False, gelu="exact", out="plain", ckpt="ck-plain", steps=1,
+                                                 dtype="float64"))
+    ok(hpcdp(trained, "train", "--config", "plain.toml"))
+    plain = [json.loads(x) for x in (trained / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert abs([x["loss"] for x in plain if "step" in x][0] - curves["ddp"][0]) > 1e-3
+
+
 def test_train_refuses_a_mismatch_in_one_line(trained):
     proc = hpcdp(trained, "train", "--config", "job.toml", "--set", 'model.init_from="hf"',
                  "--set", "model.n_embd=32", "--set", 'run.out_dir="bad"')
