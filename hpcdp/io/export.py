@@ -63,9 +63,7 @@ def _replace_into(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a plain file's mode (the writer may create it 0600)
+        os.chmod(tmp, 0o644)  # a plain file's mode (safetensors creates it 0600)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -167,8 +165,9 @@ def export_any(ckpt_dir, out, fmt: str | None = None, *, optimizer: bool = False
     if fmt in ("h5", "npz"):
         from .inspect import export
 
-        if Path(out).suffix not in (".h5", ".hdf5", ".npz"):
-            raise CheckpointError(f"export: {out} must end in .h5, .hdf5 or .npz for --format {fmt}")
+        suffixes = (".h5", ".hdf5") if fmt == "h5" else (".npz",)
+        if Path(out).suffix not in suffixes:
+            raise CheckpointError(f"export: {out} must end in {' or '.join(suffixes)} for --format {fmt}")
         return f"wrote {export(ckpt_dir, out, optimizer=optimizer)} tensors to {out}"
     if fmt == "safetensors":
         return f"wrote {export_safetensors(ckpt_dir, out)} tensors to {out} (safetensors, hpcdp names)"
@@ -177,5 +176,5 @@ def export_any(ckpt_dir, out, fmt: str | None = None, *, optimizer: bool = False
             f"transformers.GPT2LMHeadModel.from_pretrained({str(out)!r})")
 
 
-__all__ = ["FORMATS", "HPCDP_FORMAT", "format_of", "checkpoint_of", "export_any", "export_safetensors", "export_hf_gpt2",
-           "read_weights", "save_safetensors"]
+__all__ = ["FORMATS", "HPCDP_FORMAT", "format_of", "checkpoint_of", "export_any", "export_safetensors",
+           "export_hf_gpt2", "read_weights", "save_safetensors"]

@@ -19,7 +19,8 @@ sys.path.insert(0, str(ROOT / "tests" / "unit"))  # interop_jobs: the GPT job he
 
 @pytest.fixture(scope="session")
 def oracle():
-    python = os.environ.get("HPCDP_HF_PYTHON", str(ROOT / ".venv-hf" / "bin" / "python"))
+    # absolute (the calls run in each test's folder), not resolved (a venv's python is a symlink)
+    python = os.path.abspath(os.environ.get("HPCDP_HF_PYTHON", str(ROOT / ".venv-hf" / "bin" / "python")))
     if not Path(python).exists():
         pytest.skip(f"no transformers venv at {python}: run bash tests/hf/setup_venv_hf.sh "
                     "(tests/run_all.sh does)")
