@@ -114,7 +114,8 @@ def main(argv) -> int:
     q = sub.add_parser("export", help="weights to one .h5, .npz or .safetensors file, or a transformers folder")
     q.add_argument("ckpt")
     q.add_argument("out")
-    q.add_argument("--format", choices=("h5", "npz", "safetensors", "hf-gpt2"),
+    from .export import FORMATS
+    q.add_argument("--format", choices=FORMATS,
                    help="default: from OUT's suffix; hf-gpt2: a folder GPT2LMHeadModel.from_pretrained loads")
     q.add_argument("--optimizer", action="store_true", help="also export the optimizer state")
     args = p.parse_args(argv)

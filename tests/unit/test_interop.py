@@ -212,6 +212,10 @@ def test_export_usage_errors(trained):
     assert proc.returncode == 2 and "cannot tell the format from 'w.bin'" in proc.stderr
     proc = hpcdp(trained, "ckpt", "export", CKPT, "w.safetensors", "--optimizer")
     assert proc.returncode == 2 and "holds weights only" in proc.stderr
+    proc = hpcdp(trained, "ckpt", "export", CKPT, "w.h5", "--format", "npz")
+    assert proc.returncode == 2 and "w.h5 must end in .npz for --format npz" in proc.stderr
+    ok(hpcdp(trained, "ckpt", "export", "ck", "newest.safetensors"))  # a folder: its newest checkpoint
+    assert load_file(str(trained / "newest.safetensors")).keys() == load_file(str(trained / "w.safetensors")).keys()
 
 
 # -- a subword tokenizer ------------------------------------------------------------
