@@ -185,6 +185,13 @@ def test_every_strategy_starts_from_the_imported_weights(trained):
         reads[name] = (int(m.group(1).replace(",", "")), int(m.group(2).replace(",", "")))
         lines = [json.loads(x) for x in (trained / f"s-{name}" / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [x["loss"] for x in lines if "step" in x and "loss" in x]
+        # and out again from this 2-rank checkpoint (ZeRO-3's: sharded parameters): its exact weights
+        ok(hpcdp(trained, "ckpt", "export", f"ck-{name}", f"{name}.safetensors"))
+        model = model_from_checkpoint(str(trained / f"ck-{name}"))[2]
+        got = load_file(str(trained / f"{name}.safetensors"))
+        assert set(got) == set(model.flat.params)
+        for key, arr in got.items():
+            np.testing.assert_array_equal(arr, model.flat.params[key].data)
     n = reads["ddp"][1]
     assert reads["ddp"] == reads["ps"] == (n, n)
     assert 0 < reads["zero3"][0] < n  # rank 0's shard only
