@@ -185,6 +185,9 @@ class DataConfig:
             raise ConfigError(f"{s}.storage: 'disk' works for data.kind 'hdf5', 'npy' and 'tokens'; "
                               f"{self.kind!r} is read whole (use 'auto' or 'memory')")
         _range(s, "eval_windows", self.eval_windows, 0)
+        if self.tokenizer and self.kind != "tokens":
+            raise ConfigError(f"{s}.tokenizer: only a token corpus (data.kind = \"tokens\") has a tokenizer; "
+                              f"data.kind is {self.kind!r}: leave data.tokenizer empty")
         for key in ("x_key", "y_key"):
             if not getattr(self, key):
                 raise ConfigError(f"{s}.{key}: must be a non-empty dataset name")

@@ -315,6 +315,9 @@ def test_tokenizer_errors_are_one_line(tmp_path):
     with pytest.raises(DataError, match="not a Hugging Face tokenizer.json"):
         from hpcdp.data.bpe import HFTokenizer
         HFTokenizer('{"version": "1.0"}')
+    from hpcdp.config import ConfigError
+    with pytest.raises(ConfigError, match="data.tokenizer: only a token corpus"):
+        load_config(None, ['data.tokenizer="t.json"'])  # digits: never silently ignored
 
 
 def guide_block() -> list[str]:
