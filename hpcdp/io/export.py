@@ -10,7 +10,8 @@ whatever rank count, strategy and layout wrote the checkpoint, checksums checked
 - ``hf-gpt2``: a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads:
   ``config.json`` + ``model.safetensors`` in GPT2LMHeadModel's layout
   (:mod:`hpcdp.io.hf_gpt2`), and ``tokenizer.json`` when the run's corpus was made
-  with a Hugging Face tokenizer. ``model.init_from`` reads it back.
+  with a Hugging Face tokenizer (with a ``tokenizer_config.json``, so that
+  ``AutoTokenizer.from_pretrained(folder)`` loads it). ``model.init_from`` reads it back.
 
 Written with the ``safetensors`` package's NumPy API: no PyTorch needed. Each file is
 written under a temporary name and renamed into place, so an interrupted export
@@ -134,6 +135,11 @@ def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
     save_safetensors(hf_arrays(arrays, cfg.model.tied_head), out / "model.safetensors", {"format": "pt"})
     if tok is not None:
         _replace_into(out / "tokenizer.json", lambda tmp: tmp.write_text(tok.json, encoding="utf-8"))
+        # so that AutoTokenizer.from_pretrained(out) takes tokenizer.json as it is
+        special = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT} if eot is not None else {}
+        tconf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
+                 "clean_up_tokenization_spaces": False, **special}
+        _replace_into(out / "tokenizer_config.json", lambda tmp: tmp.write_text(json.dumps(tconf, indent=2) + "\n"))
     _replace_into(out / "config.json", lambda tmp: tmp.write_text(json.dumps(conf, indent=2) + "\n"))
     note = ("tokenizer.json from the corpus" + (f", bos/eos id {eot}" if eot is not None else "")
             if tok is not None else f"no tokenizer.json ({why}), bos/eos ids none")

@@ -3,7 +3,8 @@ never hpcdp). One process per call, so torch is imported once for many folders.
 
     python oracle.py logits JOBS.json    JOBS: [{"folder", "ids" (.npy), "out" (.npy), "dtype"}]
     python oracle.py make SPEC.json      SPEC: {"folder", "config": {GPT2Config kwargs}, "seed", "ids", "out"}
-    python oracle.py tokenize SPEC.json  SPEC: {"tokenizer" (tokenizer.json), "texts": [file], "out" (.json)}
+    python oracle.py tokenize SPEC.json  SPEC: {"tokenizer" (tokenizer.json), "folder" (an export),
+                                                "texts": [file], "out" (.json)}
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 import numpy as np
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -48,11 +49,14 @@ def cmd_make(spec):
 
 def cmd_tokenize(spec):
     tok = PreTrainedTokenizerFast(tokenizer_file=spec["tokenizer"])
+    auto = AutoTokenizer.from_pretrained(spec["folder"])  # the export's tokenizer_config.json
     out = []
     for path in spec["texts"]:
         text = open(path, encoding="utf-8").read()
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        out.append({"ids": ids, "roundtrip": tok.decode(ids, clean_up_tokenization_spaces=False) == text})
+        assert auto(text, add_special_tokens=False)["input_ids"] == ids
+        out.append({"ids": ids, "roundtrip": tok.decode(ids, clean_up_tokenization_spaces=False) == text
+                    and auto.decode(ids) == text, "eos": auto.eos_token_id})
     json.dump(out, open(spec["out"], "w"))
 
 

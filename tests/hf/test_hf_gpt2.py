@@ -142,7 +142,8 @@ def test_bpe_tokenizer_and_its_gpt_in_transformers(tmp_path, oracle):
     held = sorted(str(p) for p in (tmp_path / "held").iterdir())
     ids = np.random.default_rng(1).integers(0, 400, size=(2, 16))
     np.save(tmp_path / "ids.npy", ids)
-    oracle("tokenize", {"tokenizer": "hf/tokenizer.json", "texts": held, "out": "tok-out.json"}, tmp_path)
+    oracle("tokenize", {"tokenizer": "hf/tokenizer.json", "folder": "hf", "texts": held, "out": "tok-out.json"},
+           tmp_path)
     oracle("logits", [{"folder": "hf", "ids": "ids.npy", "out": "theirs.npy", "dtype": "float32", "tied": True}],
            tmp_path)
 
@@ -153,6 +154,7 @@ def test_bpe_tokenizer_and_its_gpt_in_transformers(tmp_path, oracle):
     for path, r in zip(held, result):
         text = open(path, encoding="utf-8").read()
         assert r["roundtrip"]  # decode(encode(text)) == text in transformers
+        assert r["eos"] == tok.token_id("<|endoftext|>") == 0
         assert r["ids"] == tok.encode(text).tolist()  # the ids hpcdp's corpus holds
         assert tok.decode(r["ids"]) == text
     assert rel_err(hpcdp_logits(tmp_path / "ck" / "step-00000002", ids), np.load(tmp_path / "theirs.npy")) <= 1e-5

@@ -282,6 +282,8 @@ def test_gpt_trains_samples_and_exports_with_the_tokenizer(bpe):
     conf = json.loads((bpe / "hf" / "config.json").read_text())
     assert conf["bos_token_id"] == conf["eos_token_id"] == 0  # <|endoftext|>, the first special token
     assert (bpe / "hf" / "tokenizer.json").read_text() == (bpe / "tok.json").read_text()
+    tconf = json.loads((bpe / "hf" / "tokenizer_config.json").read_text())
+    assert tconf["eos_token"] == tconf["bos_token"] == "<|endoftext|>" and tconf["model_max_length"] == 16
 
 
 def test_a_mismatched_tokenizer_is_refused(bpe, tmp_path):
