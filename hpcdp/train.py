@@ -34,10 +34,12 @@ from hpcdp.optim import build_optimizer, lr_at
 from hpcdp.rundir import new_run_dir
 from hpcdp.shard import shard_range
 from hpcdp.step import train_step
-from hpcdp.strategies import build_strategy
+from hpcdp.strategies import build_strategy as default_build_strategy
 
 
 def task_of(model_cfg) -> str:
+    """The dataset task a model trains on: "classification" (MLP) or "sequence" (GPT);
+    public for the tools that load a config's data themselves (bench exact, ps study)."""
     return "classification" if model_cfg.kind == "mlp" else "sequence"
 
 
@@ -106,9 +108,12 @@ def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, b
     return {"loss": sums[0] / count, "accuracy": sums[1] / count, "n": int(sums[2])}
 
 
-def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) -> dict:
+def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
+                 build_strategy=None) -> dict:
     """Train as ``cfg`` says. ``model`` overrides ``hpcdp.nn.build_model`` (tests);
-    ``resume``: a checkpoint to continue from (``--resume``: a path or "latest").
+    ``resume``: a checkpoint to continue from (``--resume``: a path or "latest");
+    ``build_strategy(parallel_cfg, world, comm_cfg)``: the strategy factory (default
+    hpcdp.strategies.build_strategy; a benchmark passes its own, e.g. a compute-only one).
 
     Returns a summary dict (run_dir, steps, last loss, last eval) on every worker.
     """
@@ -140,7 +145,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
         ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype, comm=world.comm,
                           timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
-        strategy = build_strategy(cfg.parallel, world, cfg.comm)
+        strategy = (build_strategy or default_build_strategy)(cfg.parallel, world, cfg.comm)
         if cfg.train.reproducible == "exact":  # ZeRO 2-3 with integer reductions (hpcdp/exact/zero.py)
             from hpcdp.exact.zero import exact_strategy
             strategy = exact_strategy(strategy)
@@ -334,9 +339,10 @@ def memory_line(step: int, ranks: dict) -> str:
             f"peak RSS {mib('rss_peak_bytes')}")
 
 
-def main_train(config_path=None, overrides=(), out=None, resume=None) -> dict:
+def main_train(config_path=None, overrides=(), out=None, resume=None, build_strategy=None) -> dict:
     """``hpcdp train``: load the config (None: built-in default) and train. Every rank
-    loads its own config; they must agree (hpcdp.failure.skew) before anything else."""
+    loads its own config; they must agree (hpcdp.failure.skew) before anything else.
+    ``build_strategy``: see :func:`run_training`."""
     from hpcdp.config import CommConfig, load_config
     from hpcdp.failure.agree import stage
     from hpcdp.failure.skew import config_differences, config_text
@@ -349,7 +355,7 @@ def main_train(config_path=None, overrides=(), out=None, resume=None) -> dict:
     world.device = cfg.run.device
     from hpcdp.failure.shutdown import expect_peers_within
     expect_peers_within(cfg.comm.timeout)  # the final barrier's deadline (hpcdp train's end)
-    return run_training(cfg, world=world, out=out, resume=resume)
+    return run_training(cfg, world=world, out=out, resume=resume, build_strategy=build_strategy)
 
 
-__all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train"]
+__all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train", "task_of"]

@@ -105,6 +105,11 @@ def recursive_bytes(n_bytes: int, N: int, rank: int) -> tuple[int, int]:
     return rounds * n_bytes + extra, rounds * n_bytes + extra
 
 
+def recursive_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """:func:`recursive_bytes` in the (elements, ranks, rank, itemsize) form of the others."""
+    return recursive_bytes(n * itemsize, N, rank) if N > 1 and n else (0, 0)
+
+
 def native_bytes(collective: str, n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
     """(sent, received) bytes the ledger records for MPI's own collective
     (``algorithm="native"``, also what "auto" picks below its crossover): the bytes
@@ -123,22 +128,33 @@ def native_bytes(collective: str, n: int, N: int, rank: int, itemsize: int) -> t
     raise ValueError(f"native_bytes: unknown collective {collective!r}")
 
 
+def native_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return native_bytes("allreduce", n, N, rank, itemsize)
+
+
+def native_reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return native_bytes("reduce_scatter", n, N, rank, itemsize)
+
+
+def native_all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return native_bytes("all_gather", n, N, rank, itemsize)
+
+
 def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
                      itemsize: int) -> tuple[int, int]:
     """(sent, received) bytes of one ``collective`` (allreduce, reduce_scatter,
-    all_gather) with ``algorithm`` ("auto" resolved by hpcdp.comm.auto.choose)."""
+    all_gather) with ``algorithm`` ("auto" resolved by hpcdp.comm.auto.choose): the
+    formula the algorithm registered (hpcdp.comm.algorithms)."""
+    from hpcdp.comm.algorithms import get
     from hpcdp.comm.auto import choose
 
     algo = choose(collective, n * itemsize, N, algorithm)
-    if algo == "hierarchical":  # bytes per link kind, from the node layout
-        raise ValueError("collective_bytes: the hierarchical allreduce moves bytes on two link "
-                         "kinds; use hierarchical_bytes(n, nodes, per_node, node, local_rank, itemsize)")
-    if algo == "native":
-        return native_bytes(collective, n, N, rank, itemsize)
-    if algo == "recursive":
-        return recursive_bytes(n * itemsize, N, rank) if N > 1 and n else (0, 0)
-    phases = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}
-    return ring_bytes(n, N, rank, itemsize, phases[collective])
+    formula = get(collective, algo).bytes
+    if formula is None:  # e.g. hierarchical: bytes per link kind, from the node layout
+        raise ValueError(f"collective_bytes: the {algo} {collective} moves bytes on two link kinds; "
+                         f"use {algo}_bytes (hierarchical_bytes(n, nodes, per_node, node, local_rank, "
+                         "itemsize) for the hierarchical allreduce)")
+    return formula(n, N, rank, itemsize)
 
 
 def ps_push_bytes(n: int, rank: int, servers, workers, itemsize: int) -> tuple[int, int]:
@@ -196,5 +212,6 @@ def hierarchical_bytes(n: int, nodes: int, per_node: int, node: int, local_rank:
 
 
 __all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "reduce_scatter_bytes", "all_gather_bytes",
-           "recursive_bytes", "native_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
+           "recursive_bytes", "recursive_allreduce_bytes", "native_bytes", "native_allreduce_bytes",
+           "native_reduce_scatter_bytes", "native_all_gather_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
            "zero_step_bytes", "hierarchical_bytes"]

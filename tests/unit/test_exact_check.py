@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.exact.check import format_table, parse_ranks, strategy_sets
+from hpcdp.commands.check_exact import format_table, parse_ranks, strategy_sets
 
 A, B = "a" * 64, "b" * 64
 

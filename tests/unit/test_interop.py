@@ -30,7 +30,7 @@ from hpcdp.io.weights import model_from_checkpoint
 from hpcdp.nn import build_model
 from hpcdp.shard import shard_range
 
-from hpcdp.bench.scale import THREAD_ENV
+from hpcdp.launch import THREAD_ENV
 from interop_jobs import ROOT, SOURCES, byte_corpus, hpcdp, job_text, ok
 
 CKPT = "ck/step-00000002"

@@ -37,7 +37,8 @@ AIM_MEDIAN, AIM_MAX = 0.10, 0.20
 
 def _bench(args, n: int, algos: list, out: Path) -> dict:
     from hpcdp.bench.collectives import parse_size
-    from hpcdp.bench.scale import child_env, launch_command, run_child
+    from hpcdp.launch import child_env, run_child
+    from hpcdp.scale.study import launch_command
 
     lo, hi = args.sizes.split(":") if ":" in args.sizes else ("8", args.sizes)
     path = out / f"collectives-n{n}.json"
@@ -52,7 +53,7 @@ def _bench(args, n: int, algos: list, out: Path) -> dict:
     env = child_env()
     if args.ranks_per_node:
         env["HPCDP_RANKS_PER_NODE"] = str(min(n, args.ranks_per_node))
-    run_child(cmd, "--validate", args.timeout, env)
+    run_child(cmd, "hpcdp scale --validate", args.timeout, env)
     data = json.loads(path.read_text())
     data["command"] = shlex.join(cmd)
     return data
@@ -63,16 +64,16 @@ def collective_points(profile, bench: dict, n: int, per_node: int, cores: int,
     """One point per bench row (not MPI's own): measured vs the model. At 2 ranks, sizes
     up to ``fitted_max`` are calibration points (the 8-byte calls; with a small-message
     refit, every size the refit saw)."""
-    from hpcdp import costmodel as M
+    from hpcdp.comm import cost as CM
 
-    topo = M.Topology.of(n, per_node)
+    topo = CM.Topology.of(n, per_node)
     pts = []
     for row in bench["rows"]:
         algo = row["algorithm"]
-        if algo not in M.ALLREDUCE:
+        if algo not in CM.priced():
             continue
         measured = min(row["samples_us"]) * 1e-6
-        pred = M.ALLREDUCE[algo](profile, row["size"], topo, 4).total_s
+        pred = CM.priced()[algo](profile, row["size"], topo, 4).total_s
         pts.append({"kind": "collective", "what": f"{algo} {row['size']} B", "algorithm": algo,
                     "ranks": n, "bytes": row["size"], "measured_s": measured, "pred_s": pred,
                     "error": measured / pred - 1.0,
@@ -141,7 +142,7 @@ def format_validation(res: dict) -> str:
 
 
 def plot_validation(res: dict, path: Path) -> str | None:
-    from hpcdp.bench.scale_report import NO_MATPLOTLIB, pyplot
+    from hpcdp.scale.report import NO_MATPLOTLIB, pyplot
 
     plt = pyplot()
     if plt is None:
@@ -180,25 +181,26 @@ def plot_validation(res: dict, path: Path) -> str | None:
 def run(args) -> dict:
     from argparse import Namespace
 
-    from hpcdp import costmodel as M
-    from hpcdp.bench import scale
+    from hpcdp.comm import cost as CM
+    from hpcdp.launch import loadavg, wait_quiet
+    from hpcdp.scale import study as scale
 
     if not args.profile:
         raise SystemExit("hpcdp scale --validate: --profile P is required (calibrated on another run)")
     try:
-        profile = M.load_profile(args.profile)
+        profile = CM.load_profile(args.profile)
     except ValueError as e:
         raise SystemExit(f"hpcdp scale --validate: --profile: {e}") from None
     if args.probe_max:  # calibrated on small messages only: the large ones are held out
-        from hpcdp.bench.calibrate import refit_small
+        from hpcdp.scale.calibrate import refit_small
         from hpcdp.bench.collectives import parse_size
         profile = refit_small(profile, parse_size(args.probe_max))
-    ranks = [k for k in scale.parse_ranks(args.ranks) if k > 1]
+    ranks = [k for k in scale.study_ranks(args.ranks) if k > 1]
     out = Path(args.out or f"runs/validate-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     per_node = args.ranks_per_node or max(ranks)
     cores = profile.cores_per_node or (os.cpu_count() or 0)
-    load_before = scale._loadavg()
+    load_before = loadavg()
     points, commands = [], []
     fitted = 8
     if args.probe_max:
@@ -206,14 +208,14 @@ def run(args) -> dict:
         fitted = parse_size(args.probe_max)
     for n in ranks:
         algos = ["ring", "recursive"] + (["hierarchical"] if n > min(n, per_node) > 1 else [])
-        scale.wait_quiet(args)
+        wait_quiet(getattr(args, "wait_quiet", 0.0), getattr(args, "wait_max", 1800.0))
         bench = _bench(args, n, algos, out)
         commands.append(bench["command"])
         points += collective_points(profile, bench, n, per_node, cores, fitted)
     if not args.no_study:
         done = out / "study" / "scale.json"
         if args.reuse and done.is_file():  # re-predict an earlier study with this profile
-            from hpcdp.bench.scale_report import predict_points
+            from hpcdp.scale.report import predict_points
             from hpcdp.config import load_config
             study = json.loads(done.read_text())
             predict_points(study, profile, load_config(study["config"], study["overrides"]), per_node)
@@ -225,8 +227,8 @@ def run(args) -> dict:
     res = {"profile": profile.name, "config": str(args.config), "ranks": ranks,
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "points": points,
            "summary": summarize(points), "bench_commands": commands,
-           "load_before": load_before, "load_after": scale._loadavg()}
+           "load_before": load_before, "load_after": loadavg()}
     res["load"] = f"load average {res['load_before']} -> {res['load_after']}, {cores} cores"
-    from hpcdp.bench.scale_report import write_outputs
+    from hpcdp.scale.report import write_outputs
     write_outputs(out, "validate", format_validation(res), res, plot_validation)
     return res

@@ -31,17 +31,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-from .check import THREAD_ENV, find_mpiexec, launch_train, parse_ranks
+from hpcdp.jobs import config_path
+from hpcdp.launch import CLEARED_ENV, child_env, hpcdp_command, launch_train, mpiexec_command, parse_ranks, run_child
 
-CLEARED_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-JOBS = Path(__file__).resolve().parents[2] / "jobs"
-MODELS = {"mlp": (JOBS / "digits_ddp.toml", 64), "gpt": (JOBS / "gpt_ddp.toml", 16)}
+MODELS = {"mlp": (config_path("digits_ddp.toml"), 64), "gpt": (config_path("gpt_ddp.toml"), 16)}
 
 
 def contenders(model: str, n: int, top: int) -> dict[str, list[str]]:
@@ -73,7 +71,7 @@ class _Contender:
         self.strategy.setup(model.flat, self.opt, world)
         self.exact = None
         if cfg.train.reproducible == "exact":
-            from .mode import ExactMode
+            from hpcdp.exact.mode import ExactMode
             self.exact = ExactMode(cfg.train, self.strategy, world, model.flat)
         self.sampler = GlobalSampler(ds.n_train, cfg.train.global_batch, cfg.data.seed, cfg.train.last_batch)
         self.fetch = lambda idx: (Tensor(ds.x_train[idx], backend=be), Tensor(ds.y_train[idx], backend=be))
@@ -151,15 +149,10 @@ def run_bench(args) -> dict:
         for n in ranks:
             names = list(contenders(model, n, top))
             js = out / f"{model}-n{n}.json"
-            cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "hpcdp.exact.bench", "--worker",
+            cmd = mpiexec_command(n, "hpcdp bench exact") + hpcdp_command("hpcdp.bench.exact") + ["--worker",
                    "--model", model, "--top", str(top), "--steps", str(steps), "--warmup",
                    str(args.warmup), "--contenders", ",".join(names), "--json", str(js)]
-            env = {k: v for k, v in {**os.environ, **THREAD_ENV}.items() if k not in CLEARED_ENV}
-            pkg_root = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(f"bench job failed: {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-2500:]}")
+            run_child(cmd, "hpcdp bench exact", args.timeout, child_env(clear=CLEARED_ENV), tail=2500)
             for name, r in json.loads(js.read_text()).items():
                 table[f"{model} n={n} {name}"] = r
                 print(f"  {model} n={n} {name:<10} {r['step_ms']:9.2f} ms/step "
@@ -178,7 +171,7 @@ def format_table(table: dict) -> str:
     return "\n".join(lines)
 
 
-CURVE_CONFIG, CURVE_BATCH = JOBS / "gpt_small.toml", 32   # reaches near its loss floor
+CURVE_CONFIG, CURVE_BATCH = config_path("gpt_small.toml"), 32   # reaches near its loss floor
 
 
 def run_curves(args) -> dict:

@@ -35,8 +35,7 @@ from datetime import datetime
 
 import numpy as np
 
-CLEARED_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+from hpcdp.launch import CLEARED_ENV, THREAD_VARS
 
 MLP_SIZES = [784, 1024, 1024, 10]
 MLP_BATCH = 256
@@ -336,7 +335,7 @@ def main(argv=None) -> int:
           + (f" (were set: {', '.join(cleared)})" if cleared else " (were not set)"), flush=True)
     results = []
     for t in threads:
-        cmd = [sys.executable, "-m", "hpcdp.bench.step", "--child", str(t), "--models", ",".join(models),
+        cmd = [sys.executable, "-m", "hpcdp.bench.step_time", "--child", str(t), "--models", ",".join(models),
                "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
         proc = subprocess.run(cmd, env=_child_env(t), capture_output=True, text=True)
         if proc.returncode != 0:

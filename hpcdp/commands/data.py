@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import DataError
+from hpcdp.data import DataError
 
 
 def _prepare(argv) -> int:
-    from .prepare import collect_files, prepare_corpus, stdlib_dir
+    from hpcdp.data.prepare import collect_files, prepare_corpus, stdlib_dir
 
     p = argparse.ArgumentParser(prog="hpcdp data prepare",
                                 description="Tokenize text files into an HDF5 corpus for data.kind = 'tokens'.")
@@ -57,7 +57,7 @@ def _prepare(argv) -> int:
 def _info(argv) -> int:
     from pathlib import Path
 
-    from .corpus import open_corpus
+    from hpcdp.data.corpus import open_corpus
 
     p = argparse.ArgumentParser(prog="hpcdp data info", description="Describe a token corpus.")
     p.add_argument("corpus")
@@ -79,8 +79,8 @@ def _info(argv) -> int:
 
 
 def _train_tokenizer(argv) -> int:
-    from .bpe import train_bpe
-    from .prepare import collect_files
+    from hpcdp.data.bpe import train_bpe
+    from hpcdp.data.prepare import collect_files
 
     p = argparse.ArgumentParser(prog="hpcdp data train-tokenizer",
                                 description="Train a byte-level BPE tokenizer.json on text files (offline).")
@@ -107,7 +107,8 @@ def _train_tokenizer(argv) -> int:
     return 0
 
 
-def main(argv) -> int:
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"prepare": _prepare, "info": _info, "train-tokenizer": _train_tokenizer}
     if not argv or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)

@@ -14,13 +14,13 @@ Both are ``samples_per_s(K) / (K * samples_per_s(1))``. With ``--variants`` the 
 sweep is repeated for DDP's comparison modes (per-parameter allreduce, no overlap), and
 the table shows the speedup of bucketed+overlapped over each.
 
-Attribution: every weak point K > 1 is also run compute-only (``hpcdp.bench.compute_only``:
+Attribution: every weak point K > 1 is also run compute-only (``hpcdp.scale.compute_only``:
 same ranks, data and step, no collective; ``--no-baseline`` skips it), and the weak
 efficiency splits into ``contention = t(1) / t_compute_only(K)`` (compute slowed by
 sharing the node) times ``comm = t_compute_only(K) / t(K)`` (exposed communication and
 its CPU cost); the efficiency lost is the sum of the two losses.
 
-Prediction: with ``--profile P`` (a machine profile, see :mod:`hpcdp.costmodel`) every
+Prediction: with ``--profile P`` (a machine profile, see :mod:`hpcdp.comm.cost`) every
 point gets the cost model's step time and the error of the measurement against it.
 
 Other modes of ``hpcdp scale`` (docs/scaling.md): ``--calibrate`` (measure a profile),
@@ -36,7 +36,6 @@ fastest repeat (the one least disturbed by other processes on a shared machine).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -47,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpcdp.launch import child_env, loadavg, mpiexec_command, parse_ranks, wait_quiet
+
 # DDP modes compared by the study (values are --set overrides of [parallel.ddp]).
 VARIANTS = {
     "bucketed": {"parallel.ddp.bucketing": '"size"', "parallel.ddp.overlap": "true"},
@@ -54,33 +55,10 @@ VARIANTS = {
     "no_overlap": {"parallel.ddp.bucketing": '"size"', "parallel.ddp.overlap": "false"},
 }
 
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-              "NUMBA_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def find_mpiexec() -> str:
-    """mpiexec next to this Python first (the venv's MPI matches its mpi4py), then PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.is_file() and os.access(here, os.X_OK):
-        return str(here)
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if not found:
-        raise SystemExit("hpcdp scale: no mpiexec found next to the Python interpreter or on "
-                         "PATH; install an MPI (e.g. pip install 'hpcdp[mpi]')")
-    return found
-
-
-def parse_ranks(text: str) -> list[int]:
-    try:
-        ranks = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"hpcdp scale: --ranks {text!r}: expected a comma-separated list "
-                         "of rank counts, e.g. 1,2,4") from None
-    if not ranks or min(ranks) < 1:
-        raise SystemExit(f"hpcdp scale: --ranks {text!r}: rank counts must be >= 1")
-    if 1 not in ranks:
-        ranks = [1] + ranks  # efficiency is relative to one rank
-    return sorted(set(ranks))
+def study_ranks(text: str) -> list[int]:
+    """``--ranks`` of a study: sorted, with the one-rank baseline added (efficiency is
+    relative to it)."""
+    return sorted(set(parse_ranks(text)) | {1})
 
 
 def summarize(metrics_path: Path, warmup: int) -> dict:
@@ -128,32 +106,15 @@ def launch_command(args, k: int) -> list[str]:
     if args.launcher:
         per = min(k, getattr(args, "ranks_per_node", 0) or k)
         return shlex.split(args.launcher.format(n=k, nodes=-(-k // per), ppn=per))
-    cmd = [find_mpiexec(), "-n", str(k)]
+    cmd = mpiexec_command(k, "hpcdp scale")
     if getattr(args, "bind", False) and k > 1:
         cmd += ["-bind-to", "core"]
     return cmd
 
 
-def child_env() -> dict:
-    env = {**os.environ, **THREAD_ENV, "PYTHONUNBUFFERED": "1"}
-    # The children import the same hpcdp as this process, installed or not.
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def run_child(cmd: list, what: str, timeout: float, env: dict | None = None) -> None:
-    """Run one child job; on failure stop with its command and the tail of its output."""
-    proc = subprocess.run(cmd, env=env or child_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    if proc.returncode != 0:
-        raise SystemExit(f"hpcdp scale {what}: {shlex.join(cmd)} failed (exit {proc.returncode}):\n"
-                         f"{(proc.stdout + proc.stderr)[-3000:]}")
-
-
 def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path, tag: str = "") -> dict:
     """Launch one child job and summarise it. Variant ``compute_only``: the same job
-    through :mod:`hpcdp.bench.compute_only` (no communication). Its run directory is
+    through :mod:`hpcdp.scale.compute_only` (no communication). Its run directory is
     ``OUT/<variant>-n<ranks>-b<global batch><tag>`` (``--collect`` reads these names)."""
     run_dir = out_dir / f"{variant}-n{k}-b{global_batch}{tag}"
     if run_dir.exists():
@@ -163,7 +124,7 @@ def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path, tag:
             f"run.log_every={max(args.steps, 1)}"]
     sets += [f"{key}={val}" for key, val in VARIANTS.get(variant, {}).items()]
     sets += list(args.set or [])
-    module = "hpcdp.bench.compute_only" if variant == "compute_only" else "hpcdp.cli"
+    module = "hpcdp.scale.compute_only" if variant == "compute_only" else "hpcdp.cli"
     cmd = launch_command(args, k) + [sys.executable, "-m", module, "train",
                                      "--config", str(args.config)]
     for s in sets:
@@ -180,91 +141,20 @@ def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path, tag:
     if (summary["compute_only"] == 1.0) != (variant == "compute_only"):
         raise RuntimeError(f"{run_dir}: the {'compute-only baseline ran with communication' if variant == 'compute_only' else 'point ran without communication'}"
                            " (step records' compute_only marker); the training loop no longer "
-                           "takes its strategy from hpcdp.strategies.build_strategy: update "
-                           "hpcdp/bench/compute_only.py")
+                           "passes build_strategy= to the strategy factory: see "
+                           "hpcdp/scale/compute_only.py")
     gb = summary.get("global_batch") or global_batch
     summary.update(ranks=k, variant=variant, global_batch=gb, wall_s=wall,
                    samples_per_s=gb / summary["step_time_s"], command=shlex.join(cmd))
     return summary
 
 
-def efficiency(points: list[dict]) -> None:
-    """Add ``efficiency`` = samples_per_s(K) / (K * samples_per_s(1)) in place."""
+def add_measured_efficiency(points: list[dict]) -> None:
+    """Add ``efficiency`` = samples_per_s(K) / (K * samples_per_s(1)) to each measured
+    point, in place (the model's own is hpcdp.scale.model.predicted_efficiency)."""
     base = next(p for p in points if p["ranks"] == 1)["samples_per_s"]
     for p in points:
         p["efficiency"] = p["samples_per_s"] / (p["ranks"] * base)
-
-
-def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="hpcdp scale", description=__doc__.split("\n\n")[0])
-    modes = p.add_mutually_exclusive_group()
-    modes.add_argument("--calibrate", action="store_true",
-                       help="measure this machine (or allocation) and write a profile (--out FILE.toml)")
-    modes.add_argument("--predict", action="store_true",
-                       help="model only: predicted step, bytes and efficiency per strategy (--profile)")
-    modes.add_argument("--validate", action="store_true",
-                       help="measure held-out points and compare with a profile's predictions")
-    modes.add_argument("--collect", default="", metavar="DIR",
-                       help="table and plot of the points gathered in DIR (a study job's folder)")
-    p.add_argument("--config", default="", help="training config (TOML) to scale")
-    p.add_argument("--ranks", default="1,2,4", help="rank counts, e.g. 1,2,4 (default)")
-    p.add_argument("--nodes", default="",
-                   help="node counts instead of --ranks (ranks = nodes x --ranks-per-node)")
-    p.add_argument("--batch", type=int, default=0,
-                   help="per-rank batch (weak) and global batch (strong); default: the "
-                        "config's train.global_batch")
-    p.add_argument("--steps", type=int, default=20, help="steps per child job")
-    p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="rounds over all points; each point keeps its fastest round")
-    p.add_argument("--study", default="weak,strong", help="weak, strong or both; or staleness / ps-bytes (parameter server); "
-                        "or memory / zero-step (ZeRO)")
-    p.add_argument("--variants", default="bucketed,per_param,no_overlap",
-                   help="DDP modes for the weak sweep (bucketed is always run)")
-    p.add_argument("--out", default="", help="output folder (default runs/scale-<time>)")
-    p.add_argument("--bind", action="store_true", help="pass -bind-to core to mpiexec")
-    p.add_argument("--launcher", default="",
-                   help="launch command with {n} for the rank count, e.g. 'srun -n {n}' "
-                        "inside a Slurm allocation (default: mpiexec -n {n})")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per child job")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="config override for every child job (repeatable)")
-    p.add_argument("--no-baseline", action="store_true",
-                   help="skip the compute-only runs (no contention/communication split)")
-    p.add_argument("--profile", default="",
-                   help="machine profile (TOML file or shipped name): predict every point")
-    p.add_argument("--calibrate-first", action="store_true",
-                   help="a study without --profile: calibrate one first (OUT/profile.toml, "
-                        "contention at 1 and --ranks-per-node ranks) and predict every point")
-    p.add_argument("--inter", action="store_true",
-                   help="--calibrate: also measure the inter-node link (2 nodes, 1 rank each; "
-                        "needs an allocation and --launcher with {nodes} and {ppn})")
-    p.add_argument("--overlap", type=float, default=0.0,
-                   help="--calibrate: fraction of communication that can run under compute "
-                        "(0: the CPU that computes moves the bytes, as with shared-memory "
-                        "MPI here; 1: a NIC or DMA engine does)")
-    p.add_argument("--strategies", default="ddp-ring,ddp-hierarchical,ddp-auto,ps1,ps8,zero1,zero2,zero3",
-                   help="--predict: ddp-ring|ddp-recursive|ddp-hierarchical|ddp-auto, psK, zero1-3")
-    p.add_argument("--probe-max", default="",
-                   help="--calibrate: largest message of the link probe; --validate: refit "
-                        "the profile's link on its recorded probe up to this size (e.g. 256K: "
-                        "calibrate on small messages, predict large ones)")
-    p.add_argument("--reuse", action="store_true",
-                   help="--validate: take the measurements already in --out (from an earlier "
-                        "--validate) and predict them with --profile")
-    p.add_argument("--no-study", action="store_true",
-                   help="--validate: the collectives only (no training study)")
-    p.add_argument("--sizes", default="8:64M",
-                   help="--validate: allreduce sizes MIN:MAX (x4 steps)")
-    p.add_argument("--description", default="", help="--calibrate: one line for the profile")
-    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="LOAD",
-                   help="before each round, wait until the 1-minute load average is below "
-                        "LOAD (a shared machine; at most --wait-max seconds)")
-    p.add_argument("--wait-max", type=float, default=1800.0, help="see --wait-quiet")
-    p.add_argument("--ranks-per-node", type=int, default=0,
-                   help="ranks per node: {nodes}/{ppn} in --launcher and the model's node "
-                        "layout (default: all ranks on one node)")
-    return p
 
 
 def _plan(studies, ranks, batch, variants, baseline):
@@ -301,17 +191,17 @@ def attribute(weak: list[dict], baseline: dict) -> None:
 
 def run(args) -> dict:
     if args.study in ("staleness", "ps-bytes"):  # parameter-server studies (ps_study.py)
-        from hpcdp.bench import ps_study
-        return ps_study.run_from_scale(args, max(parse_ranks(args.ranks)))
+        from hpcdp.scale import ps_study
+        return ps_study.run_from_scale(args, max(study_ranks(args.ranks)))
     if args.study in ("memory", "zero-step"):  # ZeRO studies (zero_study.py)
-        from hpcdp.bench import zero_study
-        return zero_study.run_from_scale(args, parse_ranks(args.ranks))
-    ranks = parse_ranks(args.ranks)
+        from hpcdp.scale import zero_study
+        return zero_study.run_from_scale(args, study_ranks(args.ranks))
+    ranks = study_ranks(args.ranks)
     if args.nodes:  # node counts: whole nodes of --ranks-per-node ranks
         if not args.ranks_per_node:
             raise SystemExit("hpcdp scale: --nodes needs --ranks-per-node (ranks on each node)")
-        ranks = parse_ranks(",".join(str(int(n) * args.ranks_per_node)
-                                     for n in parse_ranks(args.nodes)))
+        ranks = study_ranks(",".join(str(int(n) * args.ranks_per_node)
+                                     for n in parse_ranks(args.nodes, "--nodes")))
     studies = [s.strip() for s in args.study.split(",") if s.strip()]
     bad = [s for s in studies if s not in ("weak", "strong")]
     if bad or not studies:
@@ -338,7 +228,7 @@ def run(args) -> dict:
                          f"up to {max(ranks)} ranks; use --batch >= {max(ranks)}")
     profile = None
     if args.profile:
-        from hpcdp.costmodel import load_profile
+        from hpcdp.comm.cost import load_profile
         try:
             profile = load_profile(args.profile)
         except ValueError as e:
@@ -350,7 +240,7 @@ def run(args) -> dict:
         "config": str(args.config), "ranks": ranks, "batch": batch, "steps": args.steps,
         "warmup": args.warmup, "repeats": args.repeats, "overrides": args.set or [], "cpus": ncpu,
         "title": f"{args.config}: batch {batch}, {args.steps} steps, {ncpu} CPUs",
-        "load_before": _loadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_before": loadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     per_node = args.ranks_per_node or max(ranks)
     if max(ranks) > ncpu and not args.launcher:
@@ -363,7 +253,7 @@ def run(args) -> dict:
     best: dict = {}
     try:
         for rnd in range(args.repeats):
-            wait_quiet(args)
+            wait_quiet(getattr(args, "wait_quiet", 0.0), getattr(args, "wait_max", 1800.0))
             for study, k, gb, v in plan:
                 p = run_point(args, k, gb, v, out, f"-r{rnd + 1}")
                 _log(p, f"{study}" + (f" r{rnd + 1}" if args.repeats > 1 else ""))
@@ -380,10 +270,10 @@ def run(args) -> dict:
             assemble(result, best, studies, ranks, batch, variants)
             report(result, out)
         raise SystemExit(f"hpcdp scale: {e}") from None
-    result["load_after"] = _loadavg()
+    result["load_after"] = loadavg()
     assemble(result, best, studies, ranks, batch, variants)
     if profile is not None:
-        from hpcdp.bench.scale_report import predict_points
+        from hpcdp.scale.report import predict_points
         result["profile"] = profile.name
         predict_points(result, profile, cfg, per_node)
     return report(result, out)
@@ -403,7 +293,7 @@ def assemble(result: dict, best: dict, studies, ranks, batch: int, variants) -> 
             for v in (variants if study == "weak" else ["bucketed"]):
                 if (k, gb, v) in best:
                     pts.append(dict(best[(k, gb, v)]))
-        efficiency(pts)
+        add_measured_efficiency(pts)
         result[study] = pts
     baseline = {k: best[(k, gb, v)] for (k, gb, v) in best if v == "compute_only"}
     result["baseline"] = [baseline[k] for k in sorted(baseline)]
@@ -425,71 +315,12 @@ def assemble(result: dict, best: dict, studies, ranks, batch: int, variants) -> 
 
 def report(result: dict, out: Path) -> dict:
     """Print and write the table, JSON and PNG of a study's result."""
-    from hpcdp.bench.scale_report import format_table, plot, write_outputs
+    from hpcdp.scale.report import format_table, plot, write_outputs
 
     write_outputs(out, "scale", format_table(result), result, plot)
     return result
 
 
-def wait_quiet(args) -> None:
-    """``--wait-quiet L``: before a round, wait (up to ``--wait-max`` seconds) until the
-    1-minute load average is below L, so a shared machine is measured at its quiet
-    moments. The study records the load either way."""
-    limit = getattr(args, "wait_quiet", 0.0)
-    if not limit:
-        return
-    deadline = time.monotonic() + getattr(args, "wait_max", 1800.0)
-    said = False
-    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
-        if not said:
-            print(f"  waiting for load average < {limit:g} (now {os.getloadavg()[0]:.1f})", flush=True)
-            said = True
-        time.sleep(10)
-
-
-def _loadavg() -> list:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 def _log(p: dict, study: str = "") -> None:
     print(f"  {study or 'base':<6} {p['variant']:<11} n={p['ranks']} batch={p['global_batch']}: "
           f"{1e3 * p['step_time_s']:.2f} ms/step", flush=True)
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.collect:
-        from hpcdp.bench.collect import run as collect
-        collect(args)
-        return 0
-    if not args.config:
-        raise SystemExit("hpcdp scale: --config FILE is required (the training config to study)")
-    if args.calibrate_first and not args.profile and not args.calibrate:
-        # a study job without a profile: measure one here first, into the results folder
-        from argparse import Namespace
-
-        from hpcdp.bench.calibrate import run as calibrate
-        out = Path(args.out or f"runs/scale-{time.strftime('%Y%m%d-%H%M%S')}")
-        per = args.ranks_per_node or 2
-        calibrate(Namespace(**{**vars(args), "out": str(out / "profile.toml"),
-                               "ranks": f"1,{per}" if per > 1 else "1"}))
-        args.profile, args.out = str(out / "profile.toml"), str(out)
-    if args.calibrate:
-        from hpcdp.bench.calibrate import run as calibrate
-        calibrate(args)
-    elif args.predict:
-        from hpcdp.bench.predict import run as predict
-        predict(args)
-    elif args.validate:
-        from hpcdp.bench.validate import run as validate
-        validate(args)
-    else:
-        run(args)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,7 +24,7 @@ Phi = model bytes and N ranks, all workers, it is about:
 - ring allreduce: every rank moves 2 * 2 (N-1)/N Phi (sends and receives 2(N-1)/N Phi).
 
 Run: ``hpcdp scale --study staleness`` / ``--study ps-bytes`` or
-``python -m hpcdp.bench.ps_study staleness|bytes [--ranks N] [--out DIR]``.
+``python -m hpcdp.scale.ps_study staleness|bytes [--ranks N] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,22 +39,14 @@ from pathlib import Path
 import numpy as np
 
 KS = ["0", "1", "2", "4", "none"]
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
-              "MKL_NUM_THREADS": "1"}
-STUDY_CONFIG = "jobs/digits_ps_async.toml"
-
-
-def _mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.is_file() else "mpiexec"
+STUDY_CONFIG = "digits_ps_async.toml"  # shipped (hpcdp.jobs); jobs/digits_ps_async.toml
 
 
 def _launch(n: int, args: list[str], timeout: float) -> None:
-    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "hpcdp.bench.ps_study", *args]
-    env = {**os.environ, **THREAD_ENV}
-    res = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"ps_study: {' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    from hpcdp.launch import hpcdp_command, mpiexec_command, run_child
+
+    cmd = mpiexec_command(n, "hpcdp scale --study") + hpcdp_command("hpcdp.scale.ps_study") + list(args)
+    run_child(cmd, "hpcdp scale --study (parameter server)", timeout)
 
 
 # ---------------------------------------------------------------------------
@@ -313,12 +303,12 @@ def _plot_bytes(rows, path: Path) -> None:
 
 
 def build_parser(p=None):
-    p = p or argparse.ArgumentParser(prog="python -m hpcdp.bench.ps_study")
+    p = p or argparse.ArgumentParser(prog="python -m hpcdp.scale.ps_study")
     p.add_argument("study", choices=["staleness", "bytes", "_staleness", "_bytes"])
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--steps", type=int, default=0, help="default: 300 (staleness), 3 (bytes)")
     p.add_argument("--delay", type=float, default=0.005, help="straggler sleep per step (s)")
-    p.add_argument("--config", default=STUDY_CONFIG)
+    p.add_argument("--config", default="")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--k", default="0")
     p.add_argument("--out", default="")
@@ -328,6 +318,9 @@ def build_parser(p=None):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.config:  # the example config, shipped with hpcdp
+        from hpcdp.jobs import config_path
+        args.config = str(config_path(STUDY_CONFIG))
     if args.study == "_staleness":
         child_staleness(args)
         return 0

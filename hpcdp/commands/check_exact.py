@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+from hpcdp.launch import ChildFailed, launch_train, parse_ranks
 
 # --strategies names -> --set overrides of [parallel].
 STRATEGIES = {
@@ -51,16 +48,6 @@ def strategy_sets(name: str) -> list[str]:
     return STRATEGIES[name]
 
 
-def parse_ranks(text: str) -> list[int]:
-    try:
-        ranks = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        ranks = []
-    if not ranks or min(ranks) < 1:
-        raise ValueError(f"--ranks {text!r}: expected a comma-separated list of rank counts >= 1, e.g. 1,2,3,4")
-    return list(dict.fromkeys(ranks))
-
-
 def _hashes(run_dir: Path) -> list[tuple[int, str]]:
     out = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -69,36 +56,6 @@ def _hashes(run_dir: Path) -> list[tuple[int, str]]:
         if ev and "weights_sha256" in ev:
             out.append((int(ev["step"]), ev["weights_sha256"]))
     return out
-
-
-def launch_train(n: int, config, sets: list[str], run_dir: Path, *, timeout: float,
-                 resume: str | None = None, clear_env=(), echo: bool = True) -> subprocess.CompletedProcess:
-    """``mpiexec -n n hpcdp train`` in a fresh ``run_dir``, one thread per rank, the
-    children importing this hpcdp; ``clear_env``: variables unset for the job.
-    Raises RuntimeError (with the output's tail) if it fails or times out."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "hpcdp.cli", "train"]
-    if config:
-        cmd += ["--config", str(config)]
-    for s in [f'run.out_dir="{run_dir}"'] + list(sets):
-        cmd += ["--set", s]
-    if resume:
-        cmd += ["--resume", resume]
-    env = {k: v for k, v in {**os.environ, **THREAD_ENV, "PYTHONUNBUFFERED": "1"}.items()
-           if k not in clear_env}
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-    if echo:
-        print(f"  $ {shlex.join(cmd)}", flush=True)
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"job timed out after {timeout:g} s: {shlex.join(cmd)}") from None
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-2500:]
-        raise RuntimeError(f"job failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}")
-    return proc
 
 
 def _launch(args, n: int, sets: list[str], run_dir: Path, resume: str | None = None) -> list[tuple[int, str]]:
@@ -203,9 +160,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except RuntimeError as e:
+    except (ChildFailed, RuntimeError) as e:  # a job failed: its command and output's tail
         print(f"hpcdp check-exact: {e}", file=sys.stderr)
         return 2
 
 
-__all__ = ["main", "format_table", "strategy_sets", "launch_train"]
+__all__ = ["main", "format_table", "strategy_sets"]

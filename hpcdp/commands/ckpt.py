@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import CheckpointError
+from hpcdp.io.errors import CheckpointError
 
 OK, CORRUPT, USAGE = 0, 1, 2
 
@@ -25,7 +25,7 @@ def _mib(n) -> str:
 
 
 def cmd_ls(args) -> int:
-    from .inspect import checkpoints_in, summary
+    from hpcdp.io.inspect import checkpoints_in, summary
 
     rows = [summary(p) for p in checkpoints_in(args.dir)]
     print(f"{'checkpoint':<24} {'status':<10} {'size':>10}  written by")
@@ -40,9 +40,9 @@ def cmd_ls(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .commit import marker_problem
-    from .index import read_index
-    from .inspect import weights_sha256
+    from hpcdp.io.commit import marker_problem
+    from hpcdp.io.index import read_index
+    from hpcdp.io.inspect import weights_sha256
 
     problem = marker_problem(args.ckpt)
     index = read_index(args.ckpt)
@@ -73,7 +73,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .inspect import checkpoints_in, verify
+    from hpcdp.io.inspect import checkpoints_in, verify
 
     status = OK
     for path in args.paths:
@@ -95,13 +95,13 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .export import export_any
+    from hpcdp.io.export import export_any
 
     print(export_any(args.ckpt, args.out, args.format, optimizer=args.optimizer))
     return OK
 
 
-def main(argv) -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hpcdp ckpt", description="Inspect hpcdp checkpoints.")
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("ls", help="list the checkpoints in a folder or run directory")
@@ -114,7 +114,7 @@ def main(argv) -> int:
     q = sub.add_parser("export", help="weights to one .h5, .npz or .safetensors file, or a transformers folder")
     q.add_argument("ckpt")
     q.add_argument("out")
-    from .export import FORMATS
+    from hpcdp.io.export import FORMATS
     q.add_argument("--format", choices=FORMATS,
                    help="default: from OUT's suffix; hf-gpt2: a folder GPT2LMHeadModel.from_pretrained loads")
     q.add_argument("--optimizer", action="store_true", help="also export the optimizer state")

@@ -1,4 +1,4 @@
-"""``python -m hpcdp.bench.linkprobe --json F`` under ``mpiexec -n 2``: the timings a
+"""``python -m hpcdp.scale.linkprobe --json F`` under ``mpiexec -n 2``: the timings a
 machine profile is fitted from (``hpcdp scale --calibrate`` runs it).
 
 Between ranks 0 and 1 (on one node for the intra-node link, on two nodes for the
@@ -82,7 +82,7 @@ def run(args) -> dict:
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
-        raise SystemExit("hpcdp.bench.linkprobe runs on exactly 2 ranks (mpiexec -n 2)")
+        raise SystemExit("hpcdp.scale.linkprobe runs on exactly 2 ranks (mpiexec -n 2)")
     rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
     get_context(comm)
     out: dict = {}
@@ -121,7 +121,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hpcdp.bench.linkprobe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hpcdp.scale.linkprobe", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default="", help="write the timings here (rank 0)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the fastest is kept)")
     p.add_argument("--max-bytes", type=int, default=EXCHANGE_SIZES[-1],

@@ -38,8 +38,8 @@ def predict_points(result: dict, profile, cfg, per_node: int) -> None:
     (weak, strong, compute-only), and the predicted efficiencies."""
     from dataclasses import replace
 
-    from hpcdp import costmodel as M
-    from hpcdp.bench.scale import VARIANTS
+    from hpcdp.scale import model as M
+    from hpcdp.scale.study import VARIANTS
     from hpcdp.config import load_config
 
     algorithm = getattr(cfg.parallel.sub("ddp"), "algorithm", "ring") if hasattr(cfg.parallel, "sub") else "ring"

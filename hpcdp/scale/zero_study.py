@@ -43,7 +43,7 @@ MIB = float(1 << 20)
 
 def _child(args, strategy: str, k: int, out: Path) -> dict:
     """One ``hpcdp train`` job through scale.run_point, with the strategy's overrides."""
-    from hpcdp.bench import scale
+    from hpcdp.scale import study as scale
 
     sub = copy.copy(args)
     sub.set = list(args.set or []) + STRATEGIES[strategy]
@@ -190,7 +190,7 @@ def _out_dir(args, name: str) -> Path:
 
 
 def run_from_scale(args, ranks: list[int]) -> dict:
-    """``hpcdp scale --study memory|zero-step`` (the hookup in bench/scale.py)."""
+    """``hpcdp scale --study memory|zero-step`` (the hookup in hpcdp/scale/study.py)."""
     if args.steps <= args.warmup:
         raise SystemExit(f"hpcdp scale: --steps {args.steps} must exceed --warmup {args.warmup}")
     return memory_study(args, ranks) if args.study == "memory" else step_study(args, ranks)

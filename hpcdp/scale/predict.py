@@ -27,8 +27,8 @@ def expand_ranks(text: str) -> list[int]:
     """``1,2,4,...,4096`` -> powers of the last ratio up to the end; plain lists as is."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if "..." not in parts:
-        from hpcdp.bench.scale import parse_ranks
-        return parse_ranks(text)
+        from hpcdp.scale.study import study_ranks
+        return study_ranks(text)
     i = parts.index("...")
     try:
         head, end = [int(p) for p in parts[:i]], int(parts[i + 1])
@@ -60,7 +60,8 @@ def _strategies(text: str):
 
 def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=None) -> dict:
     """Every (strategy, N) point plus the crossovers, as a JSON-able dict."""
-    from hpcdp import costmodel as M
+    from hpcdp.comm import cost as CM
+    from hpcdp.scale import model as M
 
     per_node = per_node or profile.ranks_per_node
     # Efficiency of every strategy is against plain one-rank training (no communication).
@@ -88,9 +89,9 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
             ps[label] = {"keeps_up_until": last, "stops_at": first}
     hier = M.hierarchical_crossover(profile, bucket, per_node, ranks, wl.itemsize)
     sizes = [1 << k for k in range(10, 29, 2)]
-    top = M.Topology.of(max(ranks), per_node)
-    curve = {a: [M.ALLREDUCE[a](profile, s, top, wl.itemsize).total_s for s in sizes]
-             for a in ("ring", "recursive", "hierarchical")}
+    top = CM.Topology.of(max(ranks), per_node)
+    curve = {a: [CM.priced()[a](profile, s, top, wl.itemsize).total_s for s in sizes]
+             for a in CM.priced()}
     return {
         "profile": profile.name, "workload": wl.name, "params": wl.params,
         "buckets": wl.buckets, "batch_per_rank": batch, "strong_batch": strong_batch,
@@ -142,7 +143,7 @@ def format_predict(res: dict) -> str:
 
 
 def plot_predict(res: dict, path: Path) -> str | None:
-    from hpcdp.bench.scale_report import NO_MATPLOTLIB, pyplot
+    from hpcdp.scale.report import NO_MATPLOTLIB, pyplot
 
     plt = pyplot()
     if plt is None:
@@ -181,7 +182,8 @@ def plot_predict(res: dict, path: Path) -> str | None:
 
 def run(args) -> dict:
     from hpcdp.config import load_config
-    from hpcdp.costmodel import load_profile, workload_from_config
+    from hpcdp.comm.cost import load_profile
+    from hpcdp.scale.model import workload_from_config
 
     if not args.profile:
         raise SystemExit("hpcdp scale --predict: --profile P is required (a TOML file, or a "
@@ -201,6 +203,6 @@ def run(args) -> dict:
     res.update(config=str(args.config), date=time.strftime("%Y-%m-%d %H:%M:%S"))
     out = Path(args.out or f"runs/predict-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    from hpcdp.bench.scale_report import write_outputs
+    from hpcdp.scale.report import write_outputs
     write_outputs(out, "predict", format_predict(res), res, plot_predict)
     return res

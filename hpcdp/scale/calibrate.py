@@ -2,7 +2,7 @@
 
 What is measured, and what each fit gives (docs/scaling.md has the reasoning):
 
-1. ``hpcdp.bench.linkprobe`` on 2 ranks of one node (and, with ``--inter``, on 2 nodes):
+1. ``hpcdp.scale.linkprobe`` on 2 ranks of one node (and, with ``--inter``, on 2 nodes):
    the exchange line ``alpha + S * beta`` (the link), hpcdp's ring over several segment
    sizes (slope: one message in hpcdp = ``alpha + msg_s``), 8-byte ring and recursive
    allreduces (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug mode's per-peer fingerprints);
@@ -10,7 +10,7 @@ What is measured, and what each fit gives (docs/scaling.md has the reasoning):
    time per parameter for the config's optimizer;
 3. one-rank training steps of the config at three batch sizes (``B/2, B, 2B``): the
    line ``step_overhead_s + P * optimizer_s_per_param + B * flops_per_sample / flops_per_s``;
-4. the compute-only job (:mod:`hpcdp.bench.compute_only`) at each rank count of
+4. the compute-only job (:mod:`hpcdp.scale.compute_only`) at each rank count of
    ``--ranks`` (one node): ``contention[k] = t(k) / t(1)``.
 
 Every measurement is a median or best of interleaved repeats; the profile records the
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.costmodel import Link, Profile, profile_from_dict
+from hpcdp.comm.cost import Link, Profile, profile_from_dict
+from hpcdp.launch import loadavg
 
 
 # -- fits (pure: unit-tested on synthetic timings) ------------------------------------
@@ -152,19 +153,19 @@ def measure_optimizer(cfg, params: int, reps: int = 20) -> float:
 
 
 def _probe(args, nodes: int, out: Path) -> dict:
-    from hpcdp.bench.scale import find_mpiexec, run_child
+    from hpcdp.launch import find_mpiexec, run_child
 
     path = out.with_suffix(f".probe-{'inter' if nodes > 1 else 'intra'}.json")  # the last round's
     if args.launcher:
         launch = shlex.split(args.launcher.format(n=2, nodes=nodes, ppn=2 // nodes))
     else:
-        launch = [find_mpiexec(), "-n", "2"]
-    cmd = launch + [sys.executable, "-m", "hpcdp.bench.linkprobe", "--json", str(path),
+        launch = [find_mpiexec("hpcdp scale --calibrate"), "-n", "2"]
+    cmd = launch + [sys.executable, "-m", "hpcdp.scale.linkprobe", "--json", str(path),
                     "--rounds", "3"]
     if args.probe_max:
         from hpcdp.bench.collectives import parse_size
         cmd += ["--max-bytes", str(parse_size(args.probe_max))]
-    run_child(cmd, "--calibrate", args.timeout)
+    run_child(cmd, "hpcdp scale --calibrate", args.timeout)
     data = json.loads(path.read_text())
     data["command"] = shlex.join(cmd)
     return data
@@ -174,12 +175,13 @@ def measure_rounds(args, points, out: Path, work: Path) -> tuple:
     """``--repeats`` interleaved rounds, each: the link probes, then every step point.
     A burst of load hits one round of everything, not every round of one thing; each
     figure keeps its fastest round. Returns (intra probe, inter probe, {point: step})."""
-    from hpcdp.bench.scale import run_point, wait_quiet
+    from hpcdp.launch import wait_quiet
+    from hpcdp.scale.study import run_point
 
     probes: dict = {"intra": [], "inter": []}
     best: dict = {}
     for rnd in range(args.repeats):
-        wait_quiet(args)
+        wait_quiet(getattr(args, "wait_quiet", 0.0), getattr(args, "wait_max", 1800.0))
         if args.ranks_per_node != 1:  # one rank per node: there is no intra-node pair
             probes["intra"].append(_probe(args, 1, out))
         if args.inter:
@@ -187,14 +189,14 @@ def measure_rounds(args, points, out: Path, work: Path) -> tuple:
         for k, gb, variant in points:
             t = run_point(args, k, gb, variant, work)["step_time_s"]
             best[(k, gb, variant)] = min(t, best.get((k, gb, variant), t))
-        print(f"  round {rnd + 1}/{args.repeats}: load {_loadavg()}", flush=True)
+        print(f"  round {rnd + 1}/{args.repeats}: load {loadavg()}", flush=True)
     return fastest_probe(probes["intra"]), fastest_probe(probes["inter"]), best
 
 
 def run(args) -> Profile:
-    from hpcdp.bench.scale import parse_ranks
+    from hpcdp.scale.study import study_ranks
     from hpcdp.config import load_config
-    from hpcdp.costmodel import workload_from_config
+    from hpcdp.scale.model import workload_from_config
 
     if not args.out.endswith(".toml"):
         raise SystemExit("hpcdp scale --calibrate: --out must name the profile file to write, "
@@ -207,14 +209,14 @@ def run(args) -> Profile:
     cfg = load_config(args.config, args.set or [])
     wl = workload_from_config(cfg)
     batch = args.batch or cfg.train.global_batch
-    load_before = _loadavg()
+    load_before = loadavg()
     print(f"calibrating: load average {load_before}", flush=True)
 
     if args.ranks_per_node == 1 and not args.inter:
         raise SystemExit("hpcdp scale --calibrate: with one rank per node there is no intra-node "
                          "link to measure; add --inter (2 nodes)")
     batches = sorted({max(1, batch // 2), batch, 2 * batch})
-    ranks = parse_ranks(args.ranks)
+    ranks = study_ranks(args.ranks)
     points = [(1, b, "bucketed") for b in batches] + [(k, k * batch, "compute_only") for k in ranks]
     intra, inter, best = measure_rounds(args, points, out, work)
     link_inter = fit_link(inter["exchange"]) if inter else None
@@ -247,7 +249,7 @@ def run(args) -> Profile:
         "cores_per_node": cores, "overlap": args.overlap, "contention": contention,
         "provenance": {
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-            "cpu": _cpu_model(), "load_before": load_before, "load_after": _loadavg(),
+            "cpu": _cpu_model(), "load_before": load_before, "load_after": loadavg(),
             "command": "hpcdp scale " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
             "config": str(args.config), "batch": batch,
             "inter_measured": bool(inter), "probes": [p["command"] for p in (intra, inter) if p],
@@ -269,13 +271,6 @@ def write_profile(prof: Profile, path: Path) -> None:
     tmp = Path(f"{path}.tmp")
     tmp.write_text(text)
     tmp.replace(path)  # never a half-written profile
-
-
-def _loadavg() -> list:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 def _cpu_model() -> str:

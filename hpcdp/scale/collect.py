@@ -19,7 +19,7 @@ NAME = re.compile(r"^(bucketed|per_param|no_overlap|compute_only)-n(\d+)-b(\d+)(
 
 def gather(folder: Path, warmup: int) -> dict:
     """``{(ranks, global batch, variant): fastest point summary}`` of a folder."""
-    from hpcdp.bench.scale import summarize
+    from hpcdp.scale.study import summarize
 
     best: dict = {}
     for run in sorted(folder.iterdir()):
@@ -43,7 +43,7 @@ def gather(folder: Path, warmup: int) -> dict:
 
 
 def run(args) -> dict:
-    from hpcdp.bench.scale import VARIANTS, assemble, report
+    from hpcdp.scale.study import VARIANTS, assemble, report
 
     folder = Path(args.collect)
     if not folder.is_dir():
@@ -64,9 +64,9 @@ def run(args) -> dict:
               "title": f"{folder}: batch {batch} per rank, collected {time.strftime('%Y-%m-%d %H:%M')}"}
     assemble(result, best, studies or ["weak"], ranks, batch, variants)
     if args.profile:
-        from hpcdp.bench.scale_report import predict_points
+        from hpcdp.scale.report import predict_points
         from hpcdp.config import load_config
-        from hpcdp.costmodel import load_profile
+        from hpcdp.comm.cost import load_profile
         try:
             profile = load_profile(args.profile)
         except ValueError as e:

@@ -1,6 +1,6 @@
 """The compute-only baseline of a scaling point: the same job with communication off.
 
-``python -m hpcdp.bench.compute_only train --config C --set ...`` (under ``mpiexec -n K``)
+``python -m hpcdp.scale.compute_only train --config C --set ...`` (under ``mpiexec -n K``)
 runs ``hpcdp train`` exactly as the study's DDP point does (same ranks, same data
 slices of the same global batch, same model, optimizer and step) except that the
 strategy is :class:`ComputeOnly`: gradients are never exchanged, every rank applies
@@ -14,10 +14,10 @@ Weak-scaling efficiency then splits in two (``hpcdp scale`` reports both):
   bandwidth, caches, cores when oversubscribed);
 - communication: ``t_compute_only(K) / t(K)``: the exposed collectives and their CPU cost.
 
-The baseline replaces the strategy factory in this process before ``hpcdp.train`` is
-imported; every step record carries ``compute_only = 1``, and ``hpcdp scale`` refuses a
-baseline run whose records lack it (so a refactor of the training loop that bypasses
-the replacement fails loudly instead of timing DDP).
+The baseline passes its strategy factory to the training entry point
+(``hpcdp.train.main_train(..., build_strategy=build)``); every step record carries
+``compute_only = 1``, and ``hpcdp scale`` refuses a baseline run whose records lack it
+(so a training loop that ignored the factory would fail loudly instead of timing DDP).
 """
 
 from __future__ import annotations
@@ -52,15 +52,19 @@ def build(parallel_cfg=None, world=None, comm_cfg=None) -> ComputeOnly:
 
 
 def main(argv=None) -> int:
-    import hpcdp.strategies as strategies
+    """``train --config C [--set S ...]``: ``hpcdp train`` with :func:`build` as its
+    strategy factory, passed to the training entry point (no module is patched)."""
+    import argparse
 
-    strategies.build_strategy = build
-    import hpcdp.train as train  # binds the replaced factory (fresh process)
+    from hpcdp.failure.policy import run_job
+    from hpcdp.train import main_train
 
-    train.build_strategy = build  # and if it was imported already
-    from hpcdp.cli import main as cli_main
-
-    return cli_main(list(sys.argv[1:] if argv is None else argv))
+    p = argparse.ArgumentParser(prog="python -m hpcdp.scale.compute_only")
+    p.add_argument("command", choices=["train"])
+    p.add_argument("--config")
+    p.add_argument("--set", action="append", default=[])
+    args = p.parse_args(argv)
+    return run_job(lambda: main_train(args.config, args.set, build_strategy=build))
 
 
 if __name__ == "__main__":
