@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.config import Config, ConfigError, dump_toml
+from hpcdp.config import Config, dump_toml
+from hpcdp.config_error import ConfigError
 from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
 from hpcdp.exact.digest import weights_sha256
@@ -119,7 +120,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
     """
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
-    from hpcdp.failure.agree import on_root, stage
+    from hpcdp.failure.setup_outcome import on_root, stage
     from hpcdp.failure.skew import schedule_differences, schedule_text
     from hpcdp.failure.steps import StepChecks, release
     from hpcdp.nn.padding import slice_weight
@@ -131,7 +132,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
     # The memory figures count what this process holds: free an earlier in-process
     # run's cyclic garbage first (one collection per run, milliseconds).
     gc.collect()
-    # Each setup stage ends with every rank agreeing (hpcdp.failure.agree): an error on
+    # Each setup stage ends with every rank agreeing (hpcdp.failure.setup_outcome): an error on
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout
     with stage(world.comm, "setup", timeout=setup_s):
@@ -146,9 +147,6 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
                           timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
         strategy = (build_strategy or default_build_strategy)(cfg.parallel, world, cfg.comm)
-        if cfg.train.reproducible == "exact":  # ZeRO 2-3 with integer reductions (hpcdp/exact/zero.py)
-            from hpcdp.exact.zero import exact_strategy
-            strategy = exact_strategy(strategy)
         if model is None:  # layout and init recipes only: nothing allocated yet
             from hpcdp.nn import build_model
             model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device, storage=())
@@ -260,7 +258,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
                                        for idx in batch.local.micro]
             # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
             loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
-                                   checks=checks.at(step), exact=exact).loss
+                                   checks=checks.at(step)).loss
             stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
             stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
             dt = time.perf_counter() - t0
@@ -344,7 +342,7 @@ def main_train(config_path=None, overrides=(), out=None, resume=None, build_stra
     loads its own config; they must agree (hpcdp.failure.skew) before anything else.
     ``build_strategy``: see :func:`run_training`."""
     from hpcdp.config import CommConfig, load_config
-    from hpcdp.failure.agree import stage
+    from hpcdp.failure.setup_outcome import stage
     from hpcdp.failure.skew import config_differences, config_text
     from hpcdp.world import World
 

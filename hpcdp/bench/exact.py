@@ -91,7 +91,7 @@ class _Contender:
         else:
             batch = self.exact.local_batch(self.sampler, step0)
         t0 = time.perf_counter()
-        train_step(self.model, s, batch, self.fetch, exact=self.exact)
+        train_step(self.model, s, batch, self.fetch)
         self.times.append(time.perf_counter() - t0)
         self.bytes.append(s.step_stats().get("bytes_sent", 0.0))
 

@@ -86,6 +86,17 @@ def ring_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int,
     return ring_bytes(n, N, rank, itemsize, ("rs", "ag"))
 
 
+def expected_step_bytes(plan, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """Gradient bytes (sent, received) of one DDP step on ``rank`` with ring allreduce:
+    the sum of :func:`ring_allreduce_bytes` over the buckets of ``plan``
+    (``hpcdp.strategies.buckets.plan_buckets``)."""
+    sent = recv = 0
+    for b in plan.buckets:
+        s, r = ring_allreduce_bytes(b.size, N, rank, itemsize)
+        sent, recv = sent + s, recv + r
+    return sent, recv
+
+
 def reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
     return ring_bytes(n, N, rank, itemsize, ("rs",))
 
@@ -211,7 +222,7 @@ def hierarchical_bytes(n: int, nodes: int, per_node: int, node: int, local_rank:
             "inter": ring_allreduce_bytes(chunk, nodes, node, itemsize)}
 
 
-__all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "reduce_scatter_bytes", "all_gather_bytes",
+__all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "expected_step_bytes", "reduce_scatter_bytes", "all_gather_bytes",
            "recursive_bytes", "recursive_allreduce_bytes", "native_bytes", "native_allreduce_bytes",
            "native_reduce_scatter_bytes", "native_all_gather_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
            "zero_step_bytes", "hierarchical_bytes"]

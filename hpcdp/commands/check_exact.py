@@ -117,6 +117,12 @@ def run(args) -> int:
     # Check the config once here, so bad input is one clear error, not N failed jobs.
     from hpcdp.config import load_config
     cfg = load_config(args.config, common + ['train.reproducible="exact"'] + sets[names[0]])
+    if cfg.train.exact_micro_chosen:  # unset: one micro-batch size that every rank count holds
+        from hpcdp.config import choose_micro_batch
+        micro = choose_micro_batch(cfg.train.global_batch, ranks + [args.restart_ranks] * bool(args.restart_ranks))
+        common.append(f"train.exact_micro_batch={micro}")
+        print(f"train.exact_micro_batch unset: {micro} samples per micro-batch, so that each of "
+              f"{', '.join(map(str, ranks))} rank(s) holds one (set it to choose)", flush=True)
     if args.restart_at and cfg.train.steps and args.restart_at >= cfg.train.steps:
         raise ValueError(f"--restart-at {args.restart_at}: save before the last step "
                          f"(train.steps = {cfg.train.steps}), e.g. --restart-at {cfg.train.steps // 2}")

@@ -195,8 +195,7 @@ def child_bytes(args) -> None:
 
 def _model_bytes(layout, strategy, flat, rank, n, dtype) -> tuple[int, int]:
     """(sent, received) bytes per step of ``rank`` by the formulas of hpcdp.comm.volume."""
-    from hpcdp.comm.volume import ps_pull_bytes, ps_push_bytes
-    from hpcdp.strategies.ddp import expected_step_bytes
+    from hpcdp.comm.volume import expected_step_bytes, ps_pull_bytes, ps_push_bytes
 
     itemsize = np.dtype(dtype).itemsize
     if layout == "ring":

@@ -17,19 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Imports that break the rules and that the other half of the same redesign (exact mode as
-# a codec on the seam, the micro-batch plan in data/, exact's config rules in config.py)
-# removes. Only these may remain; once both halves are merged none of them exists and this
-# set is to be emptied. (A pair no longer found is simply not used.)
-PENDING = {
-    ("hpcdp.config", "hpcdp.exact.rules"),
-    ("hpcdp.data.batches", "hpcdp.step"),
-    ("hpcdp.data.batches", "hpcdp.exact.batches"),
-    ("hpcdp.exact.mode", "hpcdp.step"),
-}
-# Parts the layer table names that the other half adds (hpcdp/config_error.py); to be
-# emptied with PENDING.
-PENDING_PARTS = {"config_error"}
+# Imports allowed to break the rules: none. (A pair here would be skipped; keep it empty.)
+PENDING: set[tuple[str, str]] = set()
+# Parts the layer table names before they exist: none.
+PENDING_PARTS: set[str] = set()
 PKG = ROOT / "hpcdp"
 DOC = ROOT / "docs" / "architecture.md"
 

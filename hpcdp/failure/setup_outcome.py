@@ -22,7 +22,7 @@ import traceback
 
 import numpy as np
 
-from hpcdp.config import ConfigError
+from hpcdp.config_error import ConfigError
 
 from .ranks import fmt_ranks
 
