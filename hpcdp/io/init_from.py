@@ -216,7 +216,7 @@ def tokenizer_problem(source: Source, corpus_tokenizer) -> str | None:
 def init_from(path, strategy, flat, model_cfg, comm, *, corpus_tokenizer=None, timeout: float = 300.0) -> str:
     """Fill the parameters this rank holds (``strategy.checkpoint_targets()``) from
     ``path``; collective over ``comm`` (None: one process). Returns one line for the log."""
-    from .agree import all_ok
+    from .outcome import all_ok
     from .format import PARAM
     from .ranges import split_by_layout
 
