@@ -181,6 +181,11 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         checks.setup()
     with stage(world.comm, "strategy setup", timeout=setup_s, skew=schedule_differences) as agreed:
         strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
+        init_line = None
+        if cfg.model.init_from and not resume:  # weights made elsewhere; --resume wins
+            from hpcdp.io.init_from import init_from
+            init_line = init_from(cfg.model.init_from, strategy, flat, cfg.model, world.comm,
+                                  corpus_tokenizer=ds.info.get("tokenizer"), timeout=setup_s)
         exact = None
         if cfg.train.reproducible == "exact":  # bit-identical weights for any N (hpcdp/exact/)
             from hpcdp.exact.mode import ExactMode
@@ -239,6 +244,8 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         for lock in held:
             if lock.took_over:
                 writer.log(f"checkpoint.dir: took over a stale lock ({lock.took_over})")
+        if init_line:
+            writer.log(init_line)
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
                    f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
                    f"{total} steps of {cfg.train.global_batch} samples ({batches.batches_per_epoch} per epoch)")
