@@ -70,6 +70,11 @@ class Cluster:
             out.append(int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text()))
         return out
 
+    def node_pids(self, i: int) -> list[int]:
+        """Processes running inside node ``i``'s namespace."""
+        res = subprocess.run(["ip", "netns", "pids", f"{PREFIX}{i}"], capture_output=True, text=True)
+        return [int(p) for p in res.stdout.split()]
+
     def env(self, layout: str, **extra) -> dict:
         env = {**os.environ, "HPCDP_CLUSTER_LAYOUT": layout, "PYTHONPATH": str(ROOT),
                "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -96,7 +101,9 @@ class Cluster:
         reader.start()
         return proc, lines, reader, marker
 
-    def finish(self, proc, lines, reader, marker, timeout: float) -> Job:
+    def finish(self, proc, lines, reader, marker, timeout: float, reap: bool = True) -> Job:
+        """Wait for the launcher (SIGKILL to its session after ``timeout``); with ``reap``
+        look for the job's processes left behind (10 s grace) and kill them."""
         timed_out = False
         try:
             proc.wait(timeout=timeout)
@@ -106,6 +113,8 @@ class Cluster:
             proc.wait()
         t_exit = time.monotonic()
         reader.join(timeout=10)
+        if not reap:
+            return Job(proc.returncode, "".join(t for _, t in lines), timed_out, [], lines, t_exit)
         deadline = time.monotonic() + 10  # the launcher's cleanup: a moment, then look
         left = marked_pids(marker)
         while left and time.monotonic() < deadline:
