@@ -1,4 +1,4 @@
-"""The ``hpcdp`` command.
+"""The ``hpcdp`` command: finds the subcommand's module (hpcdp/commands/) and runs it.
 
     hpcdp train [--config FILE.toml] [--set section.key=value ...]
     hpcdp bench step [options]          training-step time vs hand-written NumPy / PyTorch
@@ -26,7 +26,6 @@ one line (hpcdp.failure.policy; docs/user-guide.md, "When things go wrong"). Set
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -52,91 +51,47 @@ def _user_error(e: BaseException) -> int:
     return USAGE_ERROR
 
 
-def _train(argv) -> int:
-    p = argparse.ArgumentParser(prog="hpcdp train", description="Train a model (one rank, or "
-                                "every rank of an mpiexec/srun launch).")
-    p.add_argument("--config", help="TOML config file (default: the built-in digits MLP job)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key; the value is TOML (e.g. 0.05, true, [64, 10], \"s\")")
-    p.add_argument("--resume", metavar="DIR|latest",
-                   help="continue from a checkpoint: a step-* directory, a folder of them (its newest "
-                        "complete one), a run directory, or 'latest' (the newest in checkpoint.dir)")
-    args = p.parse_args(argv)
-    from hpcdp.failure.policy import run_job
-
-    def train():
-        from hpcdp.train import main_train
-        main_train(args.config, args.set, resume=args.resume)
-
-    return run_job(train)
+# NAME of ``hpcdp NAME``: the module ``hpcdp.commands.<NAME with - as _>`` (its main(argv) -> int)
+COMMANDS = ("train", "bench", "scale", "data", "check-exact", "ckpt", "sample")
 
 
-def _bench(argv) -> int:
-    commands = {"step": "hpcdp.bench.step", "collectives": "hpcdp.bench.collectives",
-                "faults": "hpcdp.bench.faults", "soak": "hpcdp.bench.soak", "data": "hpcdp.bench.data",
-                "comm-overhead": "hpcdp.bench.comm_overhead", "startup": "hpcdp.bench.startup",
-                "exact": "hpcdp.exact.bench", "ckpt": "hpcdp.bench.ckpt"}
-    if not argv or argv[0] not in commands:
-        print(f"usage: hpcdp bench {{{','.join(commands)}}} [options]", file=sys.stderr)
-        return USAGE_ERROR
-    import importlib
-
-    return importlib.import_module(commands[argv[0]]).main(argv[1:]) or 0
-
-
-def _data(argv) -> int:
-    from hpcdp.data.command import main as data_main
-
-    return data_main(argv)
-
-
-def _scale(argv) -> int:
-    from hpcdp.bench.scale import main as scale_main
-
-    return scale_main(argv) or 0
-
-
-def _check_exact(argv) -> int:
-    from hpcdp.exact.check import main as check_main
-
-    return check_main(argv)
-
-
-def _ckpt(argv) -> int:
-    from hpcdp.io.cli import main as ckpt_main
-
-    return ckpt_main(argv)
-
-
-def _sample(argv) -> int:
-    from hpcdp.sample_command import main as sample_main
-
-    return sample_main(argv)
+def command_module(name: str) -> str:
+    """The module that runs ``hpcdp NAME`` (hpcdp/commands/, one file per subcommand)."""
+    return "hpcdp.commands." + name.replace("-", "_")
 
 
 def _one_thread_per_rank_under_a_launcher() -> None:
     """Several ranks on one node each start a BLAS/numba thread pool as wide as the
     node: they then fight for the cores. Under an MPI launcher, default every pool to
     one thread (before numpy is imported); a user's own setting wins."""
+    from hpcdp.launch import THREAD_VARS
+
     launched = any(os.environ.get(v) for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
                                                 "SLURM_STEP_NUM_TASKS"))
     if launched:
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        for var in THREAD_VARS:
             os.environ.setdefault(var, os.environ.get("SLURM_CPUS_PER_TASK", "1"))
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
-    commands = {"train": _train, "bench": _bench, "scale": _scale, "data": _data,
-                "check-exact": _check_exact, "ckpt": _ckpt, "sample": _sample}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR
+    import importlib
+
+    from hpcdp.launch import ChildFailed
+
     try:
-        return commands[argv[0]](argv[1:])
+        return importlib.import_module(command_module(argv[0])).main(argv[1:]) or 0
     except (ValueError, FileNotFoundError) as e:  # ConfigError, DataError and setup errors
         return _user_error(e)
+    except ChildFailed as e:  # a job a tool launched failed: its command and output's tail
+        if os.environ.get("HPCDP_TRACEBACK"):
+            raise
+        print(f"hpcdp {argv[0]}: {e}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         return 130
 

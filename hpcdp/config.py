@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
-from hpcdp.config_parallel import PARALLEL_OPTIONS, ConfigError, literal_values
+from hpcdp.config_error import ConfigError
+from hpcdp.config_parallel import PARALLEL_OPTIONS, literal_values
 
 
 # ---------------------------------------------------------------------------
@@ -228,7 +229,9 @@ class TrainConfig:
     # "fast": reduce in whatever order is quickest; "exact": weights bit-identical for
     # any rank count and strategy (hpcdp/exact/, docs/reproducibility.md)
     reproducible: str = "fast"
-    exact_micro_batch: int = 0  # exact mode: samples per fixed micro-batch (must divide global_batch)
+    # exact mode: samples per fixed micro-batch (a divisor of global_batch); 0: chosen
+    # from global_batch (hpcdp.data.micro.choose_micro_batch, stated in the log)
+    exact_micro_batch: int = 0
 
     def __post_init__(self):
         s = self.SECTION
@@ -247,9 +250,62 @@ class TrainConfig:
         _choice(s, "on_nonfinite", self.on_nonfinite, ("stop", "skip"))
         _choice(s, "reproducible", self.reproducible, ("fast", "exact"))
         _range(s, "exact_micro_batch", self.exact_micro_batch, 0)
+        self.exact_micro_chosen = False  # True: exact_micro_batch was 0 and chosen here
         if self.reproducible == "exact":
-            from hpcdp.exact.rules import check_train
-            check_train(self)
+            _check_exact_train(self)
+
+
+
+# -- exact mode's rules (train.reproducible = "exact"): clear errors before training ----
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choose_micro_batch(global_batch: int, rank_counts=(1,)) -> int:
+    """The exact micro-batch when none is set: a divisor ``m`` of the global batch
+    with at least ``max(rank_counts)`` micro-batches (every rank count holds one),
+    at most a quarter of the batch (the size a 4-rank run computes per rank), and
+    among those preferring a count of micro-batches every rank count divides (even
+    load), then the largest. Depends only on its arguments: every job of one check
+    (and a restart on another rank count) gets the same value."""
+    if global_batch < 1:
+        raise ValueError(f"train.global_batch: must be >= 1, got {global_batch}")
+    top = max([int(n) for n in rank_counts] or [1])
+    cap = max(global_batch // 4, 1)
+    cands = [m for m in divisors(global_batch) if m <= cap and global_batch // m >= top] or [1]
+    return max(cands, key=lambda m: (all((global_batch // m) % n == 0 for n in rank_counts), m))
+
+
+def _check_exact_train(train) -> None:
+    """``[train]`` on its own: a micro-batch size that divides the global batch (0:
+    chosen here from the global batch), and no second way of cutting micro-batches."""
+    m, g = train.exact_micro_batch, train.global_batch
+    if m == 0:
+        train.exact_micro_batch = m = choose_micro_batch(g)
+        train.exact_micro_chosen = True
+    if g % m:
+        raise ConfigError(f"train.exact_micro_batch: {m} does not divide train.global_batch = {g}; exact "
+                          f"mode cuts the global batch into equal micro-batches (divisors of {g}: "
+                          f"{', '.join(map(str, divisors(g)))})")
+    if train.grad_accum != 1:
+        raise ConfigError(f"train.grad_accum: exact mode cuts the global batch into micro-batches of "
+                          f"train.exact_micro_batch samples itself (a rank runs as many as it holds); "
+                          f"leave grad_accum = 1, found {train.grad_accum}")
+
+
+def _check_exact_config(cfg) -> None:
+    """Across sections: strategies that cannot be exact."""
+    strategy = cfg.parallel.strategy
+    if strategy == "ps":
+        ps = cfg.parallel.sub("ps")
+        if ps is not None and getattr(ps, "mode", "sync") == "async":
+            raise ConfigError("parallel.ps.mode: 'async' cannot be exact (which updates a gradient meets "
+                              "depends on timing); use parallel.ps.mode = 'sync' or "
+                              "train.reproducible = 'fast'")
+        if ps is not None and getattr(ps, "aggregate", "sum") != "sum":
+            raise ConfigError(f"parallel.ps.aggregate: exact mode sums integers on the server; "
+                              f"{ps.aggregate!r} is not available in exact mode (use 'sum')")
 
 
 @dataclass
@@ -428,8 +484,7 @@ class Config:
         if self.model.kind == "mlp" and self.data.kind in ("synthetic_sequence", "tokens"):
             raise ConfigError(f"data.kind: {self.data.kind!r} needs model.kind = 'gpt'")
         if self.train.reproducible == "exact":
-            from hpcdp.exact.rules import check_config
-            check_config(self)
+            _check_exact_config(self)
 
     def to_dict(self) -> dict:
         return {name: _section_to_dict(getattr(self, name)) for name in SECTIONS}

@@ -16,13 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hpcdp.config_error import ConfigError
+
 MIB = 1 << 20
 
 
-class ConfigError(ValueError):
-    """A bad config value or key; the message names the dotted key.
-
-    (Defined here so this module imports nothing; ``hpcdp.config`` re-exports it.)"""
 
 
 def _choices(key: str, value, allowed) -> None:
@@ -192,6 +190,6 @@ PARALLEL_OPTIONS: dict[str, type] = {"ddp": DDPConfig, "ps": PSConfig, "zero": Z
 """Strategy name -> its options dataclass (``[parallel.<name>]``)."""
 
 
-__all__ = ["ConfigError", "DDPConfig", "PSConfig", "ZeroConfig", "PARALLEL_OPTIONS", "MIB",
+__all__ = ["DDPConfig", "PSConfig", "ZeroConfig", "PARALLEL_OPTIONS", "MIB",
            "parse_staleness", "check_stale_lr", "literal_values",
            "UNBOUNDED_SPELLINGS", "STALE_LR_RULES"]

@@ -17,7 +17,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from hpcdp.config import ConfigError
+from hpcdp.config_error import ConfigError
 
 METRICS = "metrics.jsonl"
 MAX_SUFFIX = 10_000

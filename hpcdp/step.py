@@ -11,6 +11,12 @@ to the protocol between model, strategy and optimizer is made here once::
     strategy.finish_gradients()                         # wait for the step's communication
     strategy.step()                                     # optimizer update (maybe sharded)
 
+With a gradient codec on the strategy (``strategy.grad_codec``, e.g. exact mode's
+integers: hpcdp/strategies/codec.py) the codec is told the step's size first
+(``codec.begin_step(global_samples)``), and when ``finish_gradients()`` returns
+False (the codec rejected this pass set: exact mode's scale guess was wrong) the
+micro-batches run again from ``zero_grad``; recomputation is deterministic.
+
 Rules it owns:
 
 - The loss given to backward is weighted by ``micro_samples / global_samples``, so
@@ -37,34 +43,9 @@ marked places below, not into callers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
-import numpy as np
-
-
-@dataclass
-class LocalBatch:
-    """This rank's part of one global batch.
-
-    ``micro``: index arrays (into the dataset), one per micro-batch, in order; any
-    may be empty. ``global_samples``: samples in the global batch (all ranks).
-    ``filler``: indices of one sample that an empty micro-batch runs with weight 0.
-    ``weights``: each micro-batch's share of the global mean loss, when it is not
-    ``len(idx) / global_samples`` (padded sequences: counted tokens over the global
-    batch's, hpcdp.nn.padding).
-    ``step``: the 0-based optimizer step; with the dataset indices it keys every
-    random draw (dropout) of the step (hpcdp/nn/streams.py).
-    """
-
-    micro: Sequence[np.ndarray]
-    global_samples: int
-    filler: np.ndarray
-    weights: Sequence[float] | None = None
-    step: int = 0
-
-    @property
-    def samples(self) -> int:
-        return int(sum(len(idx) for idx in self.micro))
+from hpcdp.data.micro import LocalBatch  # the batch record lives with the data (re-exported)
 
 
 @dataclass
@@ -74,35 +55,37 @@ class StepResult:
 
 
 def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
-               after_backward: Callable[[int], None] | None = None, checks=None,
-               exact=None) -> StepResult:
+               after_backward: Callable[[int], None] | None = None, checks=None) -> StepResult:
     """Run one optimizer step of ``model`` under ``strategy`` (see module docstring).
 
     ``fetch(indices) -> (x, y)``: the inputs and targets of those samples, as
     Tensors on the model's backend (or arrays ``model.loss`` accepts).
     ``checks``: a :class:`hpcdp.failure.steps.StepChecks` (the non-finite loss check
-    and the fault-injection hook), called once the step's backward is done.
-    ``exact``: an :class:`hpcdp.exact.mode.ExactMode` (``train.reproducible =
-    "exact"``): it runs the step instead, with the same micro-batch pass and checks.
+    and the fault-injection hook), called once the step's backward is done (with a
+    gradient codec: once the codec accepted a pass set).
     """
     n_micro = len(batch.micro)
     if n_micro < 1:
         raise ValueError("train_step: a batch needs at least one micro-batch")
     if batch.global_samples < 1:
         raise ValueError(f"train_step: global_samples must be >= 1, got {batch.global_samples}")
-    if exact is not None:  # per-micro-batch gradients summed in integers (hpcdp/exact/)
-        return exact.train_step(model, strategy, batch, fetch, after_backward=after_backward,
-                                checks=checks)
-    strategy.zero_grad()
-    loss_part = 0.0
-    for m, idx in enumerate(batch.micro):
-        strategy.begin_backward(last_micro=(m == n_micro - 1))
-        loss_part += micro_pass(model, batch, m, fetch, checks)
-        if after_backward is not None:
-            after_backward(m)
-    if checks is not None:  # mid-step: DDP's allreduces are in flight
+    codec = getattr(strategy, "grad_codec", None)
+    if codec is not None:
+        codec.begin_step(batch.global_samples)
+    while True:
+        strategy.zero_grad()
+        loss_part = 0.0
+        for m, idx in enumerate(batch.micro):
+            strategy.begin_backward(last_micro=(m == n_micro - 1))
+            loss_part += micro_pass(model, batch, m, fetch, checks)
+            if after_backward is not None:
+                after_backward(m)
+        if checks is not None and codec is None:  # mid-step: DDP's allreduces are in flight
+            checks.after_backward(loss_part, model.flat)
+        if strategy.finish_gradients() is not False:
+            break  # False: the codec rejected this pass set; run it again
+    if checks is not None and codec is not None:
         checks.after_backward(loss_part, model.flat)
-    strategy.finish_gradients()
     strategy.step()
     return StepResult(loss=loss_part, samples=batch.samples)
 

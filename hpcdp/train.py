@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.config import Config, ConfigError, dump_toml
+from hpcdp.config import Config, dump_toml
+from hpcdp.config_error import ConfigError
 from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
 from hpcdp.exact.digest import weights_sha256
@@ -34,10 +35,12 @@ from hpcdp.optim import build_optimizer, lr_at
 from hpcdp.rundir import new_run_dir
 from hpcdp.shard import shard_range
 from hpcdp.step import train_step
-from hpcdp.strategies import build_strategy
+from hpcdp.strategies import build_strategy as default_build_strategy
 
 
 def task_of(model_cfg) -> str:
+    """The dataset task a model trains on: "classification" (MLP) or "sequence" (GPT);
+    public for the tools that load a config's data themselves (bench exact, ps study)."""
     return "classification" if model_cfg.kind == "mlp" else "sequence"
 
 
@@ -106,15 +109,18 @@ def evaluate(model, ds: Dataset, batch: int, dp_rank: int, dp_size: int, comm, b
     return {"loss": sums[0] / count, "accuracy": sums[1] / count, "n": int(sums[2])}
 
 
-def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) -> dict:
+def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
+                 build_strategy=None) -> dict:
     """Train as ``cfg`` says. ``model`` overrides ``hpcdp.nn.build_model`` (tests);
-    ``resume``: a checkpoint to continue from (``--resume``: a path or "latest").
+    ``resume``: a checkpoint to continue from (``--resume``: a path or "latest");
+    ``build_strategy(parallel_cfg, world, comm_cfg)``: the strategy factory (default
+    hpcdp.strategies.build_strategy; a benchmark passes its own, e.g. a compute-only one).
 
     Returns a summary dict (run_dir, steps, last loss, last eval) on every worker.
     """
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
-    from hpcdp.failure.agree import on_root, stage
+    from hpcdp.failure.setup_outcome import on_root, stage
     from hpcdp.failure.skew import schedule_differences, schedule_text
     from hpcdp.failure.steps import StepChecks, release
     from hpcdp.nn.padding import slice_weight
@@ -126,7 +132,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
     # The memory figures count what this process holds: free an earlier in-process
     # run's cyclic garbage first (one collection per run, milliseconds).
     gc.collect()
-    # Each setup stage ends with every rank agreeing (hpcdp.failure.agree): an error on
+    # Each setup stage ends with every rank agreeing (hpcdp.failure.setup_outcome): an error on
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout
     with stage(world.comm, "setup", timeout=setup_s):
@@ -140,10 +146,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
         ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype, comm=world.comm,
                           timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
-        strategy = build_strategy(cfg.parallel, world, cfg.comm)
-        if cfg.train.reproducible == "exact":  # ZeRO 2-3 with integer reductions (hpcdp/exact/zero.py)
-            from hpcdp.exact.zero import exact_strategy
-            strategy = exact_strategy(strategy)
+        strategy = (build_strategy or default_build_strategy)(cfg.parallel, world, cfg.comm)
         if model is None:  # layout and init recipes only: nothing allocated yet
             from hpcdp.nn import build_model
             model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device, storage=())
@@ -248,7 +251,7 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None) 
                                        for idx in batch.local.micro]
             # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
             loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
-                                   checks=checks.at(step), exact=exact).loss
+                                   checks=checks.at(step)).loss
             stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
             stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
             dt = time.perf_counter() - t0
@@ -327,11 +330,12 @@ def memory_line(step: int, ranks: dict) -> str:
             f"peak RSS {mib('rss_peak_bytes')}")
 
 
-def main_train(config_path=None, overrides=(), out=None, resume=None) -> dict:
+def main_train(config_path=None, overrides=(), out=None, resume=None, build_strategy=None) -> dict:
     """``hpcdp train``: load the config (None: built-in default) and train. Every rank
-    loads its own config; they must agree (hpcdp.failure.skew) before anything else."""
+    loads its own config; they must agree (hpcdp.failure.skew) before anything else.
+    ``build_strategy``: see :func:`run_training`."""
     from hpcdp.config import CommConfig, load_config
-    from hpcdp.failure.agree import stage
+    from hpcdp.failure.setup_outcome import stage
     from hpcdp.failure.skew import config_differences, config_text
     from hpcdp.world import World
 
@@ -342,7 +346,7 @@ def main_train(config_path=None, overrides=(), out=None, resume=None) -> dict:
     world.device = cfg.run.device
     from hpcdp.failure.shutdown import expect_peers_within
     expect_peers_within(cfg.comm.timeout)  # the final barrier's deadline (hpcdp train's end)
-    return run_training(cfg, world=world, out=out, resume=resume)
+    return run_training(cfg, world=world, out=out, resume=resume, build_strategy=build_strategy)
 
 
-__all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train"]
+__all__ = ["run_training", "evaluate", "check_model_fits_data", "main_train", "task_of"]

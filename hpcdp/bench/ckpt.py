@@ -37,10 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpcdp.jobs import config_path
+
 import numpy as np
 
 GIB = 1 << 30
-ROOT = Path(__file__).resolve().parents[2]
 OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
              "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
@@ -56,7 +57,7 @@ def state_layout(size: str):
 
         from hpcdp.config import config_from_dict
         from hpcdp.nn import build_model
-        cfg = config_from_dict(tomllib.loads((ROOT / "jobs" / "gpt_ddp.toml").read_text()))
+        cfg = config_from_dict(tomllib.loads(config_path("gpt_ddp.toml").read_text()))
         return list(build_model(cfg.model, dtype="float32").flat.layout), "float32"
     gib = float(size.removesuffix("GiB"))
     # 24 weight matrices of equal size, 3 buffers (param, m, v): >= gib GiB in all
@@ -197,13 +198,10 @@ def dd_point(files, ranks: int, directory: Path) -> dict:
 
 
 def _mpiexec(ranks: int, argv) -> dict:
-    from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+    from hpcdp.launch import child_env, hpcdp_command, mpiexec_command, run_child
 
-    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "hpcdp.bench.ckpt", *argv]
-    env = {**os.environ, **THREAD_ENV, **OMPI_ROOT, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench ckpt: {' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    cmd = mpiexec_command(ranks, "hpcdp bench ckpt") + hpcdp_command("hpcdp.bench.ckpt") + list(argv)
+    proc = run_child(cmd, "hpcdp bench ckpt", 1800, child_env(OMPI_ROOT), tail=4000)
     return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
 
 
@@ -261,7 +259,7 @@ def stall_worker(args) -> None:
     from hpcdp.world import World
     from hpcdp.autograd import Tensor
 
-    raw = tomllib.loads((ROOT / "jobs" / "gpt_ddp.toml").read_text())
+    raw = tomllib.loads(config_path("gpt_ddp.toml").read_text())
     raw["train"]["steps"] = args.steps
     raw["checkpoint"] = {"dir": str(Path(args.dir) / f"stall-{args.mode}"), "every": args.every,
                          "asynchronous": args.mode == "async", "final": False, "keep": 2}

@@ -40,9 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpcdp.jobs import config_path
+
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _evict(path: Path) -> None:
@@ -141,15 +142,14 @@ def _windows_case(folder: Path, batch: int, T: int, args) -> dict:
 
 
 def _wait_fraction(folder: Path, job: list[str], ranks: int, prefetch: bool, name: str) -> dict:
-    from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+    from hpcdp.launch import child_env, hpcdp_command, mpiexec_command
 
     out = folder / f"{name}-n{ranks}-{'pf' if prefetch else 'nopf'}"
-    cmd = [sys.executable, "-m", "hpcdp.cli", "train", *job, "--set", f'run.out_dir="{out}"',
+    cmd = [*hpcdp_command(), "train", *job, "--set", f'run.out_dir="{out}"',
            "--set", f"data.prefetch={'true' if prefetch else 'false'}", "--set", "run.log_every=100000"]
     if ranks > 1:
-        cmd = [find_mpiexec(), "-n", str(ranks)] + cmd
-    env = {**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, cwd=ROOT)
+        cmd = mpiexec_command(ranks, "hpcdp bench data") + cmd
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
             jobs = {"digits-sized (MLP)": ["--set", "data.kind=hdf5", "--set", f'data.path="{digits}"',
                                            "--set", f"train.steps={args.digits_steps}",
                                            "--set", "parallel.strategy=ddp"],
-                    "corpus (GPT)": ["--config", str(ROOT / "jobs/gpt_pysource.toml"),
+                    "corpus (GPT)": ["--config", str(config_path("gpt_pysource.toml")),
                                      "--set", f'data.path="{corpus}"', "--set", f"train.steps={args.gpt_steps}",
                                      "--set", "sample.length=0", "--set", "run.eval_every=0",
                                      "--set", "data.eval_windows=16"]}

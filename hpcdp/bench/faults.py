@@ -30,6 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdp.launch import THREAD_ENV, find_mpiexec
+
 TINY = ["data.kind=synthetic_classification", "data.n_samples=512", "data.n_features=16",
         "data.n_classes=4", "model.sizes=[16, 32, 4]", "train.global_batch=32", "run.log_every=1",
         "run.eval_every=0", "run.dtype=float32"]
@@ -161,11 +163,6 @@ def scenarios() -> list[Scenario]:
 
 # -- launching ------------------------------------------------------------------------
 
-def find_mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
-
-
 def marked_pids(marker: str) -> list[int]:
     """Processes whose command line holds ``marker`` (this job's)."""
     pids = []
@@ -249,12 +246,11 @@ def launch(sc: Scenario, workdir: Path, *, limit: float = 240.0) -> Result:
         for s in _sections(sc, marker, run_dir, workdir)[0][1]:
             cmd += ["--set", s]
     else:
-        cmd = [find_mpiexec()]
+        cmd = [find_mpiexec("hpcdp bench faults")]
         for i, (n, sets, wdir) in enumerate(_sections(sc, marker, run_dir, workdir)):
             cmd += ([":"] if i else []) + ["-n", str(n)] + (["-wdir", str(wdir)] if wdir else [])
             cmd += [sys.executable, "-m", "hpcdp.cli", "train"] + [a for s in sets for a in ("--set", s)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HPCDP_FAULT": sc.fault,
-           "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HPCDP_FAULT": sc.fault, **THREAD_ENV}
     env.pop("HPCDP_TRACEBACK", None)
     lines: list = []  # (monotonic time, text)
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

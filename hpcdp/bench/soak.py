@@ -25,7 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
-from hpcdp.bench.faults import find_mpiexec, marked_pids
+from hpcdp.bench.faults import marked_pids
+from hpcdp.launch import find_mpiexec
 
 
 def _rss_kb(pid: int) -> int | None:
@@ -55,7 +56,7 @@ def soak(config: str, steps: int, ranks: int, sets=(), warmup: float = 0.1, peri
     marker = f"soak{uuid.uuid4().hex[:10]}"
     with tempfile.TemporaryDirectory(prefix="hpcdp-soak-") as tmp:
         run = Path(tmp) / "run"
-        cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "hpcdp.cli", "train",
+        cmd = [find_mpiexec("hpcdp bench soak"), "-n", str(ranks), sys.executable, "-m", "hpcdp.cli", "train",
                "--config", str(Path(config).resolve()),
                "--set", f"train.steps={steps}", "--set", f'run.out_dir="{run}"', "--set", f"run.name={marker}",
                "--set", "run.eval_every=0", "--set", "run.log_every=100"]

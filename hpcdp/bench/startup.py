@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
@@ -36,19 +35,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from hpcdp.bench.step import CLEARED_ENV
+from hpcdp.launch import CLEARED_ENV, find_mpiexec, mpiexec_command, parse_ranks
 
 DEFAULT_SETS = ("parallel.strategy=ddp", "train.steps=1")
 FIRST_STEP_PREFIX = "step 1/"
-
-
-def _launcher() -> list[str]:
-    """The venv's mpiexec (next to this Python, the MPICH wheel's), else PATH's."""
-    here = Path(sys.executable).parent / "mpiexec"
-    found = str(here) if here.exists() else shutil.which("mpiexec")
-    if found is None:
-        raise ValueError("hpcdp bench startup needs mpiexec: pip install 'hpcdp[mpi]' or put one on PATH")
-    return [found]
 
 
 def _hpcdp() -> list[str]:
@@ -59,7 +49,7 @@ def _hpcdp() -> list[str]:
 def launch_once(ranks: int, config: str | None, sets, timeout: float, env) -> dict:
     """One launch; seconds from spawn to rank 0's first step line and to exit."""
     with tempfile.TemporaryDirectory(prefix="hpcdp-startup-") as tmp:
-        cmd = [*_launcher(), "-n", str(ranks), *_hpcdp(), "train",
+        cmd = [*mpiexec_command(ranks, "hpcdp bench startup"), *_hpcdp(), "train",
                *(["--config", config] if config else []),
                *[a for s in sets for a in ("--set", s)], "--set", f'run.out_dir="{tmp}/run"']
         first = None
@@ -143,16 +133,13 @@ def main(argv=None) -> int:
                    help="also time another hpcdp checkout (its root first on PYTHONPATH), launches alternating")
     p.add_argument("--json", default="bench-startup.json", help="results file (default bench-startup.json)")
     args = p.parse_args(argv)
-    try:
-        ranks = [int(r) for r in args.ranks.split(",")]
-    except ValueError:
-        raise ValueError(f"--ranks {args.ranks!r}: expected comma-separated integers, e.g. 1,2,4") from None
-    if min(ranks) < 1 or args.repeats < 1 or args.warmup < 0:
-        raise ValueError("--ranks must be >= 1, --repeats >= 1 and --warmup >= 0")
+    ranks = parse_ranks(args.ranks)
+    if args.repeats < 1 or args.warmup < 0:
+        raise ValueError("--repeats must be >= 1 and --warmup >= 0")
     sets = tuple(args.set) if args.set is not None else DEFAULT_SETS
     cleared = [k for k in CLEARED_ENV if k in os.environ]
     load_before = os.getloadavg()
-    print(f"hpcdp bench startup: {' '.join(_launcher())} -n N hpcdp train "
+    print(f"hpcdp bench startup: {find_mpiexec('hpcdp bench startup')} -n N hpcdp train "
           f"{('--config ' + args.config + ' ') if args.config else ''}{' '.join('--set ' + s for s in sets)}; "
           f"{args.warmup} untimed + {args.repeats} timed launches per rank count; "
           f"{' and '.join(CLEARED_ENV)} unset" + (f" (were set: {', '.join(cleared)})" if cleared else " (were not set)"))

@@ -1,8 +1,7 @@
 """hpcdp.comm: collectives on MPI point-to-point calls (never imports autograd/nn).
 
 Ring reduce-scatter / all-gather / allreduce (pipelined), recursive doubling for
-small messages, MPI's own collectives as a baseline, parameter-server push/pull,
-a byte ledger, timeouts on every collective that name the ranks that never
+small messages, MPI's own collectives as a baseline, a byte ledger, timeouts on every collective that name the ranks that never
 arrived (found lazily, once a deadline passed), and a debug-mode fingerprint check. See docs/collectives.md.
 """
 
@@ -13,7 +12,6 @@ from hpcdp.comm.context import get_context, set_debug, set_timeout
 from hpcdp.comm.device import cuda_aware, set_cuda_aware
 from hpcdp.comm.errors import CollectiveMismatch, CollectiveTimeout, CommError
 from hpcdp.comm.ledger import Ledger
-from hpcdp.comm.ps import ips_allreduce, ips_pull, ips_push, ps_allreduce, ps_pull, ps_push
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 
 __all__ = [
@@ -21,6 +19,5 @@ __all__ = [
     "iallreduce", "ireduce_scatter", "iall_gather",
     "Ledger", "CollectiveTimeout", "CollectiveMismatch", "CommError",
     "get_context", "set_debug", "set_timeout", "cuda_aware", "set_cuda_aware",
-    "ps_push", "ps_pull", "ps_allreduce", "ips_push", "ips_pull", "ips_allreduce",
     "DEFAULT_SEGMENT_BYTES",
 ]

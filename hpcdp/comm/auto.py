@@ -15,26 +15,19 @@ byte size and the world size, equal on all ranks.
 
 With a machine profile (``HPCDP_PROFILE``, see docs/scaling.md) the cost model picks
 the allreduce instead, among ring, recursive doubling and the hierarchical allreduce,
-for the node layout it is given (:func:`choose_allreduce` with ``layout``); the lean
-path then stays off for "auto" allreduces (:func:`native_below` is 0), so every
-size is the model's choice.
+for the node layout (hpcdp.comm.collectives asks :func:`hpcdp.comm.cost.fastest_allreduce`;
+this module imports no cost model); the lean path then stays off for "auto" allreduces
+(:func:`native_below` is 0), so every size is the model's choice.
 
-To add an algorithm, add its name to the
-collective's ``ALGORITHMS`` entry and, if auto should pick it, a row to ``TABLE``
-(or a world-size rule in :func:`choose`).
+The algorithms themselves are registered in :mod:`hpcdp.comm.algorithms` (the names
+:func:`choose` accepts come from there); if auto should pick a new one by size, give it a
+row in ``TABLE`` (or a world-size rule in :func:`choose`).
 """
 
 from __future__ import annotations
 
 import os
 
-ALGORITHMS = {
-    "allreduce": ("auto", "ring", "recursive", "native", "hierarchical"),
-    "reduce_scatter": ("auto", "ring", "native"),
-    "all_gather": ("auto", "ring", "native"),
-}
-ALLREDUCE_ALGORITHMS = ALGORITHMS["allreduce"]
-SCATTER_GATHER_ALGORITHMS = ALGORITHMS["reduce_scatter"]
 
 # (below this many bytes, use this algorithm); None: everything larger
 TABLE = {
@@ -68,12 +61,15 @@ def crossover_bytes(collective: str = "allreduce") -> int:
 
 
 def forget() -> None:
-    """Read the ``HPCDP_<NAME>_CROSSOVER`` variables again on next use."""
+    """Read the ``HPCDP_<NAME>_CROSSOVER`` variables (and the registered algorithm names)
+    again on next use."""
     _BOUNDS.clear()
     _NATIVE_BELOW.clear()
+    _NAMES.clear()
 
 
 _NATIVE_BELOW: dict = {}
+_NAMES: dict = {}  # collective -> the names choose() accepts
 
 
 def native_below(collective: str, world_size: int) -> int:
@@ -101,10 +97,13 @@ def native_below(collective: str, world_size: int) -> int:
 
 def choose(collective: str, nbytes: int, world_size: int, algorithm: str = "auto") -> str:
     """The algorithm ``collective`` runs for a buffer of ``nbytes`` bytes."""
-    allowed = ALGORITHMS[collective]
-    if algorithm not in allowed:
-        raise ValueError(f"{collective} algorithm must be one of {allowed}, got {algorithm!r}")
     if algorithm != "auto":
+        allowed = _NAMES.get(collective)
+        if allowed is None:  # the registered algorithms (hpcdp.comm.algorithms), looked up once
+            from hpcdp.comm.algorithms import names
+            allowed = _NAMES[collective] = names(collective)
+        if algorithm not in allowed:
+            raise ValueError(f"{collective} algorithm must be one of {allowed}, got {algorithm!r}")
         return algorithm
     rows = TABLE[collective]
     if nbytes >= crossover_bytes(collective):
@@ -115,12 +114,8 @@ def choose(collective: str, nbytes: int, world_size: int, algorithm: str = "auto
     return rows[-2][1]
 
 
-def choose_allreduce(nbytes: int, world_size: int, algorithm: str = "auto", layout=None) -> str:
-    """:func:`choose` for an allreduce; with ``layout`` ``(profile, nodes, ranks per node)``
-    (hpcdp.comm.hierarchical.auto_layout) the cost model decides what "auto" runs."""
-    if algorithm == "auto" and layout is not None:
-        from hpcdp.costmodel import fastest_allreduce
-        return fastest_allreduce(nbytes, *layout)
+def choose_allreduce(nbytes: int, world_size: int, algorithm: str = "auto") -> str:
+    """:func:`choose` for an allreduce (without a machine profile)."""
     return choose("allreduce", nbytes, world_size, algorithm)
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from hpcdp.comm import fast
+from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.auto import choose, choose_allreduce
 from hpcdp.comm.context import get_context
 from hpcdp.comm.debug import debug_check
-from hpcdp.comm.native import native_all_gather, native_allreduce, native_reduce_scatter
+from hpcdp.comm.native import native_all_gather, native_reduce_scatter
 from hpcdp.comm.ops import resolve
-from hpcdp.comm.recursive import recursive_doubling
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES, RingRequest
 from hpcdp.shard import shard_range
@@ -145,8 +145,12 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
     if algorithm == "auto" and ctx.size > 1:
         from hpcdp.comm.hierarchical import auto_layout
         layout = auto_layout(ctx, timeout)  # None unless HPCDP_PROFILE names a profile
-    algo = _byte_order(choose_allreduce(nbytes, ctx.size, algorithm, layout), algorithm,
-                       work.dtype, "allreduce")
+    if layout is not None:  # (profile, nodes, ranks per node): the cost model decides
+        from hpcdp.comm.cost import fastest_allreduce
+        algo = fastest_allreduce(nbytes, *layout)
+    else:
+        algo = choose_allreduce(nbytes, ctx.size, algorithm)
+    algo = _byte_order(algo, algorithm, work.dtype, "allreduce")
     call = _arrive(ctx, "allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
     if ctx.size == 1 or work.size == 0:
         if src is not work:
@@ -154,28 +158,10 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
         return DoneRequest(ctx, "allreduce", call, ledger, result)
     if _lean(algo, op, max_message_bytes, nbytes, work):
         return fast.allreduce(ctx, call, src, work, result, op, ledger, timeout)
-    if algo == "hierarchical":
-        from hpcdp.comm.hierarchical import HierarchicalRequest
-        return HierarchicalRequest(ctx, call, ledger, timeout, work=work, src=src, op=op,
-                                   segment_bytes=segment_bytes,
-                                   max_message_bytes=max_message_bytes, result=result)
-    if algo == "ring":
-        return RingRequest(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
-                           phases=("rs", "ag"), segment_bytes=segment_bytes,
-                           max_message_bytes=max_message_bytes, result=result)
-    if algo == "native":
-        body = lambda req: native_allreduce(req, src, work, op)  # noqa: E731
-    else:
-        if src is not work:
-            work[...] = src
-
-        def body(req):
-            tmp = req.scratch(work.size, work.dtype) if isinstance(work, np.ndarray) else \
-                _device_scratch(ctx, work)
-            return (yield from recursive_doubling(req, work, op, tmp))
-    req = GenRequest(ctx, "allreduce", call, ledger, timeout, body, max_message_bytes)
-    req.result = result
-    return req
+    # the algorithm's registered start (hpcdp.comm.algorithms: one line per algorithm)
+    return get_algorithm("allreduce", algo).start(ctx, call, ledger, timeout, src=src, work=work,
+                                                  result=result, op=op, segment_bytes=segment_bytes,
+                                                  max_message_bytes=max_message_bytes)
 
 
 def _device_scratch(ctx, like):

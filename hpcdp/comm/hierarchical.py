@@ -268,3 +268,11 @@ def expected_bytes(n: int, nodes: int, per_node: int, node: int, local_rank: int
     from hpcdp.comm.volume import hierarchical_bytes
 
     return hierarchical_bytes(n, nodes, per_node, node, local_rank, itemsize)
+
+
+
+def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
+    """The registered start of the hierarchical allreduce (hpcdp.comm.algorithms)."""
+    return HierarchicalRequest(ctx, call, ledger, timeout, work=work, src=src, op=op,
+                               segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+                               result=result)

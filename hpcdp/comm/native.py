@@ -61,3 +61,14 @@ def native_all_gather(req, chunk, full, in_place):
     req.recv_bytes += full.size * itemsize
     req.sent_msgs += 1
     req.recv_msgs += 1
+
+
+
+def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
+    """The registered start of MPI's own allreduce (hpcdp.comm.algorithms)."""
+    from hpcdp.comm.requests import GenRequest
+
+    req = GenRequest(ctx, "allreduce", call, ledger, timeout,
+                     lambda r: native_allreduce(r, src, work, op), max_message_bytes)
+    req.result = result
+    return req

@@ -56,6 +56,29 @@ def recursive_doubling(req, buf, op, tmp):
     return None
 
 
+def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
+    """The registered start of recursive doubling (hpcdp.comm.algorithms): in place on
+    ``work``, with pooled scratch of its size."""
+    import numpy as np
+
+    from hpcdp.comm.requests import GenRequest
+
+    if src is not work:
+        work[...] = src
+
+    def body(req):
+        if isinstance(work, np.ndarray):
+            tmp = req.scratch(work.size, work.dtype)
+        else:
+            from hpcdp.comm.device import device_scratch
+            tmp = device_scratch(ctx, work.size, work.dtype)
+        return (yield from recursive_doubling(req, work, op, tmp))
+
+    req = GenRequest(ctx, "allreduce", call, ledger, timeout, body, max_message_bytes)
+    req.result = result
+    return req
+
+
 def expected_bytes(n_bytes: int, N: int, rank: int) -> tuple[int, int]:
     """(sent, received) bytes of ``rank`` for an ``n_bytes`` recursive doubling
     (:func:`hpcdp.comm.volume.recursive_bytes`, the one formula)."""

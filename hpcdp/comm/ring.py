@@ -240,3 +240,11 @@ def expected_bytes(n: int, N: int, rank: int, itemsize: int,
     from hpcdp.comm.volume import ring_bytes
 
     return ring_bytes(n, N, rank, itemsize, phases)
+
+
+
+def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
+    """The registered start of the ring allreduce (hpcdp.comm.algorithms)."""
+    return RingRequest(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
+                       phases=("rs", "ag"), segment_bytes=segment_bytes,
+                       max_message_bytes=max_message_bytes, result=result)

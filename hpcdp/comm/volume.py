@@ -86,6 +86,17 @@ def ring_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int,
     return ring_bytes(n, N, rank, itemsize, ("rs", "ag"))
 
 
+def expected_step_bytes(plan, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """Gradient bytes (sent, received) of one DDP step on ``rank`` with ring allreduce:
+    the sum of :func:`ring_allreduce_bytes` over the buckets of ``plan``
+    (``hpcdp.strategies.buckets.plan_buckets``)."""
+    sent = recv = 0
+    for b in plan.buckets:
+        s, r = ring_allreduce_bytes(b.size, N, rank, itemsize)
+        sent, recv = sent + s, recv + r
+    return sent, recv
+
+
 def reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
     return ring_bytes(n, N, rank, itemsize, ("rs",))
 
@@ -103,6 +114,11 @@ def recursive_bytes(n_bytes: int, N: int, rank: int) -> tuple[int, int]:
         return n_bytes, n_bytes  # folded into its odd partner, gets the result back
     extra = n_bytes if rank < 2 * rem else 0
     return rounds * n_bytes + extra, rounds * n_bytes + extra
+
+
+def recursive_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """:func:`recursive_bytes` in the (elements, ranks, rank, itemsize) form of the others."""
+    return recursive_bytes(n * itemsize, N, rank) if N > 1 and n else (0, 0)
 
 
 def native_bytes(collective: str, n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
@@ -123,22 +139,33 @@ def native_bytes(collective: str, n: int, N: int, rank: int, itemsize: int) -> t
     raise ValueError(f"native_bytes: unknown collective {collective!r}")
 
 
+def native_allreduce_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return native_bytes("allreduce", n, N, rank, itemsize)
+
+
+def native_reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return native_bytes("reduce_scatter", n, N, rank, itemsize)
+
+
+def native_all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    return native_bytes("all_gather", n, N, rank, itemsize)
+
+
 def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
                      itemsize: int) -> tuple[int, int]:
     """(sent, received) bytes of one ``collective`` (allreduce, reduce_scatter,
-    all_gather) with ``algorithm`` ("auto" resolved by hpcdp.comm.auto.choose)."""
+    all_gather) with ``algorithm`` ("auto" resolved by hpcdp.comm.auto.choose): the
+    formula the algorithm registered (hpcdp.comm.algorithms)."""
+    from hpcdp.comm.algorithms import get
     from hpcdp.comm.auto import choose
 
     algo = choose(collective, n * itemsize, N, algorithm)
-    if algo == "hierarchical":  # bytes per link kind, from the node layout
-        raise ValueError("collective_bytes: the hierarchical allreduce moves bytes on two link "
-                         "kinds; use hierarchical_bytes(n, nodes, per_node, node, local_rank, itemsize)")
-    if algo == "native":
-        return native_bytes(collective, n, N, rank, itemsize)
-    if algo == "recursive":
-        return recursive_bytes(n * itemsize, N, rank) if N > 1 and n else (0, 0)
-    phases = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}
-    return ring_bytes(n, N, rank, itemsize, phases[collective])
+    formula = get(collective, algo).bytes
+    if formula is None:  # e.g. hierarchical: bytes per link kind, from the node layout
+        raise ValueError(f"collective_bytes: the {algo} {collective} moves bytes on two link kinds; "
+                         f"use {algo}_bytes (hierarchical_bytes(n, nodes, per_node, node, local_rank, "
+                         "itemsize) for the hierarchical allreduce)")
+    return formula(n, N, rank, itemsize)
 
 
 def ps_push_bytes(n: int, rank: int, servers, workers, itemsize: int) -> tuple[int, int]:
@@ -195,6 +222,7 @@ def hierarchical_bytes(n: int, nodes: int, per_node: int, node: int, local_rank:
             "inter": ring_allreduce_bytes(chunk, nodes, node, itemsize)}
 
 
-__all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "reduce_scatter_bytes", "all_gather_bytes",
-           "recursive_bytes", "native_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
+__all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "expected_step_bytes", "reduce_scatter_bytes", "all_gather_bytes",
+           "recursive_bytes", "recursive_allreduce_bytes", "native_bytes", "native_allreduce_bytes",
+           "native_reduce_scatter_bytes", "native_all_gather_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
            "zero_step_bytes", "hierarchical_bytes"]

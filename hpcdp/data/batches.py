@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcdp.step import LocalBatch
-
+from .micro import LocalBatch, rank_micro_batches
 from .prefetch import Prefetcher
-from .sampler import make_sampler, micro_batches
+from .sampler import make_sampler
 
 
 @dataclass
@@ -76,14 +75,8 @@ class BatchSource:
         self._prefetch = Prefetcher(self._read) if data_cfg.prefetch and on_disk else None
 
     def _read(self, step: int) -> Batch:
-        if self.exact_micro:  # exact mode: whole fixed micro-batches (hpcdp/exact/batches.py)
-            from hpcdp.exact.batches import plan_micro_batches
-            g = self.sampler.global_indices(step)
-            parts, _ = plan_micro_batches(g, self.exact_micro, self.dp_size, self.dp_rank)
-            global_n = len(g)
-        else:
-            local, global_n = self.sampler.local_indices(step, self.dp_size, self.dp_rank)
-            parts = micro_batches(local, self.accum)
+        parts, global_n = rank_micro_batches(self.sampler, step, self.dp_size, self.dp_rank,
+                                             accum=self.accum, exact_micro=self.exact_micro)
         filler = self.sampler.global_indices(step)[:1]
         indices = np.concatenate(parts + [filler])
         x, y = read_pairs(self.ds, indices)

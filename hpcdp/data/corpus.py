@@ -23,7 +23,7 @@ import numpy as np
 from hpcdp.shard import shard_range
 
 from . import DataError, Dataset
-from .agree import check_same_files, combine_max
+from .same_files import check_same_files, combine_max
 from .arrays import MemoryArray, open_h5_dataset
 from .prepare import FORMAT, FORMAT_VERSION
 from .tokenizer import Tokenizer

@@ -17,7 +17,7 @@ Storage (``data.storage``): HDF5 and ``.npy`` data stays on disk (``"auto"`` or
 the rows asked for (:mod:`.views`, :mod:`.arrays`). ``"memory"`` reads them whole, as
 ``.npz`` archives always are. Either way the values are checked once at startup:
 each rank scans its share of the rows (``shard_range``) in 4 MiB pieces and the
-ranks combine their findings (:mod:`.agree`), so memory stays bounded and the file
+ranks combine their findings (:mod:`.same_files`), so memory stays bounded and the file
 is read once in total.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from hpcdp.shard import shard_range
 
 from . import DataError, Dataset, split_indices
-from .agree import check_same_files, combine_max
+from .same_files import check_same_files, combine_max
 from .arrays import open_h5_dataset, open_npy
 from .external import refuse_external
 from .views import RowView

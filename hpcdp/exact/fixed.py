@@ -182,6 +182,29 @@ def decode(acc, lo, seg_off, seg_len, exps, s1, s2, out):
             out[i - lo] = (np.float64(acc[i - lo]) * f1) * f2
 
 
+@njit(cache=True)
+def square_sum(g, s):
+    """``(sum of rint(g[i]**2 * 2**s) as int64, all finite?)``: each square on one
+    fixed-point grid, so sums over any split of the elements agree exactly."""
+    total = np.int64(0)
+    for i in range(g.size):
+        v = np.float64(g[i])
+        if not np.isfinite(v):
+            return total, False
+        total += np.int64(np.rint(math.ldexp(v * v, s)))
+    return total, True
+
+
+def norm_scale(exps: np.ndarray, numel: int) -> int:
+    """The grid of the squared norm: a decoded sum at exponent e is below
+    ``2**(62 - e)``, its square below ``2**(124 - 2e)``; with ``h = ceil(log2
+    numel)`` bits of headroom every square is at most ``2**(62 - h)`` and their sum
+    stays below 2**62 at ``s = 2e - 62 - h`` (e: the largest finite exponent)."""
+    finite = exps[exps != NONFINITE]
+    e = int(finite.max()) if finite.size else 0
+    return 2 * e - FRACTION_BITS - max(int(numel) - 1, 0).bit_length()
+
+
 class Codec:
     """The per-tensor segments of one flat layout and this step's exponents."""
 
@@ -220,5 +243,5 @@ class Codec:
         return [n for n, e in zip(self.names, self.exps) if e == NONFINITE]
 
 
-__all__ = ["Codec", "band", "exponents", "exponents_of", "quantized_exponent", "headroom_bits",
+__all__ = ["Codec", "square_sum", "norm_scale", "band", "exponents", "exponents_of", "quantized_exponent", "headroom_bits",
            "FRACTION_BITS", "NONFINITE", "QUANTUM"]

@@ -6,12 +6,13 @@
 - ranges.py      range arithmetic: intersect, split at parameter boundaries, coverage
 - checksum.py    SHA-256 per 4 MiB block
 - h5.py          deterministic HDF5 files, raw pwrite/pread of contiguous datasets
+- layouts.py     the layout registry (checkpoint.layout -> its class)
 - shardfile.py   layout "split": one file per rank
 - shared.py      layout "shared": one file, parallel HDF5 (h5py mpio)
 - index.py       index.h5: where every tensor lives, the run's state
 - reader.py      read element ranges, verifying checksums block by block
 - commit.py      atomic directory protocol, marker, latest, keep, --resume targets
-- agree.py       ranks agree on a save/load outcome (no hangs)
+- outcome.py     ranks agree on a save/load outcome (no hangs)
 - save.py, load.py       one save / one restore across ranks
 - runstate.py    config, step, data position, optimizer scalars
 - background.py  the asynchronous writer thread;  stop.py  SIGTERM/SIGUSR1

@@ -49,9 +49,8 @@ class Checkpointer:
         check = getattr(strategy, "checkpoint_check", None)
         if check is not None:
             check()  # a configuration the strategy cannot checkpoint: refused on every rank
-        if self.c.layout == "shared":
-            from .shared import check_available
-            check_available()
+        from .layouts import get_layout
+        get_layout(self.c.layout).check_available()  # e.g. "shared" without parallel HDF5
         from hpcdp.failure.deadline import idup
         what = "the other ranks to set up checkpointing"
         self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
@@ -98,7 +97,7 @@ class Checkpointer:
             self.log = log
         if not self.resume_target:
             return 0
-        from .agree import on_root
+        from .outcome import on_root
         from .commit import resolve
         from .load import load
 

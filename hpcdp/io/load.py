@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .agree import all_ok
+from .outcome import all_ok
 from .errors import CheckpointError
 from .format import tensor_name
 from .index import read_index

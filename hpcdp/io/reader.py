@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import CheckpointError
 from .h5 import open_read, pread_into
+from .layouts import get_layout
 from .ranges import Span, blocks_covering, intersect
 
 
@@ -31,7 +32,7 @@ def _sha256(buf: np.ndarray) -> bytes:
 class Reader:
     def __init__(self, ckpt_dir, index, threads: int = 1):
         self.dir, self.index = Path(ckpt_dir), index
-        self.layout = index.attrs.get("layout", "split")
+        self.layout = get_layout(index.attrs.get("layout", "split"))
         self._open_files: dict = {}
         self.bytes_read = 0
         # hashlib releases the GIL: threads check block k while block k + 1 is read
@@ -87,7 +88,7 @@ class Reader:
                                   f"[{lo}, {lo + n}) are not all in the index's pieces")
 
     def _dataset(self, h5, name: str, tensor: str, piece_off: int):
-        path = f"{tensor}/{piece_off}" if self.layout == "split" else tensor
+        path = self.layout.dataset_path(tensor, piece_off)
         if path not in h5:
             raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
                                   f"(tensor {tensor}) although the index says it holds it")
@@ -99,7 +100,7 @@ class Reader:
         dtype = np.dtype(self.index.dtypes[tensor_id])
         ds = self._dataset(h5, name, tensor, piece_off)
         where = f"checkpoint {self.dir}: file {name}, tensor {tensor} (piece at element {piece_off})"
-        want_len = piece_size if self.layout == "split" else self.index.numel(tensor_id)
+        want_len = self.layout.dataset_len(piece_size, self.index.numel(tensor_id))
         if ds.dtype != dtype or ds.shape != (want_len,):
             raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
                                   f"{dtype} ({want_len},): wrong dtype or shape")
@@ -134,17 +135,10 @@ class Reader:
             digests = np.asarray(ds.attrs["sha256"])
         except KeyError as e:
             raise CheckpointError(f"{where}: attribute {e} is missing") from None
-        if self.layout == "split":
-            start = 0
-        else:
-            table = np.asarray(ds.attrs["pieces"]).reshape(-1, 2)
-            k = np.nonzero(table[:, 0] == piece_off)[0]
-            if k.size != 1 or int(table[k[0], 1]) != piece_size:
-                raise CheckpointError(f"{where}: the dataset's piece table does not list this piece")
-            counts = (table[:, 1] + block - 1) // block
-            base = int(counts[:k[0]].sum())
-            digests = digests[base:base + int(counts[k[0]])]
-            start = piece_off
+        try:
+            digests, start = self.layout.piece_digests(ds, piece_off, piece_size, block, digests, where)
+        except KeyError as e:
+            raise CheckpointError(f"{where}: attribute {e} is missing") from None
         if digests.shape != ((piece_size + block - 1) // block, 32):
             raise CheckpointError(f"{where}: {digests.shape[0]} block digests for {piece_size} elements "
                                   f"in blocks of {block}: the checksum attribute is damaged")

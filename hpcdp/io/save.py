@@ -1,6 +1,6 @@
 """One save, from host snapshots to a committed checkpoint (every rank calls it).
 
-The phases and who runs them (each ends with an agreement, see agree.py, so a
+The phases and who runs them (each ends with an agreement, see outcome.py, so a
 failure anywhere stops every rank with the same message instead of a hang)::
 
     rank 0      prepare <root>/.step-S.tmp/                      (commit.prepare)
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .agree import all_ok, allgather_rows, on_root
+from .outcome import all_ok, allgather_rows, on_root
 from .errors import CheckpointError
 from .commit import commit, prepare, prune, tmp_dir
 from .failpoint import failpoint
-from .format import SHARED_FILE, rank_file_name, step_dir_name
+from .format import step_dir_name
 from .h5 import open_read
 from .index import build_tables, write_index
-from .shardfile import list_pieces, write_rank_file
+from .layouts import get_layout
 
 
 @dataclass
@@ -52,22 +52,14 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
     on_root(comm, lambda: prepare(job.root, job.step), timeout=timeout, share=False)
     tmp = tmp_dir(job.root, job.step)
     mine = all_ok(comm, lambda: _piece_rows(job), timeout=timeout)
-    if job.layout == "shared":
-        from .shared import write_shared
-        files = [SHARED_FILE]
-        all_ok(comm, lambda: write_shared(tmp / SHARED_FILE, job.snapshot, job.expected, comm,
-                                          step=job.step, timeout=timeout, threads=job.threads), timeout=timeout)
-    else:
-        files = [rank_file_name(r) for r in range(size)]
-        attrs = {"rank": rank, "world_size": size, "step": job.step}
-        all_ok(comm, lambda: write_rank_file(tmp / files[rank], job.snapshot, attrs, step=job.step, rank=rank,
-                                             threads=job.threads), timeout=timeout)
+    layout = get_layout(job.layout)
+    files = layout.files(size)
+    all_ok(comm, lambda: layout.write(tmp, job, comm, rank, size, timeout), timeout=timeout)
     # Every rank's piece table reaches rank 0 (its files are not reopened to learn it).
     every = allgather_rows(comm, mine, timeout=timeout)
     names = list(job.expected)
-    found = [[(names[t], o, n, job.expected[names[t]][1]) for t, o, n in rows] for rows in every]
-    if job.layout == "shared":
-        found = [sum(found, [])]
+    found = layout.per_file([[(names[t], o, n, job.expected[names[t]][1]) for t, o, n in rows]
+                             for rows in every])
     on_root(comm, lambda: _finish(job, tmp, files, found), timeout=timeout, share=False)
     return Path(job.root) / step_dir_name(job.step)
 
@@ -95,13 +87,10 @@ def _finish(job: SaveJob, tmp: Path, files: list, found: list | None = None) -> 
     where = f"checkpoint of step {job.step} in {tmp}"
     if found is None:
         found = []
+        layout = get_layout(job.layout)
         for name in files:
             with open_read(tmp / name) as f:
-                if job.layout == "shared":
-                    from .shared import list_shared_pieces
-                    found.append(list_shared_pieces(f))
-                else:
-                    found.append(list_pieces(f))
+                found.append(layout.list_pieces(f))
     failpoint("ckpt-before-index", step=job.step, rank=0)
     table = build_tables(job.expected, found, files, where)
     write_index(tmp, {**job.attrs, "layout": job.layout, "step": job.step}, job.expected, table, files,
@@ -120,7 +109,7 @@ def rank_scalar_arrays(comm, scalars: dict, *, timeout: float = 300.0) -> dict:
     table = np.zeros((size, len(keys)), dtype=np.float64)
     table[rank] = [float(scalars[k]) for k in keys]
     if size > 1 and keys:
-        from .agree import allreduce_gently
+        from .outcome import allreduce_gently
         allreduce_gently(table.reshape(-1), comm, "sum", timeout)
     return {k: table[:, i].copy() for i, k in enumerate(keys)}
 

@@ -84,4 +84,39 @@ def list_pieces(f) -> list[tuple[str, int, int, str]]:
     return out
 
 
-__all__ = ["write_rank_file", "list_pieces", "set_attrs"]
+class SplitLayout:
+    """``checkpoint.layout = "split"``: one file per writing rank (hpcdp/io/layouts.py)."""
+
+    name = "split"
+
+    def check_available(self) -> None:
+        pass
+
+    def files(self, world_size: int) -> list[str]:
+        from .format import rank_file_name
+        return [rank_file_name(r) for r in range(world_size)]
+
+    def write(self, tmp, job, comm, rank: int, size: int, timeout: float) -> None:
+        attrs = {"rank": rank, "world_size": size, "step": job.step}
+        write_rank_file(tmp / self.files(size)[rank], job.snapshot, attrs, step=job.step, rank=rank,
+                        threads=job.threads)
+
+    def per_file(self, rows_per_rank: list) -> list:
+        return rows_per_rank            # file r holds rank r's pieces
+
+    def list_pieces(self, f) -> list:
+        return list_pieces(f)
+
+    def dataset_path(self, tensor: str, piece_off: int) -> str:
+        return f"{tensor}/{piece_off}"
+
+    def dataset_len(self, piece_size: int, tensor_numel: int) -> int:
+        return piece_size
+
+    def piece_digests(self, ds, piece_off, piece_size, block, digests, where):
+        return digests, 0               # the dataset is the piece
+
+
+SPLIT = SplitLayout()
+
+__all__ = ["write_rank_file", "list_pieces", "set_attrs", "SplitLayout", "SPLIT"]

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 
-from .agree import allgather_rows
+from .outcome import allgather_rows
 from .checksum import block_elements, submit_digests
 from .errors import CheckpointError
 from .failpoint import failpoint
@@ -95,4 +95,45 @@ def list_shared_pieces(f) -> list[tuple[str, int, int, str]]:
     return out
 
 
-__all__ = ["write_shared", "list_shared_pieces", "check_available", "NO_MPI"]
+class SharedLayout:
+    """``checkpoint.layout = "shared"``: one file, every rank's hyperslabs (hpcdp/io/layouts.py)."""
+
+    name = "shared"
+
+    def check_available(self) -> None:
+        check_available()
+
+    def files(self, world_size: int) -> list[str]:
+        from .format import SHARED_FILE
+        return [SHARED_FILE]
+
+    def write(self, tmp, job, comm, rank: int, size: int, timeout: float) -> None:
+        write_shared(tmp / self.files(size)[0], job.snapshot, job.expected, comm, step=job.step,
+                     timeout=timeout, threads=job.threads)
+
+    def per_file(self, rows_per_rank: list) -> list:
+        return [sum(rows_per_rank, [])]  # the one file holds every rank's pieces
+
+    def list_pieces(self, f) -> list:
+        return list_shared_pieces(f)
+
+    def dataset_path(self, tensor: str, piece_off: int) -> str:
+        return tensor
+
+    def dataset_len(self, piece_size: int, tensor_numel: int) -> int:
+        return tensor_numel
+
+    def piece_digests(self, ds, piece_off, piece_size, block, digests, where):
+        """This piece's digests from the dataset's piece table; it starts at its offset."""
+        table = np.asarray(ds.attrs["pieces"]).reshape(-1, 2)
+        k = np.nonzero(table[:, 0] == piece_off)[0]
+        if k.size != 1 or int(table[k[0], 1]) != piece_size:
+            raise CheckpointError(f"{where}: the dataset's piece table does not list this piece")
+        counts = (table[:, 1] + block - 1) // block
+        base = int(counts[:k[0]].sum())
+        return digests[base:base + int(counts[k[0]])], piece_off
+
+
+SHARED = SharedLayout()
+
+__all__ = ["write_shared", "list_shared_pieces", "check_available", "NO_MPI", "SharedLayout", "SHARED"]

@@ -54,7 +54,7 @@ def model_from_checkpoint(target: str, overrides=(), *, latest_root=None, device
     mode on ``device``. ``kinds``: the model kinds the caller can use (others: an
     error naming model.kind)."""
     from hpcdp.backend import get_backend
-    from hpcdp.config import ConfigError
+    from hpcdp.config_error import ConfigError
     from hpcdp.nn import build_model
 
     from .commit import resolve

@@ -19,7 +19,7 @@ import pkgutil
 from .base import SingleRank, Strategy
 
 # Modules of this package that are helpers, not strategies.
-_NOT_STRATEGIES = {"base", "buckets", "engine"}
+_NOT_STRATEGIES = {"base", "buckets", "codec", "engine"}
 
 
 def available_strategies() -> list[str]:

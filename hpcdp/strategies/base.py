@@ -19,6 +19,7 @@ step is always :func:`hpcdp.step.train_step`::
             #   backward: a unit's pre-backward hook (on its output tensor), then the
             #   grad-ready hook of each parameter when its gradient is final
         strategy.finish_gradients()                  # wait for communication
+        #   (False: a gradient codec asks for the step's micro-batches again)
         strategy.step()                              # optimizer update(s)
         metrics.update(strategy.step_stats())
     strategy.close()
@@ -33,6 +34,12 @@ unit's parameter and gradient storage explicitly (``FlatParams.bind`` /
 ``release``), so no full-size buffer needs to exist. What a rank owns of the
 parameters, gradients and optimizer state is :meth:`Strategy.owned_ranges`
 (global flat coordinates, built on :func:`hpcdp.ownership.owned_ranges`).
+
+What the gradient collectives carry: the run's dtype, unless a gradient codec is
+installed with :meth:`Strategy.set_grad_codec` (after setup): then each micro-batch's
+gradient is encoded into the codec's payload dtype before a bucket's collective is
+launched and decoded when it is done (hpcdp/strategies/codec.py; exact mode's int64
+fixed point is one). A strategy that cannot carry one refuses it.
 
 Checkpoints: a strategy that supports them has the four methods of
 :mod:`hpcdp.io.protocol` (``checkpoint_pieces``, ``checkpoint_targets``,
@@ -85,8 +92,18 @@ class Strategy(ABC):
         reduce every micro-batch."""
 
     @abstractmethod
-    def finish_gradients(self) -> None:
-        """Block until the gradients every rank needs are reduced."""
+    def finish_gradients(self) -> bool | None:
+        """Block until the gradients every rank needs are reduced. With a gradient
+        codec: False if the codec rejected this pass set (the driver runs the step's
+        micro-batches again); anything else means the gradients are ready."""
+
+    # -- the gradient codec (hpcdp/strategies/codec.py) ---------------------------
+    grad_codec = None
+
+    def set_grad_codec(self, codec) -> None:
+        """Carry gradients as ``codec``'s payload from the next step on (after setup).
+        The default: this strategy has no codec support."""
+        raise NotImplementedError(f"strategy {self.name!r} cannot carry a gradient codec")
 
     @abstractmethod
     def step(self) -> None:
@@ -149,8 +166,27 @@ class SingleRank(ReplicatedCheckpoint, Strategy):
         self.flat, self.optimizer = flat, optimizer
         self.dp_rank, self.dp_size = 0, 1
 
-    def finish_gradients(self) -> None:
-        pass
+    def set_grad_codec(self, codec) -> None:
+        from hpcdp.strategies.codec import FullGradPayload
+        self.grad_codec, self._payload = codec, FullGradPayload(self.flat, codec)
+
+    def zero_grad(self) -> None:
+        self.flat.zero_grad()
+        if self.grad_codec is not None:
+            self._payload.zero()
+
+    def begin_backward(self, last_micro: bool = True) -> None:
+        if self.grad_codec is not None:
+            self._payload.begin_micro()
+
+    def finish_gradients(self) -> bool | None:
+        if self.grad_codec is None:
+            return None
+        self._payload.fold()               # the last micro-batch's gradient
+        ok = self.grad_codec.finish()
+        if ok:
+            self._payload.decode_into_grad()
+        return ok
 
     def step(self) -> None:
         self.clip_gradients([self.flat.grad])

@@ -71,14 +71,11 @@ class DDP(ReplicatedCheckpoint, Strategy):
         cap = None if self.cfg.bucketing == "per_param" else bucket_cap_elements(
             self.cfg.bucket_mb, np.dtype(flat.dtype).itemsize)
         self.plan = plan_buckets(flat.layout, cap)
-        # In-place views of the grad buffer, one per bucket: the allreduce works on these.
-        views = [flat.grad[b.offset:b.offset + b.size] for b in self.plan.buckets]
-
-        def launch(b):
-            return hcomm.iallreduce(views[b], comm=self.comm, op="sum", algorithm=self.cfg.algorithm,
-                                    ledger=self.ledger, timeout=self.timeout)
-
-        self.engine = BucketEngine(self.plan, launch, name="DDP")
+        # In-place views of the grad buffer, one per bucket: the allreduce works on these
+        # (with a gradient codec: on views of its payload, set_grad_codec).
+        self._views = [flat.grad[b.offset:b.offset + b.size] for b in self.plan.buckets]
+        self._hcomm = hcomm
+        self.engine = BucketEngine(self.plan, self._launch, name="DDP")
         if world.size > 1:
             if self.debug:
                 hcomm.set_debug(self.comm, True)
@@ -89,6 +86,32 @@ class DDP(ReplicatedCheckpoint, Strategy):
         self._steps = 0
         self._snap = self.ledger.snapshot() if self.ledger is not None else None
 
+    def _launch(self, b: int):
+        if self.grad_codec is not None:  # this bucket's part of the last micro-batch, encoded now
+            bk = self.plan.buckets[b]
+            if self._encode_at_launch:
+                self._payload.fold(bk.offset, bk.size)
+        return self._hcomm.iallreduce(self._views[b], comm=self.comm, op="sum", algorithm=self.cfg.algorithm,
+                                      ledger=self.ledger, timeout=self.timeout)
+
+    # -- the gradient codec (hpcdp/strategies/codec.py) ------------------------------
+    def set_grad_codec(self, codec) -> None:
+        """Each micro-batch's gradient is encoded on its own into one payload buffer;
+        the bucket allreduces carry the payload (the last micro-batch's buckets are
+        encoded at their launch, from the grad-ready hooks when the gradient is on
+        the host), and after ``codec.finish()`` it is decoded into ``flat.grad``."""
+        from hpcdp.strategies.codec import FullGradPayload
+
+        self.grad_codec = codec
+        self._payload = FullGradPayload(self.flat, codec)
+        self._views = [self._payload.view(b.offset, b.size) for b in self.plan.buckets]
+        self._encode_at_launch = False
+
+    def zero_grad(self) -> None:
+        self.flat.zero_grad()
+        if self.grad_codec is not None:
+            self._payload.zero()
+
     @property
     def launched(self) -> int:
         """Buckets launched in the current backward (tests watch it)."""
@@ -96,16 +119,33 @@ class DDP(ReplicatedCheckpoint, Strategy):
 
     def begin_backward(self, last_micro: bool = True) -> None:
         # Micro-batches before the last only accumulate into flat.grad: no communication.
+        # (A codec: each micro-batch's gradient is encoded alone, the previous one now.)
+        overlap = self.cfg.overlap and self.world.size > 1
+        if self.grad_codec is not None:
+            self._payload.begin_micro()
+            overlap = overlap and self._payload.on_host
+            self._encode_at_launch = last_micro and overlap
         if last_micro:
-            self.engine.arm(self.cfg.overlap and self.world.size > 1)
+            self.engine.arm(overlap)
 
-    def finish_gradients(self) -> None:
+    def finish_gradients(self) -> bool | None:
         """Start the buckets backward did not start, then block until all are reduced.
-        This is the step's sync point: the time spent here is the exposed communication."""
+        This is the step's sync point: the time spent here is the exposed communication.
+        With a codec: False if it rejected this pass set (train_step runs it again)."""
+        codec = self.grad_codec
+        if codec is not None and not self._encode_at_launch:
+            self._payload.fold()  # the last micro-batch, whole: its buckets were not hooked
         if self.world.size == 1:
             self.engine.armed = False
-            return
-        self.engine.flush()
+        else:
+            self.engine.flush()
+        if codec is None:
+            return None
+        self._encode_at_launch = False
+        ok = codec.finish()
+        if ok:
+            self._payload.decode_into_grad()
+        return ok
 
     def step(self) -> None:
         self.clip_gradients([self.flat.grad])  # a replica holds the whole reduced gradient
@@ -186,18 +226,6 @@ class DDP(ReplicatedCheckpoint, Strategy):
                               + "; ".join(parts) + f"); {hint}")
 
 
-def expected_step_bytes(plan, world_size: int, rank: int, itemsize: int) -> tuple[int, int]:
-    """Gradient bytes (sent, received) of one DDP step on ``rank`` with ring allreduce:
-    the sum over buckets of :func:`hpcdp.comm.volume.ring_allreduce_bytes`."""
-    from hpcdp.comm.volume import ring_allreduce_bytes
-
-    sent = recv = 0
-    for b in plan.buckets:
-        s, r = ring_allreduce_bytes(b.size, world_size, rank, itemsize)
-        sent, recv = sent + s, recv + r
-    return sent, recv
-
-
 def build(parallel_cfg, world=None, comm_cfg=None) -> DDP:
     """Construct from a ParallelConfig (its ``[parallel.ddp]`` options) and the
     ``[comm]`` section (timeout, debug)."""
@@ -209,4 +237,4 @@ def build(parallel_cfg, world=None, comm_cfg=None) -> DDP:
     return DDP(opts, **kw)
 
 
-__all__ = ["DDP", "DDPConfig", "ReplicaMismatch", "build", "expected_step_bytes", "MIB"]
+__all__ = ["DDP", "DDPConfig", "ReplicaMismatch", "build", "MIB"]

@@ -65,7 +65,7 @@ def test_clipped_sync_parameter_server_equals_one_rank(servers):
     from hpcdp.shard import shard_range
     from hpcdp.step import LocalBatch, train_step
     from hpcdp.strategies.base import SingleRank
-    from hpcdp.strategies.ps import ParameterServer
+    from hpcdp.strategies.ps import ParameterServer, PSConfig
     from hpcdp.world import World
 
     world = _world()
@@ -88,6 +88,6 @@ def test_clipped_sync_parameter_server_equals_one_rank(servers):
         return model.flat.data.copy()
 
     n_servers = 1 if servers == "one" else world.size
-    got = run(ParameterServer(n_servers, True, "sync"), world)
+    got = run(ParameterServer(PSConfig(servers=n_servers, colocated=True, mode="sync")), world)
     want = run(SingleRank(), World(comm=MPI.COMM_SELF, rank=0, size=1))
     assert_close(got, want, 1e-12)

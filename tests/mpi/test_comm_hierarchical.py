@@ -139,7 +139,7 @@ def test_auto_with_a_profile_follows_the_model(comm, monkeypatch, tmp_path):
     N = comm.Get_size()
     if N != 4:
         pytest.skip("the expected choices are for 2 nodes x 2 ranks")
-    from hpcdp.costmodel import fastest_allreduce, load_profile
+    from hpcdp.comm.cost import fastest_allreduce, load_profile
     path = tmp_path / "slow.toml"  # every rank writes the same profile
     path.write_text(SLOW_NETWORK)
     monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")

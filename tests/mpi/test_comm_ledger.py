@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hpcdp.comm import Ledger, all_gather, allreduce, ps_allreduce, ps_pull, ps_push, reduce_scatter
+from hpcdp.comm import Ledger, all_gather, allreduce, reduce_scatter
 from hpcdp.comm.recursive import expected_bytes as rd_bytes
 from hpcdp.comm.volume import collective_bytes
 from hpcdp.comm.ring import expected_bytes
@@ -67,32 +67,3 @@ def test_recursive_doubling_ledger(comm):
     led = Ledger()
     allreduce(np.ones(100), comm=comm, algorithm="recursive", ledger=led)
     assert _one(led, "allreduce") == (rd_bytes(800, N, r) if N > 1 else (0, 0))
-
-
-def test_ps_single_server_ledger(comm):
-    N, r = comm.Get_size(), comm.Get_rank()
-    n = 1000
-    S = 8 * n
-    led = Ledger()
-    ps_allreduce(np.full(n, float(r)), comm=comm, servers=[0], ledger=led)
-    sent, recv = _one(led, "ps_allreduce")
-    if r == 0:  # the server (also a worker) carries everything: (N-1) * S each way
-        assert (sent, recv) == ((N - 1) * S, (N - 1) * S)
-    else:
-        assert (sent, recv) == (S, S)
-
-
-def test_ps_k_servers_ledger(comm):
-    N, r = comm.Get_size(), comm.Get_rank()
-    K = N  # every rank serves 1/K of the keys
-    n = 12 * 7
-    S = 8 * n
-    led = Ledger()
-    x = np.full(n, float(r))
-    shard = ps_push(x, comm=comm, servers=list(range(K)), ledger=led)
-    ps_pull(x, comm=comm, servers=list(range(K)), shard=shard, ledger=led)
-    if n % K == 0:
-        # each server: (N-1) * S / K each way; each worker sends S minus its own shard
-        assert _one(led, "ps_push") == (S - S // K, (N - 1) * S // K)
-        assert _one(led, "ps_pull") == ((N - 1) * S // K, S - S // K)
-    np.testing.assert_array_equal(x, np.full(n, N * (N - 1) / 2))

@@ -91,7 +91,8 @@ def test_divergence_is_caught_by_the_periodic_replica_check():
 def test_global_batch_that_cannot_be_split_over_the_ranks():
     """hpcdp train with DDP: a global batch smaller than ranks x micro-batches is a clear
     ConfigError on every rank, before the first step."""
-    from hpcdp.config import ConfigError, config_from_dict
+    from hpcdp.config_error import ConfigError
+    from hpcdp.config import config_from_dict
     from hpcdp.train import run_training
 
     world = _world()

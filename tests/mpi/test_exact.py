@@ -2,7 +2,7 @@
 with dropout is the one rank's, for N = 1..4, under DDP, the synchronous parameter
 server (colocated, dedicated, two servers) and ZeRO stages 1-3, with accumulation
 (several micro-batches per rank) and without (one micro-batch per rank, or fewer
-than ranks).
+than ranks); and ZeRO 1-3 with gradient clipping (the integer norm).
 
 Run under ``mpiexec -n 1|2|3|4 python -m pytest --with-mpi``. Rank 0 first trains the
 one-rank reference on its own (COMM_SELF), then every rank runs the N-rank job; the
@@ -19,7 +19,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.config import load_config
-from hpcdp.failure.agree import on_root
+from hpcdp.failure.setup_outcome import on_root
 from hpcdp.train import run_training
 from hpcdp.world import World
 
@@ -59,17 +59,19 @@ def _hashes(run_dir) -> list[str]:
     return [json.loads(s)["eval"]["weights_sha256"] for s in lines if '"eval"' in s]
 
 
-def _reference(micro, tmp_path_factory):
+def _reference(micro, tmp_path_factory, extra=()):
     """Rank 0 trains on one rank alone; every rank gets its two hashes."""
-    if micro not in _REFERENCE:
+    key = (micro, tuple(extra))
+    if key not in _REFERENCE:
         def run():
             out = tmp_path_factory.mktemp(f"ref{micro}") / "run"
-            cfg = load_config(None, BASE + [f"train.exact_micro_batch={micro}", f'run.out_dir="{out}"'])
+            cfg = load_config(None, BASE + list(extra) + [f"train.exact_micro_batch={micro}",
+                                                          f'run.out_dir="{out}"'])
             world = World(comm=MPI.COMM_SELF, rank=0, size=1)
             run_training(cfg, world=world, out=io.StringIO())
             return " ".join(_hashes(out))
-        _REFERENCE[micro] = _on_root(run).split()
-    return _REFERENCE[micro]
+        _REFERENCE[key] = _on_root(run).split()
+    return _REFERENCE[key]
 
 
 @pytest.mark.parametrize("strategy,micro", [("ddp", 3), ("ddp", 1), ("ddp", 12), ("ps", 3),
@@ -89,3 +91,18 @@ def test_weights_hash_equals_one_rank(strategy, micro, tmp_path_factory):
         assert len(want) == 2  # eval at step 10 and after step 20
         assert _hashes(out) == want, f"{strategy} on {comm.Get_size()} ranks differs from one rank"
         assert "reproducible = exact" in log.getvalue() and f"weights sha256 {want[-1]}" in log.getvalue()
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
+def test_zero_with_clipping_equals_one_rank(strategy, tmp_path_factory):
+    """optim.clip_grad_norm under ZeRO: the norm of the sharded gradient is a
+    fixed-point integer sum over the ranks, so clipped training is bit-identical to
+    ZeRO on one rank."""
+    clip = ["optim.clip_grad_norm=0.05"]
+    want = _reference(3, tmp_path_factory, clip + STRATEGIES["zero1"])
+    out = _out_dir(tmp_path_factory, f"{strategy}-clip")
+    cfg = load_config(None, BASE + STRATEGIES[strategy] + clip + ["train.exact_micro_batch=3",
+                                                                  f'run.out_dir="{out}"'])
+    run_training(cfg, world=World.from_mpi(), out=io.StringIO())
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        assert _hashes(out) == want, f"{strategy} with clipping on {MPI.COMM_WORLD.Get_size()} ranks differs"

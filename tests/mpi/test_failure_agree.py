@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcdp.config import ConfigError
-from hpcdp.failure.agree import JobError, agree, on_root, stage
+from hpcdp.config_error import ConfigError
+from hpcdp.failure.setup_outcome import JobError, agree, on_root, stage
 from hpcdp.failure.deadline import DeadlineExceeded, broadcast, wait
 
 COMM = MPI.COMM_WORLD

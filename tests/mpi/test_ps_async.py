@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcdp.strategies.ps import ParameterServer
+from hpcdp.strategies.ps import ParameterServer, PSConfig
 from test_ps_support import reference, same_on_all, train, world
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -39,8 +39,8 @@ def gathered_staleness(comm, ps):
 def test_k0_async_equals_sync_bit_for_bit(servers, colocated, update):
     if not colocated and SIZE - servers < 2:
         pytest.skip("needs two workers")
-    sync, _ = train(ParameterServer(servers, colocated, "sync", update=update), world(), steps=STEPS)
-    ps = ParameterServer(servers, colocated, "async", staleness=0, update=update)
+    sync, _ = train(ParameterServer(PSConfig(servers=servers, colocated=colocated, mode="sync", update=update)), world(), steps=STEPS)
+    ps = ParameterServer(PSConfig(servers=servers, colocated=colocated, mode="async", staleness=0, update=update))
     got, _ = train(ps, world(), steps=STEPS, sleep=straggler)
     if got is not None:
         assert np.array_equal(got, sync)
@@ -57,7 +57,7 @@ def test_staleness_never_exceeds_k_with_stragglers(k, servers, colocated, update
     if not colocated and SIZE - servers < 2:
         pytest.skip("needs two workers")
     w = world()
-    ps = ParameterServer(servers, colocated, "async", staleness=k, update=update)
+    ps = ParameterServer(PSConfig(servers=servers, colocated=colocated, mode="async", staleness="none" if k is None else k, update=update))
     got, model = train(ps, w, steps=STEPS, sleep=straggler)
     st = gathered_staleness(w.comm, ps)
     # each server applied each worker's gradient of each step exactly once
@@ -80,6 +80,6 @@ def test_staleness_never_exceeds_k_with_stragglers(k, servers, colocated, update
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
 def test_async_one_worker_per_step_matches_reference_when_k0():
-    got, _ = train(ParameterServer(1, True, "async", staleness=0), world(), steps=STEPS)
+    got, _ = train(ParameterServer(PSConfig(servers=1, colocated=True, mode="async", staleness=0)), world(), steps=STEPS)
     if got is not None:
         np.testing.assert_allclose(got, reference(steps=STEPS), rtol=1e-12, atol=1e-14)

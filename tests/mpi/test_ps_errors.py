@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcdp.strategies.ps import ParameterServer
+from hpcdp.strategies.ps import ParameterServer, PSConfig
 from test_ps_support import make_model, make_optimizer, world
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -22,7 +22,8 @@ def stacked(grads):
     (dict(aggregate="mean", servers=2, update="worker"), None),
 ])
 def test_setup_errors_before_training(kwargs, msg):
-    ps = ParameterServer(mode="async", staleness=1, **kwargs)
+    fn = kwargs.pop("aggregate") if callable(kwargs.get("aggregate")) else None
+    ps = ParameterServer(PSConfig(mode="async", staleness=1, **kwargs), aggregate=fn)
     model = make_model()
     if msg is None:  # a good config, for contrast: setup works and closes cleanly
         ps.setup(model.flat, make_optimizer(), world())
@@ -36,4 +37,4 @@ def test_setup_errors_before_training(kwargs, msg):
 @pytest.mark.mpi(min_size=2)
 def test_negative_k_rejected():
     with pytest.raises(ValueError, match="negative"):
-        ParameterServer(mode="async", staleness=-1)
+        ParameterServer(PSConfig(mode="async", staleness=-1))

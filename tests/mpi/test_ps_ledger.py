@@ -9,7 +9,7 @@ With one server Phi_0 = Phi (the whole model); with K servers each carries 1/K.
 import pytest
 from mpi4py import MPI
 
-from hpcdp.strategies.ps import ParameterServer
+from hpcdp.strategies.ps import ParameterServer, PSConfig
 from test_ps_support import train, world
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -37,7 +37,7 @@ def expected(ps, numel, itemsize, rank):
                                                 (SIZE - 1, False)])
 def test_ledger_equals_formula(mode, servers, colocated):
     w = world()
-    ps = ParameterServer(servers, colocated, mode, staleness=1)
+    ps = ParameterServer(PSConfig(servers=servers, colocated=colocated, mode=mode, staleness=1))
     _, model = train(ps, w, steps=T)
     from test_ps_support import make_model
     numel = make_model().flat.numel
@@ -54,7 +54,7 @@ def test_one_server_formula_in_words():
     """The issue's statement, literally: one dedicated server moves W * Phi each way per
     step, each worker Phi each way; K = 2 servers each carry half (to one element)."""
     w = world()
-    ps = ParameterServer(1, False, "sync")
+    ps = ParameterServer(PSConfig(servers=1, colocated=False, mode="sync"))
     train(ps, w, steps=1)
     from test_ps_support import make_model
     phi = make_model().flat.numel * 8

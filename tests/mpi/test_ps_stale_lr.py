@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcdp.strategies.ps import ParameterServer
+from hpcdp.strategies.ps import ParameterServer, PSConfig
 from hpcdp.strategies.ps.staleness import stale_factors
 from test_ps_support import world
 
@@ -43,7 +43,7 @@ def test_each_gradient_enters_with_its_staleness_factor(rule):
 
     flat = FlatParams.from_arrays([("p", np.zeros(N))], dtype="float64")
     rec = Recorder()
-    ps = ParameterServer(1, True, "async", staleness=None, update="worker", aggregate=rec, stale_lr=rule)
+    ps = ParameterServer(PSConfig(mode="async", staleness="none", update="worker", stale_lr=rule), aggregate=rec)
     ps.setup(flat, SGD(None, lr=0.01, dtype="float64"), world())
     try:
         for t in range(STEPS):
@@ -83,7 +83,7 @@ def test_colocated_server_applies_an_update_during_its_workers_backward():
     w = world()
     side = w.comm.Dup()
     model = make_model()
-    ps = ParameterServer(1, True, "async", staleness=None)
+    ps = ParameterServer(PSConfig(mode="async", staleness="none"))
     ps.setup(model.flat, make_optimizer(), w)
     x, y = data()
     try:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcdp.strategies.ps import ParameterServer
+from hpcdp.strategies.ps import ParameterServer, PSConfig
 from test_ps_support import reference, same_on_all, train, world
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -22,7 +22,7 @@ def test_sync_ps_equals_one_rank(servers, colocated, update, optim):
     if servers > SIZE or servers < 1 or (not colocated and servers >= SIZE):
         pytest.skip(f"layout needs more ranks than {SIZE}")
     w = world()
-    ps = ParameterServer(servers=servers, colocated=colocated, mode="sync", update=update)
+    ps = ParameterServer(PSConfig(servers=servers, colocated=colocated, mode="sync", update=update))
     got, _ = train(ps, w, optim=optim)
     workers = list(ps.roles.workers)
     assert ps.dp_size == len(workers)
@@ -35,6 +35,6 @@ def test_sync_ps_equals_one_rank(servers, colocated, update, optim):
 def test_sync_ps_equals_ddp():
     ddp_mod = pytest.importorskip("hpcdp.strategies.ddp")
     w = world()
-    ps_data, _ = train(ParameterServer(servers=1, colocated=True), w)
+    ps_data, _ = train(ParameterServer(PSConfig(servers=1, colocated=True)), w)
     ddp_data, _ = train(ddp_mod.DDP(), world())
     np.testing.assert_allclose(ps_data, ddp_data, rtol=1e-12, atol=1e-14)

@@ -45,8 +45,8 @@ def _ddp():
 
 
 def _ps(servers, colocated, update):
-    from hpcdp.strategies.ps import ParameterServer
-    return ParameterServer(servers=servers, colocated=colocated, mode="sync", update=update, timeout=60.0)
+    from hpcdp.strategies.ps import ParameterServer, PSConfig
+    return ParameterServer(PSConfig(servers=servers, colocated=colocated, mode="sync", update=update), timeout=60.0)
 
 
 def _zero(stage):
@@ -163,7 +163,7 @@ def test_train_loop_on_padded_files_equals_one_rank(kind, tmp_path_factory):
     import h5py
 
     from hpcdp.config import load_config
-    from hpcdp.failure.agree import on_root
+    from hpcdp.failure.setup_outcome import on_root
     from hpcdp.nn import build_model
     from hpcdp.train import run_training
 

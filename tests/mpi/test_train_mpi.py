@@ -32,8 +32,8 @@ def test_strategy_none_on_several_ranks_raises_the_same_clear_error_everywhere(t
 def test_an_error_found_on_rank_0_only_stops_every_rank(tmp_path_factory):
     """The run directory is checked on rank 0 alone; its error must reach all ranks."""
     pytest.importorskip("hpcdp.strategies.ddp")
-    from hpcdp.config import ConfigError
-    from hpcdp.failure.agree import on_root
+    from hpcdp.config_error import ConfigError
+    from hpcdp.failure.setup_outcome import on_root
 
     comm = MPI.COMM_WORLD
 

@@ -216,7 +216,7 @@ def test_persistent_memory_equals_the_ownership_rule_and_the_formula(stage):
 # -- bad input ---------------------------------------------------------------------------
 
 def test_stage3_with_a_model_that_cannot_be_split_is_an_error_on_every_rank():
-    from hpcdp.config import ConfigError
+    from hpcdp.config_error import ConfigError
     from hpcdp.nn.params import FlatParams
     from hpcdp.optim import SGD
 

@@ -82,7 +82,7 @@ def test_every_stage_trains_and_evaluates_like_ddp():
 
 def test_model_state_that_cannot_fit_is_refused_up_front_on_every_rank(monkeypatch):
     import hpcdp.memcheck
-    from hpcdp.config import ConfigError
+    from hpcdp.config_error import ConfigError
     from hpcdp.train import run_training
 
     world = _world()

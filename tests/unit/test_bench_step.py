@@ -3,7 +3,7 @@ MLP takes the same steps as hpcdp (so the timing ratio compares like with like).
 
 import numpy as np
 
-from hpcdp.bench import step as bench
+from hpcdp.bench import step_time as bench
 
 
 def test_numpy_reference_mlp_follows_hpcdp_for_several_steps(monkeypatch):

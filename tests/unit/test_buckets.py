@@ -150,7 +150,7 @@ def test_ddp_config_defaults_and_overrides():
 
 @pytest.mark.parametrize("bad", [0, -1, -0.25])
 def test_ddp_bucket_size_must_be_positive(bad):
-    from hpcdp.config import ConfigError
+    from hpcdp.config_error import ConfigError
     with pytest.raises(ConfigError, match=r"parallel\.ddp\.bucket_mb: .* must be > 0 MiB"):
         _ddp_config(bucket_mb=bad)
 
@@ -163,6 +163,6 @@ def test_ddp_bucket_size_must_be_positive(bad):
     ("bucket_size", 3, "parallel.ddp.bucket_size: unknown key"),
 ])
 def test_ddp_config_bad_values_name_the_key(key, value, match):
-    from hpcdp.config import ConfigError
+    from hpcdp.config_error import ConfigError
     with pytest.raises(ConfigError, match=match.replace(".", r"\.")):
         _ddp_config(**{key: value})

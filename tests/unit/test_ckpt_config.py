@@ -6,7 +6,8 @@ from __future__ import annotations
 import h5py
 import pytest
 
-from hpcdp.config import ConfigError, load_config
+from hpcdp.config_error import ConfigError
+from hpcdp.config import load_config
 
 
 def test_checkpoint_options_are_validated_by_key():

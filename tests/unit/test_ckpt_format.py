@@ -259,7 +259,7 @@ def test_a_piece_of_the_wrong_dtype_or_length_is_refused(tmp_path):
 # -- hpcdp ckpt ----------------------------------------------------------------------
 
 def test_ckpt_verify_exit_codes_and_export(tmp_path, capsys):
-    from hpcdp.io.cli import main
+    from hpcdp.commands.ckpt import main
 
     flat, opt = _state()
     root = tmp_path / "ck"
@@ -291,7 +291,7 @@ def test_ckpt_verify_exit_codes_and_export(tmp_path, capsys):
 def test_a_checkpoint_with_the_old_dropout_counters_still_loads(tmp_path, capsys):
     """Checkpoints written before the keyed dropout streams hold /state/random_streams
     (the old dropout's per-layer draw counters): read and ignored."""
-    from hpcdp.io.cli import main
+    from hpcdp.commands.ckpt import main
 
     flat, opt = _state()
     ckpt = _save_as(tmp_path / "ck", 4, flat, opt, 2, arrays={"random_streams": np.array([12], np.int64)})

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+from hpcdp.launch import THREAD_ENV, find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", 'data.kind="synthetic_classification"', "--set", "data.n_samples=512",

@@ -141,3 +141,46 @@ def test_auto_choice(monkeypatch):
         choose_allreduce(8, 2, "tree")
     monkeypatch.undo()
     forget()
+
+
+def test_the_config_names_exactly_the_registered_algorithms():
+    """Parsing a config checks algorithm names without importing comm: its Literals must
+    name what hpcdp.comm.algorithms registers (a new algorithm: add its name there too)."""
+    from hpcdp.comm.algorithms import names
+    import typing
+
+    from hpcdp.config_parallel import AllreduceAlgorithm, ZeroConfig, literal_values
+
+    assert set(literal_values(AllreduceAlgorithm)) == set(names("allreduce"))
+    zero = set(literal_values(typing.get_type_hints(ZeroConfig)["algorithm"]))
+    assert zero <= set(names("reduce_scatter")) & set(names("all_gather"))
+
+
+def test_a_registered_algorithm_is_known_to_auto_volume_and_the_cost_model():
+    """One registration: choose() accepts it, collective_bytes counts it by its formula,
+    the cost model prices it and (model_picks) may choose it."""
+    from hpcdp.comm import algorithms
+    from hpcdp.comm import cost as C
+    from hpcdp.comm.volume import collective_bytes
+
+    def never_cheaper(p, nbytes, t, itemsize=4):
+        return C.Cost(latency_s=1e9)
+
+    alg = algorithms.Algorithm("allreduce", "tree", None, lambda n, N, r, s: (7 * n * s, 7 * n * s),
+                               never_cheaper, "always")
+    algorithms.register(alg)
+    forget()
+    try:
+        assert choose_allreduce(1024, 4, "tree") == "tree"
+        assert collective_bytes("allreduce", "tree", 10, 4, 0, 4) == (280, 280)
+        prof = C.load_profile("dev-vm-2core")
+        assert "tree" in C.priced()
+        assert C.allreduce(prof, 1 << 20, C.Topology(1, 4), "tree")[1].latency_s == 1e9
+        assert C.allreduce(prof, 1 << 20, C.Topology(1, 4), "auto")[0] != "tree"  # priced, never cheaper
+    finally:
+        algorithms.unregister("allreduce", "tree")
+        forget()
+    with pytest.raises(ValueError, match="must be one of"):
+        choose_allreduce(8, 2, "tree")
+    with pytest.raises(ValueError, match="'auto' is hpcdp.comm.auto's choice"):
+        algorithms.register(algorithms.Algorithm("allreduce", "auto"))

@@ -4,8 +4,9 @@ import tomllib
 
 import pytest
 
+from hpcdp.config_error import ConfigError
 from hpcdp.config import (
-    Config, ConfigError, config_from_dict, dump_toml, load_config, parse_override,
+    Config, config_from_dict, dump_toml, load_config, parse_override,
 )
 
 

@@ -1,11 +1,12 @@
-"""hpcdp.costmodel against hand-computed cases (no MPI)."""
+"""The cost model (hpcdp.comm.cost: collectives; hpcdp.scale.model: steps) against hand-computed cases (no MPI)."""
 
 import math
 
 import pytest
 
-from hpcdp import costmodel as M
-from hpcdp.bench.predict import expand_ranks
+from hpcdp.comm import cost as CM
+from hpcdp.scale import model as M
+from hpcdp.scale.predict import expand_ranks
 from hpcdp.comm import volume as V
 
 MiB = 1 << 20
@@ -17,25 +18,25 @@ def prof(**kw):
                 call_s={"ring": 0.0}, msg_s=0.0, ctrl_msg_s=0.0, flops_per_s=1e9,
                 optimizer_s_per_param=0.0, ranks_per_node=4, nics_per_node=1, overlap=1.0)
     base.update(kw)
-    return M.profile_from_dict(base)
+    return CM.profile_from_dict(base)
 
 
 def test_ring_one_node_and_two_nodes():
     p, S = prof(), 4 * MiB  # 4 ranks: chunks of exactly one 1 MiB segment, one message per step
-    one = M.ring_allreduce(p, S, M.Topology(1, 4))
+    one = CM.ring_allreduce(p, S, CM.Topology(1, 4))
     assert one.latency_s == pytest.approx(6 * 1e-6)
     assert one.bandwidth_s == pytest.approx(2 * 3 / 4 * S * 1e-9)
     assert one.reduce_s == pytest.approx(3 / 4 * S * 1e-10)
     assert one.total_s == pytest.approx(6e-6 + 6291456e-9 + 3145728e-10)
     assert one.intra == (6291456, 6291456) and one.inter == (0, 0)
-    two = M.ring_allreduce(p, S, M.Topology(2, 2))  # spans nodes: every step at inter speed
+    two = CM.ring_allreduce(p, S, CM.Topology(2, 2))  # spans nodes: every step at inter speed
     assert two.total_s == pytest.approx(6e-5 + 6291456e-8 + 3145728e-10)
     assert two.inter == (6291456, 6291456)
 
 
 def test_hierarchical_two_by_two():
     p, S = prof(nics_per_node=2), 4 * MiB
-    h = M.hierarchical_allreduce(p, S, M.Topology(2, 2))
+    h = CM.hierarchical_allreduce(p, S, CM.Topology(2, 2))
     # intra: reduce-scatter + all-gather over 2 ranks, one step each of a 2 MiB chunk
     #        (2 segments): 4 messages, S bytes; inter: allreduce of 2 MiB over 2 nodes
     #        (1 MiB chunks): 2 messages, 2 MiB; reduced: S/2 + 1 MiB
@@ -44,42 +45,42 @@ def test_hierarchical_two_by_two():
     n = S // 4
     counts = V.hierarchical_bytes(n, 2, 2, 1, 1, 4)
     assert (h.intra, h.inter) == (counts["intra"], counts["inter"])
-    assert h.total_s < M.ring_allreduce(p, S, M.Topology(2, 2)).total_s
+    assert h.total_s < CM.ring_allreduce(p, S, CM.Topology(2, 2)).total_s
     # one NIC for 2 ranks: the two cross-node rings share it, inter bandwidth time doubles
-    shared = M.hierarchical_allreduce(prof(nics_per_node=1), S, M.Topology(2, 2))
+    shared = CM.hierarchical_allreduce(prof(nics_per_node=1), S, CM.Topology(2, 2))
     assert shared.bandwidth_s - h.bandwidth_s == pytest.approx(2 * MiB * 1e-8)
 
 
 def test_software_terms_grow_with_the_group():
     p = prof(call_s={"ring": 1e-5, "recursive": 2e-5}, ctrl_msg_s=1e-6, msg_s=3e-6)
-    r = M.ring_allreduce(p, 8 * 4, M.Topology(1, 8))  # 8 elements: one per rank
+    r = CM.ring_allreduce(p, 8 * 4, CM.Topology(1, 8))  # 8 elements: one per rank
     assert r.software_s == pytest.approx(1e-5 + 14 * 3e-6)  # call, messages: nothing per peer
-    dbg = M.ring_allreduce(prof(call_s={"ring": 1e-5}, ctrl_msg_s=1e-6, msg_s=3e-6, debug=True),
-                           8 * 4, M.Topology(1, 8))
+    dbg = CM.ring_allreduce(prof(call_s={"ring": 1e-5}, ctrl_msg_s=1e-6, msg_s=3e-6, debug=True),
+                           8 * 4, CM.Topology(1, 8))
     assert dbg.software_s == pytest.approx(1e-5 + 14e-6 + 14 * 3e-6)  # + 2(N-1) fingerprints
     assert r.latency_s == pytest.approx(14 * 1e-6)                   # the wire's part
-    d = M.recursive_allreduce(p, 4096, M.Topology(1, 8))
+    d = CM.recursive_allreduce(p, 4096, CM.Topology(1, 8))
     assert d.software_s == pytest.approx(2e-5 + 3 * 3e-6)
 
 
 def test_recursive_doubling_rounds_and_fold():
     p, S = prof(), 1000
-    four = M.recursive_allreduce(p, S, M.Topology(1, 4))
+    four = CM.recursive_allreduce(p, S, CM.Topology(1, 4))
     assert four.total_s == pytest.approx(2 * (1e-6 + S * 1e-9) + 2 * S * 1e-10)
-    three = M.recursive_allreduce(p, S, M.Topology(1, 3))  # 1 round + fold and unfold
+    three = CM.recursive_allreduce(p, S, CM.Topology(1, 3))  # 1 round + fold and unfold
     assert three.total_s == pytest.approx(3 * (1e-6 + S * 1e-9) + 2 * S * 1e-10)
     # 2 nodes of 2: the first round inside the node, the second across
-    two = M.recursive_allreduce(p, S, M.Topology(2, 2))
+    two = CM.recursive_allreduce(p, S, CM.Topology(2, 2))
     assert two.total_s == pytest.approx(1e-6 + S * 1e-9 + 1e-5 + S * 1e-8 + 2 * S * 1e-10)
 
 
 def test_parameter_server_one_node():
     p, S = prof(), 4000
-    c = M.ps_push_pull(p, S, M.Topology(1, 4), servers=1)
+    c = CM.ps_push_pull(p, S, CM.Topology(1, 4), servers=1)
     # the server gets S from 3 workers, reduces them, sends S back to each
     assert c.total_s == pytest.approx(2 * (3e-6 + 3 * S * 1e-9) + 3 * S * 1e-10)
     assert c.link_bytes == 6 * S
-    two = M.ps_push_pull(p, S, M.Topology(1, 4), servers=2)  # half the shard per peer
+    two = CM.ps_push_pull(p, S, CM.Topology(1, 4), servers=2)  # half the shard per peer
     assert two.bandwidth_s == pytest.approx(c.bandwidth_s / 2)
 
 
@@ -91,7 +92,7 @@ def test_scheduled_exposure_and_overlap_blend():
     for overlap in (0.0, 1.0):
         p = prof(overlap=overlap)
         st = M.step(p, wl, "ddp", 4, 8)
-        costs = [M.ring_allreduce(p, 2000, M.Topology(1, 4)).total_s] * 2
+        costs = [CM.ring_allreduce(p, 2000, CM.Topology(1, 4)).total_s] * 2
         t_b = 2 / 3 * 8 * 3e6 / 1e9
         sched = M.scheduled_exposed(t_b, [t_b / 2, t_b], costs)
         assert st.exposed_s == pytest.approx(sum(costs) if overlap == 0 else sched)
@@ -132,9 +133,9 @@ def test_crossovers():
     lat, soft = M.ring_latency_crossover(prof(ctrl_msg_s=2e-6, debug=True), MiB, per_node=1 << 20)
     assert soft == 1024  # debug: 2(N-1) 2e-6 >= 2(N-1)/N 1.05e-3  <=>  N >= 524
     assert M.hierarchical_crossover(prof(nics_per_node=4), 4 * MiB, 4, [1, 2, 4, 8, 16]) == 8
-    assert M.fastest_allreduce(64, p, 1, 4) == "recursive"
-    assert M.fastest_allreduce(64 * MiB, p, 1, 4) == "ring"
-    assert M.fastest_allreduce(4 * MiB, prof(nics_per_node=4), 4, 4) == "hierarchical"
+    assert CM.fastest_allreduce(64, p, 1, 4) == "recursive"
+    assert CM.fastest_allreduce(64 * MiB, p, 1, 4) == "ring"
+    assert CM.fastest_allreduce(4 * MiB, prof(nics_per_node=4), 4, 4) == "hierarchical"
 
 
 def test_ps_keeps_up_until():
@@ -147,20 +148,20 @@ def test_ps_keeps_up_until():
 
 
 def test_profiles_and_ranks_lists(tmp_path):
-    for name in M.available_profiles():
-        assert M.load_profile(name).name == name
-    assert {"example-cluster", "example-cluster-1nic"} <= set(M.available_profiles())
+    for name in CM.available_profiles():
+        assert CM.load_profile(name).name == name
+    assert {"example-cluster", "example-cluster-1nic"} <= set(CM.available_profiles())
     with pytest.raises(ValueError, match="no shipped profile"):
-        M.load_profile(str(tmp_path / "nope.toml"))
+        CM.load_profile(str(tmp_path / "nope.toml"))
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\n')
     with pytest.raises(ValueError, match="not a machine profile"):
-        M.load_profile(str(bad))
+        CM.load_profile(str(bad))
     with pytest.raises(ValueError, match="overlap"):
         prof(overlap=2.0)
     assert expand_ranks("1,2,4,...,64") == [1, 2, 4, 8, 16, 32, 64]
     assert expand_ranks("4,2") == [1, 2, 4]
-    assert M.Topology.of(6, 4) == M.Topology(2, 4) and M.Topology.of(2, 4) == M.Topology(1, 2)
+    assert CM.Topology.of(6, 4) == CM.Topology(2, 4) and CM.Topology.of(2, 4) == CM.Topology(1, 2)
 
 
 def test_flops_per_sample_gpt_counts_attention_and_head():

@@ -246,7 +246,7 @@ def test_on_disk_errors_name_the_key(tmp_path):
 
 
 def test_storage_disk_is_refused_for_data_read_whole():
-    from hpcdp.config import ConfigError
+    from hpcdp.config_error import ConfigError
     with pytest.raises(ConfigError, match=r"data\.storage: 'disk' works for data\.kind 'hdf5', 'npy' and 'tokens'"):
         DataConfig(kind="npz", path="a.npz", storage="disk")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+from hpcdp.launch import THREAD_ENV, find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 FEATURES = 1024          # 4 KiB float32 rows

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+from hpcdp.launch import THREAD_ENV, find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.exact.check import format_table, parse_ranks, strategy_sets
+from hpcdp.commands.check_exact import format_table, parse_ranks, strategy_sets
 
 A, B = "a" * 64, "b" * 64
 
@@ -102,6 +102,21 @@ def test_restart_on_another_rank_count(tmp_path):
         assert rows[2][3:6] == ["-", rows[0][3], rows[0][4]] and rows[0][2:5] == rows[1][2:5]
     assert proc.stdout.count("--resume") == 2  # the two x3 jobs really resumed
     assert "exact: all 6 jobs agree" in proc.stdout
+
+
+def test_an_unset_micro_batch_is_chosen_for_every_rank_count(tmp_path):
+    """The README's form (no train.exact_micro_batch): check-exact picks one that 1, 2
+    and 4 ranks all hold (global batch 8: micro-batches of 2), says so, and agrees."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.replace("exact_micro_batch = 2\n", ""))
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "check-exact", "--config", str(cfg),
+                           "--ranks", "1,2,4", "--steps", "2", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "train.exact_micro_batch unset: 2 samples per micro-batch" in proc.stdout
+    assert "exact: all 3 jobs agree" in proc.stdout
 
 
 def test_restart_arguments(tmp_path):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hpcdp.exact.batches import plan_micro_batches
+from hpcdp.data.micro import plan_micro_batches
 from hpcdp.exact.fixed import FRACTION_BITS, NONFINITE, QUANTUM, Codec, exponents, headroom_bits
 
 

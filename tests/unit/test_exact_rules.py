@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.config import ConfigError, config_from_dict
+from hpcdp.config_error import ConfigError
+from hpcdp.config import config_from_dict
 
 EXACT = {"reproducible": "exact", "steps": 5, "epochs": 0, "global_batch": 12}
 
 
 @pytest.mark.parametrize("train, parallel, message", [
-    ({}, {}, r"train\.exact_micro_batch: exact mode needs the micro-batch size .* e\.g\. "
-             r"--set train\.exact_micro_batch=3"),
     ({"exact_micro_batch": 5}, {}, r"train\.exact_micro_batch: 5 does not divide train\.global_batch "
                                    r"= 12; .*divisors of 12: 1, 2, 3, 4, 6, 12"),
     ({"exact_micro_batch": 3, "grad_accum": 2}, {}, r"train\.grad_accum: exact mode cuts the global "
@@ -27,13 +26,26 @@ EXACT = {"reproducible": "exact", "steps": 5, "epochs": 0, "global_batch": 12}
      r"parallel\.ps\.aggregate: exact mode sums integers"),
     ({"reproducible": "bitwise"}, {}, r"train\.reproducible: 'bitwise' is not allowed; choose one of "
                                       r"'fast', 'exact'"),
-    ({"exact_micro_batch": 3}, {"strategy": "zero", "zero": {"stage": 2}},
-     r"optim\.clip_grad_norm: under ZeRO the gradient norm is summed in floats"),
 ])
 def test_bad_exact_configs_are_clear_errors(train, parallel, message):
-    optim = {"clip_grad_norm": 1.0} if parallel.get("strategy") == "zero" else {}
     with pytest.raises(ConfigError, match=message):
-        config_from_dict({"train": {**EXACT, **train}, "parallel": parallel, "optim": optim})
+        config_from_dict({"train": {**EXACT, **train}, "parallel": parallel})
+
+
+def test_exact_micro_batch_is_chosen_when_unset_and_an_explicit_one_wins():
+    from hpcdp.config import choose_micro_batch
+
+    cfg = config_from_dict({"train": EXACT})  # global_batch 12, no micro-batch set
+    assert cfg.train.exact_micro_batch == 3 and cfg.train.exact_micro_chosen
+    cfg = config_from_dict({"train": {**EXACT, "exact_micro_batch": 6}})
+    assert cfg.train.exact_micro_batch == 6 and not cfg.train.exact_micro_chosen
+    # every requested rank count holds a micro-batch, with an even load where one exists
+    assert choose_micro_batch(16, [1, 2, 4]) == 4      # 4 micro-batches: 4, 2, 1 per rank
+    assert choose_micro_batch(16, [1, 2, 3, 4]) == 4   # no count divides by 3 and 4: the largest
+    assert choose_micro_batch(16, [8]) == 2            # 8 ranks need 8 micro-batches
+    assert choose_micro_batch(12, [1, 2, 3]) == 2      # 6 = lcm(1, 2, 3): even load beats size 3
+    assert choose_micro_batch(64) == 16 and choose_micro_batch(1) == 1
+    assert choose_micro_batch(4, [8]) == 1             # more ranks than samples: 1 (some hold none)
 
 
 def test_good_exact_config_and_fast_default():
@@ -50,8 +62,11 @@ def test_unsupported_strategy_is_an_error_before_step_1():
     from hpcdp.strategies.base import SingleRank
     from hpcdp.world import World
 
-    class Other(SingleRank):
+    class Other(SingleRank):  # a strategy whose collectives cannot carry a gradient codec
         name = "mine"
+
+        def set_grad_codec(self, codec):
+            raise NotImplementedError("its reductions are float only")
 
     m = MLP([4, 3], seed=0)
     strategy = Other()

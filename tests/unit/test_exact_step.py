@@ -36,18 +36,19 @@ def make_strategy(kind):
         from hpcdp.strategies.ddp import DDP, DDPConfig
         return DDP(DDPConfig(bucket_mb=0.002))
     from hpcdp.config_parallel import ZeroConfig
-    from hpcdp.exact.zero import exact_strategy
     from hpcdp.strategies.zero import make_zero
-    return exact_strategy(make_zero(ZeroConfig(stage=int(kind[-1]), bucket_mb=0.002), timeout=60.0))
+    return make_zero(ZeroConfig(stage=int(kind[-1]), bucket_mb=0.002), timeout=60.0)
 
 
-def run(nudge=None, steps=4, kind="none"):
+def run(nudge=None, steps=4, kind="none", clip=0.0):
     """Train ``steps`` exact steps; ``nudge(exact, step)`` may spoil the guess."""
     model = build_model(GPT, seed=1)
     strategy = make_strategy(kind)
     world = World.from_mpi(MPI.COMM_SELF)
     model.flat.materialize(strategy.full_storage)
-    strategy.setup(model.flat, AdamW(lr=0.01, weight_decay=0.1), world)
+    opt = AdamW(lr=0.01, weight_decay=0.1)
+    opt.clip_grad_norm = clip
+    strategy.setup(model.flat, opt, world)
     exact = ExactMode(CFG.train, strategy, world, model.flat)
     rng = np.random.default_rng(0)
     X, Y = rng.integers(0, 11, size=(64, 6)), rng.integers(0, 11, size=(64, 6))
@@ -57,7 +58,7 @@ def run(nudge=None, steps=4, kind="none"):
             nudge(exact, step)
         batch = exact.local_batch(sampler, step)
         assert len(batch.micro) == 4  # one rank: every micro-batch of the step
-        train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(Y[i])), exact=exact)
+        train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(Y[i])))
     params = strategy.gather_full_params() if hasattr(strategy, "gather_full_params") else model.flat.data
     exact.close()
     strategy.close()
@@ -87,6 +88,33 @@ def test_guessed_and_agreed_scales_give_the_same_bits(kind):
         assert got == want and ex.misses == 1, shift
 
 
+@pytest.mark.parametrize("kind", ["zero1", "zero2", "zero3"])
+def test_zero_clips_with_the_integer_norm(kind):
+    """optim.clip_grad_norm under ZeRO in exact mode: the norm of the sharded gradient
+    is a fixed-point sum, so every stage gives the same bits (and clipping acts)."""
+    want, _ = run(kind="zero1", clip=0.05)
+    got, _ = run(kind=kind, clip=0.05)
+    assert got == want
+    assert want != run(kind="zero1")[0]  # the clip bound was hit: another update
+
+
+def test_integer_norm_is_the_same_for_any_split():
+    from hpcdp.exact.codec import IntegerCodec
+    from hpcdp.exact.fixed import exponents
+
+    layout = build_model(GPT, seed=1).flat.layout
+    numel = sum(s.size for s in layout)
+    codec = IntegerCodec(layout, micro=2)
+    g = (np.random.default_rng(3).standard_normal(numel) * 1e-3).astype(np.float32)
+    codec.fixed.set_exponents(exponents(np.full(len(layout), float(np.abs(g).max())), 4))
+    whole = codec.sum_squares([g], numel=numel)
+    for k in (2, 3, 7, 64):  # any cut into shards: the same bits
+        assert codec.sum_squares(np.array_split(g, k), numel=numel) == whole
+    assert whole == pytest.approx(float(np.dot(g.astype(np.float64), g)), rel=1e-6)
+    g[5] = np.nan
+    assert np.isnan(codec.sum_squares(np.array_split(g, 3), numel=numel))
+
+
 def test_a_nonfinite_gradient_makes_its_tensor_nan():
     model = build_model(GPT, seed=1)
     strategy = SingleRank()
@@ -102,7 +130,7 @@ def test_a_nonfinite_gradient_makes_its_tensor_nan():
             model.flat.grad[poisoned.offset] = np.inf
     X = np.random.default_rng(0).integers(0, 11, size=(8, 6))
     batch = exact.local_batch(GlobalSampler(8, 8, seed=0), 0)
-    train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(X[i])), exact=exact,
+    train_step(model, strategy, batch, lambda i: (Tensor(X[i]), Tensor(X[i])),
                after_backward=after_backward)
     g = model.flat.grad
     assert np.isnan(g[poisoned.offset:poisoned.offset + poisoned.size]).all()

@@ -11,7 +11,8 @@ import pytest
 from hpcdp.autograd import Tensor, functional as F, ops
 from hpcdp.autograd.gradcheck import gradcheck
 from hpcdp.backend import get_backend
-from hpcdp.config import ConfigError, config_from_dict, dump_toml, load_config
+from hpcdp.config_error import ConfigError
+from hpcdp.config import config_from_dict, dump_toml, load_config
 from hpcdp.nn import GPT, MLP, build_model
 from hpcdp.nn.padding import counted_targets, slice_weight
 

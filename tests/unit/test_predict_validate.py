@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hpcdp.bench.scale import main as scale_main
-from hpcdp.bench.validate import format_validation, summarize
+from hpcdp.commands.scale import main as scale_main
+from hpcdp.scale.validate import format_validation, summarize
 
 GPT = """
 [model]

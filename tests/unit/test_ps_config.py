@@ -2,7 +2,8 @@
 
 import pytest
 
-from hpcdp.config import ConfigError, config_from_dict
+from hpcdp.config_error import ConfigError
+from hpcdp.config import config_from_dict
 
 
 def ps(**opts):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcdp.config import ConfigError
+from hpcdp.config_error import ConfigError
 from hpcdp.rundir import new_run_dir
 
 LAUNCHES, TRIALS = 6, 20

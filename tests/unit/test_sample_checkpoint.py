@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcdp.bench.scale import THREAD_ENV, find_mpiexec
+from hpcdp.launch import THREAD_ENV, find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = """

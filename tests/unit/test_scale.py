@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp.bench.scale import efficiency, find_mpiexec, parse_ranks
+from hpcdp.launch import LaunchError, find_mpiexec
+from hpcdp.scale.study import add_measured_efficiency, study_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,17 +41,17 @@ bucket_mb = 0.0001
 
 
 def test_parse_ranks_adds_the_one_rank_baseline():
-    assert parse_ranks("4,2") == [1, 2, 4]
-    assert parse_ranks("1,2,2") == [1, 2]
+    assert study_ranks("4,2") == [1, 2, 4]
+    assert study_ranks("1,2,2") == [1, 2]
     for bad in ("", "0,2", "two"):
-        with pytest.raises(SystemExit, match="--ranks"):
-            parse_ranks(bad)
+        with pytest.raises(LaunchError, match="--ranks"):
+            study_ranks(bad)
 
 
 def test_efficiency_is_throughput_over_k_times_one_rank():
     pts = [{"ranks": 1, "samples_per_s": 100.0}, {"ranks": 2, "samples_per_s": 180.0},
            {"ranks": 4, "samples_per_s": 200.0}]
-    efficiency(pts)
+    add_measured_efficiency(pts)
     assert [p["efficiency"] for p in pts] == [1.0, 0.9, 0.5]
 
 

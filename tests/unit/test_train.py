@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcdp.config import ConfigError, load_config
+from hpcdp.config_error import ConfigError
+from hpcdp.config import load_config
 from hpcdp.nn import build_model
 from hpcdp.train import run_training
 

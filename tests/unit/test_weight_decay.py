@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcdp.config import ConfigError, load_config
+from hpcdp.config_error import ConfigError
+from hpcdp.config import load_config
 from hpcdp.nn import GPT, MLP
 from hpcdp.optim import SGD, AdamW, build_optimizer, decay_ranges, local_runs
 from hpcdp.optim.decay import rule_matches

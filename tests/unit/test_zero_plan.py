@@ -4,7 +4,8 @@ exact memory prediction, and the stage byte formula with micro-batches."""
 import pytest
 
 from hpcdp.comm.volume import all_gather_bytes, reduce_scatter_bytes, zero_step_bytes
-from hpcdp.config import ConfigError, load_config
+from hpcdp.config_error import ConfigError
+from hpcdp.config import load_config
 from hpcdp.memcheck import state_bytes
 from hpcdp.nn import build_model
 from hpcdp.strategies.zero.groups import group_ranges, plan_groups, plan_unit_groups

@@ -1,9 +1,10 @@
-"""hpcdp scale --study memory / zero-step (hpcdp/bench/zero_study.py): the table and
+"""hpcdp scale --study memory / zero-step (hpcdp/scale/zero_study.py): the table and
 the hookup, without launching jobs."""
 
 import pytest
 
-from hpcdp.bench import scale, zero_study
+from hpcdp.commands.scale import build_parser
+from hpcdp.scale import study as scale, zero_study
 
 
 def test_memory_table_shows_measured_beside_formula_and_the_worst_deviation():
@@ -20,7 +21,7 @@ def test_memory_table_shows_measured_beside_formula_and_the_worst_deviation():
 
 
 def test_scale_routes_the_zero_studies_and_checks_steps():
-    args = scale.build_parser().parse_args(["--config", "jobs/gpt_ddp.toml", "--study", "memory",
+    args = build_parser().parse_args(["--config", "jobs/gpt_ddp.toml", "--study", "memory",
                                             "--steps", "2", "--warmup", "2"])
     with pytest.raises(SystemExit, match="--steps 2 must exceed --warmup 2"):
         scale.run(args)

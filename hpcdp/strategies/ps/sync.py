@@ -14,6 +14,11 @@ reproduce bit for bit. Per step, on every rank:
 
 A dedicated server runs step 2 in a loop until every worker sends DONE.
 
+With a gradient codec (``codec``, set by ``ParameterServer.set_grad_codec``; exact
+mode's integers) a push is ``codec.header()`` followed by the worker's payload shard
+(the codec's dtype), and the server sums the W pushes with ``codec.aggregate``
+instead of its aggregation; replies are unchanged.
+
 Every wait polls with a deadline (``timeout``, comm.timeout in ``hpcdp train``) and
 names the ranks whose message never came (:func:`hpcdp.failure.deadline.wait`).
 """
@@ -39,6 +44,7 @@ class SyncServerPart:
         self.remote = [w for w in range(len(self.workers)) if w != local_worker]
         self.aggregate, self.optimizer, self.ledger = aggregate, optimizer, ledger
         self.updates = 0
+        self.codec, self.offset = None, 0   # a gradient codec, and this shard's flat offset
 
     def receive_headers(self) -> tuple[bool, float]:
         """Blocking: one header per remote worker. Returns (all done?, lr)."""
@@ -61,27 +67,35 @@ class SyncServerPart:
 
     def serve_step(self, local_grad=None, lr=None) -> np.ndarray:
         """Receive, aggregate, update, send; returns the result for the local worker."""
+        codec = self.codec
+        dtype, n = (self.dtype, self.size) if codec is None else (codec.payload_dtype,
+                                                                  codec.header_size + self.size)
         grads: list = [None] * len(self.workers)
         reqs = []
         for w in self.remote:
-            grads[w] = np.empty(self.size, dtype=self.dtype)
+            grads[w] = np.empty(n, dtype=dtype)
             reqs.append(self.comm.Irecv(grads[w], source=self.workers[w], tag=tp.TAG_GRAD))
         ranks = [self.workers[w] for w in self.remote]
         wait(reqs, self.timeout, f"the gradients of update {self.updates} (sync PS server {self.index})",
              sources=ranks)
         if self.ledger is not None and self.remote:
-            self.ledger.record("ps_push", recv_bytes=self.size * self.dtype.itemsize * len(self.remote),
+            self.ledger.record("ps_push", recv_bytes=n * np.dtype(dtype).itemsize * len(self.remote),
                                recv_msgs=len(self.remote))
         if self.local_worker is not None:
             grads[self.local_worker] = local_grad
-        agg = check_result(self.aggregate(grads), self.size, self.dtype,
-                           where=f"server {self.index} update {self.updates}")
+        if codec is not None:  # the codec's sum (exact mode: integers, decoded once)
+            try:
+                agg = codec.aggregate(grads, self.offset, self.dtype)
+            except ValueError as e:
+                raise RuntimeError(f"sync PS server {self.index}, update {self.updates}: {e}") from None
+        else:
+            agg = check_result(self.aggregate(grads), self.size, self.dtype,
+                               where=f"server {self.index} update {self.updates}")
         return self.apply_and_reply(agg, lr)
 
     def apply_and_reply(self, agg, lr) -> np.ndarray:
         """Update the shard with the aggregated gradient (or pass it on), reply to the
-        remote workers; returns the result for the local worker. (Exact mode's
-        integer server shares it: hpcdp/exact/ps.py.)"""
+        remote workers; returns the result for the local worker."""
         if self.optimizer is not None:
             self.optimizer.lr = lr
             self.optimizer.step(self.params, agg)
@@ -119,9 +133,17 @@ class SyncWorkerPart:
         self.local_s = local_server.index if local_server is not None else None
         self.steps = 0
         self._agg = np.empty_like(flat.data) if not server_update else None
+        self.codec = self.payload = None  # a gradient codec and this step's payload (set_grad_codec)
+
+    def _push_of(self, s: int) -> np.ndarray:
+        """What goes to server ``s``: the gradient shard, or the codec's header and payload shard."""
+        off, size = self.shards[s]
+        if self.codec is None:
+            return self.flat.grad[off:off + size]
+        return np.concatenate([self.codec.header(), self.payload[off:off + size]])
 
     def step(self, lr: float) -> None:
-        grad, data = self.flat.grad, self.flat.data
+        data = self.flat.data
         dtype = data.dtype
         # post the result receives first, then push (no ordering deadlock)
         recvs, bufs, remote = [], {}, []
@@ -137,13 +159,13 @@ class SyncWorkerPart:
                 continue
             dest = self.roles.servers[s]
             sends.append(self.comm.Isend(tp.header(tp.PUSH, self.steps, self.steps, lr), dest, tp.TAG_HEADER))
-            sends.append(self.comm.Isend(grad[off:off + size], dest, tp.TAG_GRAD))
+            push = self._push_of(s)
+            sends.append(self.comm.Isend(push, dest, tp.TAG_GRAD))
             if self.ledger is not None:
-                self.ledger.record("ps_push", sent_bytes=size * dtype.itemsize, sent_msgs=1)
+                self.ledger.record("ps_push", sent_bytes=push.nbytes, sent_msgs=1)
         if self.local_server is not None:
-            off, size = self.shards[self.local_s]
             self.local_server.receive_headers()
-            bufs[self.local_s] = self.local_server.serve_step(grad[off:off + size].copy(), lr)
+            bufs[self.local_s] = self.local_server.serve_step(np.array(self._push_of(self.local_s)), lr)
         wait(recvs, self.timeout, f"the servers' results of step {self.steps}", sources=remote)
         wait(sends, self.timeout, f"the servers to take step {self.steps}'s gradients",
              sources=[r for r in remote for _ in range(2)])

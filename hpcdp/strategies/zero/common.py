@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from hpcdp.config_parallel import ConfigError, ZeroConfig
+from hpcdp.config_error import ConfigError
+from hpcdp.config_parallel import ZeroConfig
 from hpcdp.io.protocol import ShardedCheckpoint
 from hpcdp.ownership import group_shard, owned_ranges
 from hpcdp.strategies.base import Strategy
@@ -137,16 +138,66 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
 
     def _reduce_grads(self, b: int):
         """The engine's launch: reduce-scatter group b's buffer in place (zeros if the
-        group got no gradient in this backward)."""
+        group got no gradient in this backward). With a gradient codec the buffer is
+        encoded into a payload-typed group buffer first and released at once; that
+        buffer is reduce-scattered."""
         self._bind_grad_buffer(b)
-        return self._reduce_scatter(self._gbuf[b])
+        if self.grad_codec is None:
+            return self._reduce_scatter(self._gbuf[b])
+        bk = self.plan.buckets[b]
+        g = self._gbuf[b]
+        payload = np.zeros(bk.size, dtype=self.grad_codec.payload_dtype)
+        self.grad_codec.encode(g if isinstance(g, np.ndarray) else self.backend.to_numpy(g), payload,
+                               lo=bk.offset)
+        self.flat.release(bk.offset, bk.size, grad=True)  # the float buffer goes now
+        self._gbuf[b], self._gpay[b] = None, payload
+        return self._reduce_scatter(payload)
 
     def _grads_reduced(self, b: int) -> None:
         """The engine's on_done: add this rank's chunk into its shard, free the buffer."""
+        if self.grad_codec is not None:  # payloads add exactly in any order (integers)
+            self._shard_of(self.pshard_payload, b)[...] += self._chunk_view(self._gpay[b], b)
+            self._gpay[b] = None
+            return
         self.backend.add_(self._shard_of(self.gshard, b), self._chunk_view(self._gbuf[b], b))
         bk = self.plan.buckets[b]
         self.flat.release(bk.offset, bk.size, grad=True)
         self._gbuf[b] = None
+
+    # -- the gradient codec (hpcdp/strategies/codec.py) ----------------------------------
+    def set_grad_codec(self, codec) -> None:
+        """Stages 2 and 3: each micro-batch's group buffers are encoded before their
+        reduce-scatter; this rank's chunks add into a payload shard (``Psi / N``
+        payload elements), decoded into the gradient shard after ``codec.finish()``.
+        (Stage 1 keeps a full gradient: its own override.)"""
+        self.grad_codec = codec
+        self.pshard_payload = np.zeros(self.shard_numel, dtype=codec.payload_dtype)
+        self._gpay = [None] * len(self.plan.buckets)
+
+    def _codec_zero(self) -> None:
+        if self.grad_codec is not None:
+            self.pshard_payload.fill(0)
+
+    def _codec_finish(self) -> bool | None:
+        """After the last micro-batch's reduce-scatters (stages 2, 3): the codec's
+        verdict, and the payload shard decoded into the gradient shard if usable."""
+        codec = self.grad_codec
+        if codec is None:
+            return None
+        ok = codec.finish()
+        if ok:
+            for b in self.mine:
+                lo, n = self.mine[b]
+                if not n:
+                    continue
+                ints, target = self._shard_of(self.pshard_payload, b), self._shard_of(self.gshard, b)
+                if isinstance(target, np.ndarray):
+                    codec.decode(ints, target, lo=lo)
+                else:
+                    host = np.empty(n, dtype=self.flat.dtype)
+                    codec.decode(ints, host, lo=lo)
+                    self.backend.copy_(target, self.backend.asarray(host, self.flat.dtype))
+        return ok
 
     def _update(self, params, grads) -> None:
         """One optimizer update of this rank's pieces, decided alike on every rank.
@@ -158,17 +209,25 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         ``optimizer.step``, ``train.on_nonfinite``) on EVERY rank by writing NaN into
         this rank's first gradient element: then all ranks stop, or all skip the
         update, although only one rank's shard held the bad value. The pieces go
-        through ``optimizer.step`` as one update (``more=``: one step count)."""
+        through ``optimizer.step`` as one update (``more=``: one step count).
+        With a gradient codec that offers ``sum_squares`` (exact mode) and clipping
+        on, the codec computes the global squared norm instead (a fixed-point sum,
+        the same bits for any rank count)."""
         import math
 
         from hpcdp.optim.clip import allreduce_sum, clip_factor, sum_squares
 
         be = self.backend
-        ss = sum_squares(be, grads)
-        if self.dp_size > 1:
-            ss = allreduce_sum(self.comm)(ss)
-        norm = math.sqrt(ss) if ss >= 0 else float("nan")
         max_norm = getattr(self.optimizer, "clip_grad_norm", 0.0)
+        exact_norm = getattr(self.grad_codec, "sum_squares", None) if max_norm else None
+        if exact_norm is not None:  # the codec's norm: the same for any split over ranks
+            host = [g if isinstance(g, np.ndarray) else be.to_numpy(g) for g in grads]
+            ss = exact_norm(host, self.comm if self.dp_size > 1 else None, self.flat.numel)
+        else:
+            ss = sum_squares(be, grads)
+            if self.dp_size > 1:
+                ss = allreduce_sum(self.comm)(ss)
+        norm = math.sqrt(ss) if ss >= 0 else float("nan")
         if max_norm:
             self.grad_norm = norm
             c = clip_factor(norm, max_norm) if math.isfinite(norm) else 1.0

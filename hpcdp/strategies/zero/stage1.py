@@ -31,18 +31,54 @@ class ZeroStage1(ZeroStrategy):
         cap = bucket_cap_elements(self.cfg.bucket_mb, np.dtype(flat.dtype).itemsize,
                                   "parallel.zero.bucket_mb")
         self._setup_common(flat, optimizer, world, plan_groups(flat, cap))
-        views = [self._full_view(flat.grad, b) for b in range(len(self.plan.buckets))]
-        self.engine = BucketEngine(self.plan, lambda b: self._reduce_scatter(views[b]),
-                                   name="ZeRO-1")
+        self._views = [self._full_view(flat.grad, b) for b in range(len(self.plan.buckets))]
+        self.engine = BucketEngine(self.plan, self._launch, name="ZeRO-1")
         self.engine.attach(flat)
+
+    def _launch(self, b: int):
+        if self.grad_codec is not None and self._encode_at_launch:
+            bk = self.plan.buckets[b]
+            self._payload.fold(bk.offset, bk.size)  # this group of the last micro-batch
+        return self._reduce_scatter(self._views[b])
+
+    def set_grad_codec(self, codec) -> None:
+        """As DDP's: one payload buffer, each micro-batch encoded alone, the groups'
+        reduce-scatters carry the payload; after ``codec.finish()`` only this rank's
+        chunk of every group is decoded (the update reads only those)."""
+        from hpcdp.strategies.codec import FullGradPayload
+
+        self.grad_codec = codec
+        self._payload = FullGradPayload(self.flat, codec)
+        self._views = [self._full_view(self._payload.payload, b) for b in range(len(self.plan.buckets))]
+        self._encode_at_launch = False
+
+    def zero_grad(self) -> None:
+        self.flat.zero_grad()
+        if self.grad_codec is not None:
+            self._payload.zero()
 
     def begin_backward(self, last_micro: bool = True) -> None:
         # Full gradients: earlier micro-batches accumulate locally, as in DDP.
+        overlap = self.cfg.overlap and self.dp_size > 1
+        if self.grad_codec is not None:
+            self._payload.begin_micro()
+            overlap = overlap and self._payload.on_host
+            self._encode_at_launch = last_micro and overlap
         if last_micro:
-            self.engine.arm(self.cfg.overlap and self.dp_size > 1)
+            self.engine.arm(overlap)
 
-    def finish_gradients(self) -> None:
+    def finish_gradients(self) -> bool | None:
+        codec = self.grad_codec
+        if codec is not None and not self._encode_at_launch:
+            self._payload.fold()
         self.engine.flush()
+        if codec is None:
+            return None
+        self._encode_at_launch = False
+        ok = codec.finish()
+        if ok:
+            self._payload.decode_into_grad([self.mine[b] for b in self._groups_in_flat_order()])
+        return ok
 
     def step(self) -> None:
         order = self._groups_in_flat_order()

@@ -65,6 +65,7 @@ class ZeroStage2(ZeroStrategy):
 
     def zero_grad(self) -> None:
         self.backend.fill_(self.gshard, 0.0)
+        self._codec_zero()
         self._micro = 0
 
     def begin_backward(self, last_micro: bool = True) -> None:
@@ -76,9 +77,10 @@ class ZeroStage2(ZeroStrategy):
         # Armed on one rank too: a group's buffer is released as soon as it is final.
         self.engine.arm(self.cfg.overlap)
 
-    def finish_gradients(self) -> None:
+    def finish_gradients(self) -> bool | None:
         self.engine.flush()
         self._micro = 0
+        return self._codec_finish()
 
     def step(self) -> None:
         order = self._groups_in_flat_order()

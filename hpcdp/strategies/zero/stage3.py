@@ -184,6 +184,7 @@ class ZeroStage3(ZeroStrategy):
     # -- the step ----------------------------------------------------------------------
     def zero_grad(self) -> None:
         self.backend.fill_(self.gshard, 0.0)
+        self._codec_zero()
         self._micro = 0
         self._checking = self._steps == 0 or self.debug
         self._moment = 0
@@ -195,7 +196,7 @@ class ZeroStage3(ZeroStrategy):
         self._left = list(self._params_of)
         self.engine.arm(self.cfg.overlap)
 
-    def finish_gradients(self) -> None:
+    def finish_gradients(self) -> bool | None:
         if self._checking:  # before the flush: a rank that ran fewer units stops here
             self._moment_at(END, -1)
             self._checking = False
@@ -207,6 +208,7 @@ class ZeroStage3(ZeroStrategy):
         if self._steps == 0 and self._next_fwd is None:
             self._build_prefetch_maps()
         self._micro = 0
+        return self._codec_finish()
 
     def _build_prefetch_maps(self) -> None:
         kinds = [k for k, _ in self._events]

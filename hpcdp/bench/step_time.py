@@ -1,0 +1,362 @@
+"""``hpcdp bench step``: time one training step (forward + backward + optimizer).
+
+Contenders, measured IN THE SAME PROCESS, interleaved round by round (so load
+drift on a shared machine hits all of them alike), all in float32 from the same
+initial weights and the same batch:
+
+- MLP 784-1024-1024-10, batch 256, SGD with momentum:
+  ``hpcdp`` (autograd + cpu backend), ``numpy`` (a hand-written NumPy
+  forward/backward/update of the same network: the floor hpcdp aims at, ratio
+  target <= 1.2) and ``torch`` (PyTorch's CPU build, when importable).
+- small GPT (vocab 64, block 64, 2 layers, 4 heads, 128 wide, batch 16, AdamW):
+  ``hpcdp`` and ``torch``.
+
+Each thread count runs in a child process whose environment sets
+``OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = NUMBA_NUM_THREADS``
+(and ``torch.set_num_threads``) and UNSETS ``OPENBLAS_CORETYPE`` and
+``OPENBLAS_L2_SIZE``: when set (some images set them), they make OpenBLAS pick a
+generic kernel and halve GEMM speed. Every contender runs under that same setting.
+Reported: median step time over the repeats (after warmup) and the interquartile
+range. hpcdp imports torch only here, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+import numpy as np
+
+from hpcdp.launch import CLEARED_ENV, THREAD_VARS
+
+MLP_SIZES = [784, 1024, 1024, 10]
+MLP_BATCH = 256
+GPT = dict(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=128)
+GPT_BATCH = 16
+LR = 0.01
+
+
+# -- contenders ------------------------------------------------------------------------
+
+def _mlp_batch(rng):
+    x = rng.normal(size=(MLP_BATCH, MLP_SIZES[0])).astype(np.float32)
+    y = rng.integers(0, MLP_SIZES[-1], size=MLP_BATCH).astype(np.int64)
+    return x, y
+
+
+def _train_step(model, opt, x, y):
+    """One hpcdp training step on a fixed batch: hpcdp.step.train_step on one rank
+    (strategy "none": zero grads, loss, backward, update)."""
+    from hpcdp.autograd import Tensor
+    from hpcdp.step import LocalBatch, train_step
+    from hpcdp.strategies.base import SingleRank
+    from hpcdp.world import World
+
+    xt, yt = Tensor(x), Tensor(y)
+    single = SingleRank()
+    single.setup(model.flat, opt, World(comm=None, rank=0, size=1))
+    batch = LocalBatch([np.arange(len(x))], len(x), filler=np.arange(1))
+
+    def step():
+        return train_step(model, single, batch, lambda _idx: (xt, yt)).loss
+
+    return step
+
+
+def hpcdp_mlp(x, y):
+    from hpcdp.nn import build_model
+    from hpcdp.optim import SGD
+
+    model = build_model({"kind": "mlp", "sizes": MLP_SIZES, "seed": 0}, dtype="float32", device="cpu")
+    flat = model.flat
+    opt = SGD(flat.numel, lr=LR, momentum=0.9, dtype="float32")
+    step = _train_step(model, opt, x, y)
+    weights = [flat.params[f"fc{i}.{k}"].numpy().copy() for i in range(len(MLP_SIZES) - 1)
+               for k in ("weight", "bias")]
+    return step, weights
+
+
+def numpy_mlp(x, y, weights):
+    """The same MLP by hand: ReLU hidden layers, softmax cross-entropy, SGD momentum.
+
+    Written the way one would for speed: GEMMs through BLAS, in-place bias/ReLU and
+    updates, no gradient for the input.
+    """
+    params = [w.copy() for w in weights]
+    bufs = [np.zeros_like(p) for p in params]
+    n_layers = len(params) // 2
+    rows = np.arange(len(y))
+
+    def step():
+        acts = [x]
+        h = x
+        for i in range(n_layers):
+            z = h @ params[2 * i]
+            z += params[2 * i + 1]
+            if i < n_layers - 1:
+                np.maximum(z, 0.0, out=z)
+            acts.append(z)
+            h = z
+        logits = acts[-1]
+        logits -= logits.max(axis=1, keepdims=True)
+        e = np.exp(logits)
+        s = e.sum(axis=1, keepdims=True)
+        loss = float(np.mean(np.log(s[:, 0]) - logits[rows, y]))
+        g = e
+        g /= s
+        g[rows, y] -= 1.0
+        g *= 1.0 / len(y)
+        grads = [None] * len(params)
+        for i in reversed(range(n_layers)):
+            grads[2 * i] = acts[i].T @ g
+            grads[2 * i + 1] = g.sum(axis=0)
+            if i > 0:
+                g = g @ params[2 * i].T
+                g *= acts[i] > 0
+        for p, gr, b in zip(params, grads, bufs):
+            b *= 0.9
+            b += gr
+            p -= LR * b
+        return loss
+
+    return step
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def torch_mlp(x, y, weights, threads):
+    torch = _torch()
+    torch.set_num_threads(threads)
+    layers = []
+    for i in range(len(MLP_SIZES) - 1):
+        lin = torch.nn.Linear(MLP_SIZES[i], MLP_SIZES[i + 1])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(weights[2 * i].T.copy()))
+            lin.bias.copy_(torch.from_numpy(weights[2 * i + 1]))
+        layers.append(lin)
+        if i < len(MLP_SIZES) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    lossf = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = lossf(model(xt), yt)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def _gpt_batch(rng):
+    ids = rng.integers(0, GPT["vocab_size"], size=(GPT_BATCH, GPT["block_size"] + 1)).astype(np.int64)
+    return ids[:, :-1].copy(), ids[:, 1:].copy()
+
+
+def hpcdp_gpt(x, y):
+    from hpcdp.nn import build_model
+    from hpcdp.optim import AdamW
+
+    model = build_model({"kind": "gpt", **GPT, "seed": 0}, dtype="float32", device="cpu")
+    flat = model.flat
+    opt = AdamW(flat.numel, lr=1e-3, weight_decay=0.01, dtype="float32")
+    step = _train_step(model, opt, x, y)
+    return step, flat.numel
+
+
+def torch_gpt(x, y, threads):
+    """nanoGPT-style model of the same shape (pre-LN, tanh GELU, tied head, SDPA attention)."""
+    torch = _torch()
+    torch.set_num_threads(threads)
+    nn, F = torch.nn, torch.nn.functional
+    torch.manual_seed(0)
+    c, h, v, t = GPT["n_embd"], GPT["n_head"], GPT["vocab_size"], GPT["block_size"]
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
+            self.c_attn, self.c_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+            self.fc, self.proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+        def forward(self, x):
+            b, tt, _ = x.shape
+            q, k, vv = self.c_attn(self.ln_1(x)).split(c, dim=2)
+            q, k, vv = (a.view(b, tt, h, c // h).transpose(1, 2) for a in (q, k, vv))
+            a = F.scaled_dot_product_attention(q, k, vv, is_causal=True)
+            x = x + self.c_proj(a.transpose(1, 2).contiguous().view(b, tt, c))
+            return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(v, c), nn.Embedding(t, c)
+            self.h = nn.ModuleList(Block() for _ in range(GPT["n_layer"]))
+            self.ln_f = nn.LayerNorm(c)
+
+        def forward(self, ids):
+            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+            for blk in self.h:
+                x = blk(x)
+            return self.ln_f(x) @ self.wte.weight.T
+
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = model(xt)
+        loss = F.cross_entropy(logits.view(-1, v), yt.view(-1))
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step, sum(p.numel() for p in model.parameters())
+
+
+# -- measurement ------------------------------------------------------------------------
+
+def _interleaved(contenders: dict, warmup: int, repeats: int) -> dict:
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, ts in times.items():
+        q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
+        out[name] = {"median_s": statistics.median(ts), "q1_s": q[0], "q3_s": q[2], "min_s": min(ts),
+                     "repeats": len(ts)}
+    return out
+
+
+def measure(threads: int, models, warmup: int, repeats: int) -> dict:
+    """Run in the child process (thread env already set)."""
+    rng = np.random.default_rng(0)
+    torch = _torch()
+    result = {"threads": threads, "torch": torch.__version__ if torch else None, "models": {}}
+    if "mlp" in models:
+        x, y = _mlp_batch(rng)
+        h_step, weights = hpcdp_mlp(x, y)
+        contenders = {"hpcdp": h_step, "numpy": numpy_mlp(x, y, weights)}
+        if torch:
+            contenders["torch"] = torch_mlp(x, y, weights, threads)
+        # Same weights, same batch: the first losses must agree (they do the same work).
+        first = {name: fn() for name, fn in contenders.items()}
+        spread = max(first.values()) - min(first.values())
+        if spread > 1e-4:
+            raise RuntimeError(f"bench step: MLP contenders disagree on the first loss: {first}")
+        result["models"]["mlp"] = {"desc": f"MLP {'-'.join(map(str, MLP_SIZES))}, batch {MLP_BATCH}, SGD momentum",
+                                   "first_loss": first, "times": _interleaved(contenders, warmup, repeats)}
+    if "gpt" in models:
+        x, y = _gpt_batch(rng)
+        h_step, n_h = hpcdp_gpt(x, y)
+        contenders = {"hpcdp": h_step}
+        n_params = {"hpcdp": n_h}
+        if torch:
+            contenders["torch"], n_params["torch"] = torch_gpt(x, y, threads)
+        g = GPT
+        result["models"]["gpt"] = {
+            "desc": (f"GPT vocab {g['vocab_size']}, block {g['block_size']}, {g['n_layer']} layers, "
+                     f"{g['n_head']} heads, {g['n_embd']} wide, batch {GPT_BATCH}, AdamW"),
+            "params": n_params, "times": _interleaved(contenders, warmup, repeats)}
+    return result
+
+
+def _child_env(threads: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    env.update({v: str(threads) for v in THREAD_VARS})
+    return env
+
+
+def _table(results: list[dict]) -> str:
+    lines = [f"{'model':<10} {'threads':>7} {'contender':<10} {'median ms':>10} {'IQR ms':>14} "
+             f"{'/ numpy':>8} {'/ torch':>8}"]
+    for res in results:
+        for key, m in res["models"].items():
+            times = m["times"]
+            for name, t in times.items():
+                ratio = lambda ref: (f"{t['median_s'] / times[ref]['median_s']:.2f}x" if ref in times else "-")
+                lines.append(f"{key:<10} {res['threads']:>7} {name:<10} {1e3 * t['median_s']:>10.2f} "
+                             f"{1e3 * t['q1_s']:>6.2f}-{1e3 * t['q3_s']:<7.2f} {ratio('numpy'):>8} {ratio('torch'):>8}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hpcdp bench step", description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2 (default 1)")
+    p.add_argument("--models", default="mlp,gpt", help="mlp, gpt or both (default mlp,gpt)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per contender (default 5)")
+    p.add_argument("--repeats", type=int, default=30, help="timed steps per contender (default 30)")
+    p.add_argument("--json", default="bench-step.json", help="where to write the results (default bench-step.json)")
+    p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = sorted(set(models) - {"mlp", "gpt"})
+    if bad or not models:
+        raise ValueError(f"--models: {','.join(bad) or args.models!r} not known; choose from mlp, gpt")
+    if args.warmup < 0 or args.repeats < 2:
+        raise ValueError("--warmup must be >= 0 and --repeats >= 2")
+    if args.child is not None:  # measuring process: print one JSON line
+        print(json.dumps(measure(args.child, models, args.warmup, args.repeats)), flush=True)
+        return 0
+    try:
+        threads = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        raise ValueError(f"--threads {args.threads!r}: expected comma-separated integers, e.g. 1,2") from None
+    if min(threads) < 1:
+        raise ValueError("--threads: thread counts must be >= 1")
+
+    cleared = [k for k in CLEARED_ENV if k in os.environ]
+    print(f"hpcdp bench step: float32; each thread count in a fresh process with "
+          f"{'/'.join(THREAD_VARS)} = threads; {' and '.join(CLEARED_ENV)} unset for the benchmark"
+          + (f" (were set: {', '.join(cleared)})" if cleared else " (were not set)"), flush=True)
+    results = []
+    for t in threads:
+        cmd = [sys.executable, "-m", "hpcdp.bench.step_time", "--child", str(t), "--models", ",".join(models),
+               "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+        proc = subprocess.run(cmd, env=_child_env(t), capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            raise RuntimeError(f"bench step: the {t}-thread measurement failed (exit {proc.returncode})")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(_table(results))
+    doc = {
+        "command": "hpcdp bench step " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.machine(),
+                    "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "numpy": np.__version__, "loadavg_at_end": os.getloadavg()},
+        "env_cleared": list(CLEARED_ENV), "env_cleared_were_set": cleared,
+        "results": results,
+    }
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Launching child jobs: the one home of the helpers every study, benchmark and check uses.
+
+The tools (``hpcdp scale``, ``hpcdp bench faults|soak|startup|exact|ckpt``, ``hpcdp
+check-exact``) run real ``mpiexec -n N hpcdp train`` jobs as child processes. What they
+share is here, with one behaviour each:
+
+- :func:`find_mpiexec`: the mpiexec next to this Python first (the venv's MPI matches its
+  mpi4py: the MPICH wheel of ``hpcdp[mpi]``), then ``mpiexec`` / ``mpirun`` on PATH;
+  none: :class:`LaunchError` (a ValueError, so ``hpcdp`` prints its one line and exits 2).
+- :data:`THREAD_VARS` / :data:`THREAD_ENV`: one BLAS/numba/OpenMP thread per rank;
+  :data:`CLEARED_ENV`: the OpenBLAS tuning variables a benchmark unsets for every
+  contender alike (docs/results.md says so with each figure).
+- :func:`child_env`: the environment of a child (one thread per rank, unbuffered output,
+  this process's hpcdp importable), less the variables named in ``clear``.
+- :func:`hpcdp_command` / :func:`train_command`: how a child runs hpcdp.
+- :func:`run_child`: run one child; a failure or timeout is a :class:`ChildFailed` (a
+  RuntimeError) naming the command and the tail of its output.
+- :func:`parse_ranks`: a ``--ranks 1,2,4`` list; :func:`wait_quiet` / :func:`loadavg`: a
+  shared machine's load, recorded with every figure.
+
+Nothing in the library imports this module (it is the lowest module of the tools layer,
+docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+THREAD_ENV = {var: "1" for var in THREAD_VARS}
+CLEARED_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+class LaunchError(ValueError):
+    """A child job cannot be launched (no mpiexec, bad --ranks): one line, exit 2."""
+
+
+class ChildFailed(RuntimeError):
+    """A child job failed or timed out; the message holds its command and output's tail."""
+
+
+def find_mpiexec(what: str = "hpcdp") -> str:
+    """mpiexec next to this Python first (the venv's MPI matches its mpi4py), then PATH
+    (``mpiexec``, then ``mpirun``). ``what`` names the command in the error."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise LaunchError(f"{what}: no mpiexec found next to the Python interpreter "
+                          f"({here.parent}) or on PATH; install an MPI (e.g. pip install 'hpcdp[mpi]')")
+    return found
+
+
+def package_root() -> str:
+    """The folder that holds this process's ``hpcdp`` package (children import the same)."""
+    return str(Path(__file__).resolve().parents[1])
+
+
+def child_env(extra: dict | None = None, clear=()) -> dict:
+    """A child's environment: this one, one thread per rank, unbuffered output, this
+    hpcdp first on PYTHONPATH, ``extra`` on top, the variables in ``clear`` unset."""
+    env = {**os.environ, **THREAD_ENV, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH")) if p)
+    for var in clear:
+        env.pop(var, None)
+    return env
+
+
+def hpcdp_command(module: str = "hpcdp.cli") -> list[str]:
+    """``python -m MODULE`` with this interpreter (the children run this hpcdp)."""
+    return [sys.executable, "-m", module]
+
+
+def train_command(config=None, sets=(), resume: str | None = None, module: str = "hpcdp.cli") -> list[str]:
+    """``python -m hpcdp.cli train [--config C] [--set S ...] [--resume R]``."""
+    cmd = hpcdp_command(module) + ["train"]
+    if config:
+        cmd += ["--config", str(config)]
+    for s in sets:
+        cmd += ["--set", s]
+    if resume:
+        cmd += ["--resume", resume]
+    return cmd
+
+
+def mpiexec_command(n: int, what: str = "hpcdp") -> list[str]:
+    return [find_mpiexec(what), "-n", str(n)]
+
+
+def run_child(cmd: list, what: str, timeout: float, env: dict | None = None,
+              tail: int = 3000, **kwargs) -> subprocess.CompletedProcess:
+    """Run one child job and wait for it (at most ``timeout`` seconds); a nonzero exit or
+    a timeout raises :class:`ChildFailed` with ``what``, the command and the output's tail."""
+    try:
+        proc = subprocess.run(cmd, env=env or child_env(), capture_output=True, text=True,
+                              timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise ChildFailed(f"{what}: timed out after {timeout:g} s: {shlex.join(map(str, cmd))}") from None
+    if proc.returncode != 0:
+        raise ChildFailed(f"{what}: {shlex.join(map(str, cmd))} failed (exit {proc.returncode}):\n"
+                          f"{(proc.stdout + proc.stderr)[-tail:]}")
+    return proc
+
+
+def launch_train(n: int, config, sets, run_dir: Path, *, timeout: float, resume: str | None = None,
+                 clear_env=(), echo: bool = True, what: str = "job") -> subprocess.CompletedProcess:
+    """``mpiexec -n n hpcdp train`` in a fresh ``run_dir`` (``run.out_dir``), one thread per
+    rank, the children importing this hpcdp; ``clear_env``: variables unset for the job.
+    A failure or timeout is a :class:`ChildFailed` with the output's tail."""
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cmd = mpiexec_command(n) + train_command(config, [f'run.out_dir="{run_dir}"', *sets], resume)
+    if echo:
+        print(f"  $ {shlex.join(cmd)}", flush=True)
+    return run_child(cmd, what, timeout, child_env(clear=clear_env), tail=2500)
+
+
+def parse_ranks(text: str, what: str = "--ranks") -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (order kept, repeats dropped); anything else, or a
+    count below 1, is a :class:`LaunchError`."""
+    try:
+        ranks = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 1:
+        raise LaunchError(f"{what} {text!r}: expected a comma-separated list of rank counts >= 1, e.g. 1,2,4")
+    return list(dict.fromkeys(ranks))
+
+
+def loadavg() -> list:
+    """The 1, 5 and 15 minute load averages, rounded (empty where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def wait_quiet(limit: float, max_wait: float = 1800.0, poll: float = 10.0) -> None:
+    """Wait (at most ``max_wait`` seconds) until the 1-minute load average is below
+    ``limit`` (0: do not wait), so a shared machine is measured at its quiet moments."""
+    if not limit:
+        return
+    deadline = time.monotonic() + max_wait
+    said = False
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        if not said:
+            print(f"  waiting for load average < {limit:g} (now {os.getloadavg()[0]:.1f})", flush=True)
+            said = True
+        time.sleep(poll)
+
+
+__all__ = ["THREAD_VARS", "THREAD_ENV", "CLEARED_ENV", "LaunchError", "ChildFailed", "find_mpiexec",
+           "package_root", "child_env", "hpcdp_command", "train_command", "mpiexec_command",
+           "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]

@@ -1,0 +1,283 @@
+"""``hpcdp scale --calibrate``: measure a machine (or an allocation) and write its profile.
+
+What is measured, and what each fit gives (docs/scaling.md has the reasoning):
+
+1. ``hpcdp.scale.linkprobe`` on 2 ranks of one node (and, with ``--inter``, on 2 nodes):
+   the exchange line ``alpha + S * beta`` (the link), hpcdp's ring over several segment
+   sizes (slope: one message in hpcdp = ``alpha + msg_s``), 8-byte ring and recursive
+   allreduces (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug mode's per-peer fingerprints);
+2. in this process: ``gamma`` (a NumPy add, the ring's reduction) and the optimizer's
+   time per parameter for the config's optimizer;
+3. one-rank training steps of the config at three batch sizes (``B/2, B, 2B``): the
+   line ``step_overhead_s + P * optimizer_s_per_param + B * flops_per_sample / flops_per_s``;
+4. the compute-only job (:mod:`hpcdp.scale.compute_only`) at each rank count of
+   ``--ranks`` (one node): ``contention[k] = t(k) / t(1)``.
+
+Every measurement is a median or best of interleaved repeats; the profile records the
+load average before and after, the CPU and the commands, since a shared machine makes
+every figure noisy. ``--overlap`` is an input (0: shared-memory MPI driven by the CPU
+that computes, the case here; 1: a NIC or DMA engine moves the bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hpcdp.comm.cost import Link, Profile, profile_from_dict
+from hpcdp.launch import loadavg
+
+
+# -- fits (pure: unit-tested on synthetic timings) ------------------------------------
+
+def fit_line(xs, ys) -> tuple[float, float]:
+    """(intercept, slope) >= 0 of ``y = a + b x``, least squares on relative error
+    (weights 1/y, so small and large points count alike)."""
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    w = 1.0 / y
+    A = np.stack([w, x * w], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A, np.ones_like(y), rcond=None)
+    if b < 0:  # no measurable slope: a constant
+        return float(np.median(y)), 0.0
+    if a < 0:  # through the origin
+        return 0.0, float(np.sum(x * y * w * w) / np.sum(x * x * w * w))
+    return float(a), float(b)
+
+
+def fit_link(exchange) -> Link:
+    """The link from ``[[bytes, seconds], ...]`` of a two-way exchange."""
+    a, b = fit_line([s for s, _ in exchange], [t for _, t in exchange])
+    return Link(alpha_s=a, beta_s_per_byte=b)
+
+
+def fit_software(probe: dict, link: Link, gamma: float) -> dict:
+    """``msg_s``, ``call_s`` (ring, recursive) and ``ctrl_msg_s`` from a linkprobe result."""
+    _, per_msg = fit_line([m for m, _ in probe["segments"]], [t for _, t in probe["segments"]])
+    msg_s = max(0.0, per_msg - link.alpha_s)
+    ctrl = probe["token_pair_s"] / 2  # debug mode's fingerprints (not on the normal path)
+    one = link.alpha_s + msg_s
+    calls = {"ring": max(0.0, probe["calls"]["ring"] - 2 * one - 4 * gamma),
+             "recursive": max(0.0, probe["calls"]["recursive"] - one - 8 * gamma)}
+    return {"msg_s": msg_s, "call_s": calls, "ctrl_msg_s": ctrl}
+
+
+def fit_compute(points, params: int, flops_per_sample: float, optimizer_s_per_param: float) -> dict:
+    """``flops_per_s`` and ``step_overhead_s`` from ``[[batch, step seconds], ...]`` of one rank.
+
+    When the steps do not grow with the batch (a model so small that noise hides its
+    compute), the largest batch's step is taken as all compute (overhead 0) and the
+    result says so (``fallback``), instead of failing a study job over it."""
+    a, b = fit_line([bt for bt, _ in points], [t for _, t in points])
+    if b > 0:
+        return {"flops_per_s": flops_per_sample / b,
+                "step_overhead_s": max(0.0, a - params * optimizer_s_per_param), "fallback": ""}
+    bt, t = max(points)
+    return {"flops_per_s": flops_per_sample * bt / t, "step_overhead_s": 0.0,
+            "fallback": f"step time did not grow with the batch ({points}): too noisy or too "
+                        "small a model; flops_per_s from the largest batch alone"}
+
+
+def refit_small(profile: Profile, max_bytes: int) -> Profile:
+    """The profile with its link and software refitted from its own recorded probe
+    (``[provenance.probe_intra]``), using exchanges of at most ``max_bytes`` only: to
+    check how well small-message calibration predicts large messages."""
+    from dataclasses import replace
+
+    probe = profile.provenance.get("probe_intra")
+    if not probe:
+        raise SystemExit(f"profile {profile.name}: no recorded probe data ([provenance.probe_intra]); "
+                         "recalibrate with this version of hpcdp scale --calibrate")
+    small = {**probe, "exchange": [[s, t] for s, t in probe["exchange"] if s <= max_bytes]}
+    if len(small["exchange"]) < 2:
+        raise SystemExit(f"--probe-max {max_bytes}: fewer than 2 probe sizes that small")
+    link = fit_link(small["exchange"])
+    soft = fit_software(small, link, profile.gamma_s_per_byte)
+    inter = profile.inter if profile.provenance.get("inter_measured") else link
+    return replace(profile, name=f"{profile.name}-upto{max_bytes}B", intra=link, inter=inter,
+                   msg_s=soft["msg_s"], call_s={**profile.call_s, **soft["call_s"]},
+                   ctrl_msg_s=soft["ctrl_msg_s"])
+
+
+# -- measurements ----------------------------------------------------------------------
+
+def fastest_probe(probes: list):
+    """Element-wise fastest of several linkprobe results (None for none)."""
+    if not probes:
+        return None
+    out = dict(probes[0])
+    out["exchange"] = [[s, min(p["exchange"][i][1] for p in probes)]
+                       for i, (s, _) in enumerate(probes[0]["exchange"])]
+    out["segments"] = [[m, min(p["segments"][i][1] for p in probes)]
+                       for i, (m, _) in enumerate(probes[0]["segments"])]
+    out["calls"] = {k: min(p["calls"][k] for p in probes) for k in probes[0]["calls"]}
+    out["token_pair_s"] = min(p["token_pair_s"] for p in probes)
+    out["rounds"] = len(probes)
+    return out
+
+
+def measure_gamma(nbytes: int = 4 << 20, reps: int = 20) -> float:
+    """Seconds per byte of ``np.add(a, b, out=a)`` on float32 (the ring's reduction)."""
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.ones_like(a)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return best / nbytes
+
+
+def measure_optimizer(cfg, params: int, reps: int = 20) -> float:
+    """Seconds per parameter of one step of the config's optimizer (median)."""
+    from hpcdp.optim import build_optimizer
+
+    dt = np.dtype(cfg.run.dtype)
+    opt = build_optimizer(cfg.optim, dtype=cfg.run.dtype)
+    w = np.zeros(params, dt)
+    g = np.full(params, 1e-3, dt)
+    opt.step(w, g)  # first call sizes state / compiles
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        opt.step(w, g)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / params
+
+
+def _probe(args, nodes: int, out: Path) -> dict:
+    from hpcdp.launch import find_mpiexec, run_child
+
+    path = out.with_suffix(f".probe-{'inter' if nodes > 1 else 'intra'}.json")  # the last round's
+    if args.launcher:
+        launch = shlex.split(args.launcher.format(n=2, nodes=nodes, ppn=2 // nodes))
+    else:
+        launch = [find_mpiexec("hpcdp scale --calibrate"), "-n", "2"]
+    cmd = launch + [sys.executable, "-m", "hpcdp.scale.linkprobe", "--json", str(path),
+                    "--rounds", "3"]
+    if args.probe_max:
+        from hpcdp.bench.collectives import parse_size
+        cmd += ["--max-bytes", str(parse_size(args.probe_max))]
+    run_child(cmd, "hpcdp scale --calibrate", args.timeout)
+    data = json.loads(path.read_text())
+    data["command"] = shlex.join(cmd)
+    return data
+
+
+def measure_rounds(args, points, out: Path, work: Path) -> tuple:
+    """``--repeats`` interleaved rounds, each: the link probes, then every step point.
+    A burst of load hits one round of everything, not every round of one thing; each
+    figure keeps its fastest round. Returns (intra probe, inter probe, {point: step})."""
+    from hpcdp.launch import wait_quiet
+    from hpcdp.scale.study import run_point
+
+    probes: dict = {"intra": [], "inter": []}
+    best: dict = {}
+    for rnd in range(args.repeats):
+        wait_quiet(getattr(args, "wait_quiet", 0.0), getattr(args, "wait_max", 1800.0))
+        if args.ranks_per_node != 1:  # one rank per node: there is no intra-node pair
+            probes["intra"].append(_probe(args, 1, out))
+        if args.inter:
+            probes["inter"].append(_probe(args, 2, out))
+        for k, gb, variant in points:
+            t = run_point(args, k, gb, variant, work)["step_time_s"]
+            best[(k, gb, variant)] = min(t, best.get((k, gb, variant), t))
+        print(f"  round {rnd + 1}/{args.repeats}: load {loadavg()}", flush=True)
+    return fastest_probe(probes["intra"]), fastest_probe(probes["inter"]), best
+
+
+def run(args) -> Profile:
+    from hpcdp.scale.study import study_ranks
+    from hpcdp.config import load_config
+    from hpcdp.scale.model import workload_from_config
+
+    if not args.out.endswith(".toml"):
+        raise SystemExit("hpcdp scale --calibrate: --out must name the profile file to write, "
+                         "e.g. --out profiles/mycluster.toml")
+    if args.steps <= args.warmup:
+        raise SystemExit(f"hpcdp scale: --steps {args.steps} must exceed --warmup {args.warmup}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.with_suffix(".runs")
+    cfg = load_config(args.config, args.set or [])
+    wl = workload_from_config(cfg)
+    batch = args.batch or cfg.train.global_batch
+    load_before = loadavg()
+    print(f"calibrating: load average {load_before}", flush=True)
+
+    if args.ranks_per_node == 1 and not args.inter:
+        raise SystemExit("hpcdp scale --calibrate: with one rank per node there is no intra-node "
+                         "link to measure; add --inter (2 nodes)")
+    batches = sorted({max(1, batch // 2), batch, 2 * batch})
+    ranks = study_ranks(args.ranks)
+    points = [(1, b, "bucketed") for b in batches] + [(k, k * batch, "compute_only") for k in ranks]
+    intra, inter, best = measure_rounds(args, points, out, work)
+    link_inter = fit_link(inter["exchange"]) if inter else None
+    link_intra = fit_link(intra["exchange"]) if intra else link_inter
+    link_inter = link_inter or link_intra
+    gamma = measure_gamma()
+    soft = fit_software(intra or inter, link_intra, gamma)
+    opt_s = measure_optimizer(cfg, wl.params)
+    print(f"  link: alpha {link_intra.alpha_s * 1e6:.2f} us, beta {1e9 * link_intra.beta_s_per_byte:.3f} "
+          f"ns/B; gamma {1e9 * gamma:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "
+          f"optimizer {opt_s * 1e9:.2f} ns/param", flush=True)
+    steps = {b: best[(1, b, "bucketed")] for b in batches}
+    comp = fit_compute([[b, t] for b, t in steps.items()], wl.params, wl.flops_per_sample, opt_s)
+    print(f"  compute: {', '.join(f'B={b}: {1e3 * t:.2f} ms' for b, t in steps.items())} -> "
+          f"{comp['flops_per_s'] / 1e9:.2f} GFLOP/s, overhead {1e3 * comp['step_overhead_s']:.2f} ms",
+          flush=True)
+    co = {k: best[(k, k * batch, "compute_only")] for k in ranks}
+    contention = {str(k): co[k] / co[1] for k in ranks}
+    print(f"  contention (compute-only step vs one rank): {contention}", flush=True)
+
+    cores = int(os.environ.get("SLURM_CPUS_ON_NODE", 0) or os.cpu_count() or 0)
+    prof = profile_from_dict({
+        "name": out.stem,
+        "description": args.description or f"measured by hpcdp scale --calibrate on {platform.node()}",
+        "intra": link_intra.__dict__, "inter": link_inter.__dict__,
+        "gamma_s_per_byte": gamma, "call_s": soft["call_s"], "msg_s": soft["msg_s"],
+        "ctrl_msg_s": soft["ctrl_msg_s"], "flops_per_s": comp["flops_per_s"],
+        "optimizer_s_per_param": opt_s, "step_overhead_s": comp["step_overhead_s"],
+        "ranks_per_node": args.ranks_per_node or max(cores, max(ranks)), "nics_per_node": 1,
+        "cores_per_node": cores, "overlap": args.overlap, "contention": contention,
+        "provenance": {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
+            "cpu": _cpu_model(), "load_before": load_before, "load_after": loadavg(),
+            "command": "hpcdp scale " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+            "config": str(args.config), "batch": batch,
+            "inter_measured": bool(inter), "probes": [p["command"] for p in (intra, inter) if p],
+            **{f"probe_{kind}": {k: p[k] for k in ("exchange", "segments", "calls", "token_pair_s")}
+               for kind, p in (("intra", intra), ("inter", inter)) if p},
+            "compute_steps": {str(b): t for b, t in steps.items()},
+            "compute_fit": comp["fallback"] or "line over the batch sizes",
+            "compute_only_steps": {str(k): t for k, t in co.items()},
+        }})
+    write_profile(prof, out)
+    print(f"wrote {out}")
+    return prof
+
+
+def write_profile(prof: Profile, path: Path) -> None:
+    from hpcdp.config import dump_toml
+
+    text = dump_toml(prof.to_toml_dict())
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # never a half-written profile
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -1,0 +1,134 @@
+"""``python -m hpcdp.scale.linkprobe --json F`` under ``mpiexec -n 2``: the timings a
+machine profile is fitted from (``hpcdp scale --calibrate`` runs it).
+
+Between ranks 0 and 1 (on one node for the intra-node link, on two nodes for the
+inter-node one), each timed like ``hpcdp bench collectives`` (warmup, barrier, mean of
+``iters`` calls, the slower rank's), keeping the fastest of interleaved rounds:
+
+- ``exchange``: MPI ``Sendrecv`` of S bytes each way at once (a ring step at N=2 in C):
+  its line ``alpha + S * beta`` is the link;
+- ``segments``: hpcdp's ring allreduce of one buffer cut into segments of several sizes:
+  the slope over the number of messages is the cost of one message in hpcdp's ring
+  (link latency + hpcdp's per-message work);
+- ``calls``: hpcdp's ring and recursive-doubling allreduce of 8 bytes (per-call cost);
+- ``tokens`` (rank 0 alone): posting one arrival token each way and reaping it, the
+  per-peer control cost every hpcdp collective pays.
+
+JSON on rank 0: ``{"meta": ..., "exchange": [[bytes, s]...], "segments": [[messages,
+s]...], "segments_bytes": S, "calls": {"ring": s, "recursive": s}, "token_pair_s": s}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+EXCHANGE_SIZES = [8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20]
+SEGMENT_BUFFER = 256 << 10
+SEGMENTS = [2048, 8192, 32768, 131072]
+
+
+def _iters(nbytes: int) -> int:
+    return int(min(1000, max(5, (64 << 20) // max(nbytes, 1))))
+
+
+def _rounds(fns: dict, iters: dict, rounds: int, comm) -> dict:
+    """The fastest of interleaved rounds (the least disturbed by other processes on a
+    shared machine) of the slower rank's mean time per call."""
+    from mpi4py import MPI
+
+    samples = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            fn()  # warm
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters[k]):
+                fn()
+            mine = (time.perf_counter() - t0) / iters[k]
+            samples[k].append(comm.allreduce(mine, op=MPI.MAX))
+    return {k: min(v) for k, v in samples.items()}
+
+
+def token_pair_s(reps: int = 4000) -> float:
+    """One fingerprint message each way, as debug mode (hpcdp.comm.debug.debug_check)
+    posts and reaps them per peer and collective, on COMM_SELF (no peer latency)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_SELF
+    fp = np.zeros(7, dtype=np.int64)
+    inbox = np.zeros(7, dtype=np.int64)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for i in range(reps):
+            s = comm.Isend([fp, MPI.INT64_T], 0, i % 1000)
+            r = comm.Irecv([inbox, MPI.INT64_T], 0, i % 1000)
+            MPI.Request.Testall([s, r])
+            MPI.Request.Waitall([s, r])
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def run(args) -> dict:
+    from mpi4py import MPI
+
+    from hpcdp.comm import allreduce, get_context
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != 2:
+        raise SystemExit("hpcdp.scale.linkprobe runs on exactly 2 ranks (mpiexec -n 2)")
+    rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
+    get_context(comm)
+    out: dict = {}
+    fns, iters = {}, {}
+    sizes = [S for S in EXCHANGE_SIZES if S <= args.max_bytes]
+    for S in sizes:
+        a, b = np.ones(S, np.uint8), np.empty(S, np.uint8)
+        fns[S] = lambda a=a, b=b: comm.Sendrecv([a, MPI.BYTE], peer, 0, [b, MPI.BYTE], peer, 0)
+        iters[S] = _iters(S)
+    times = _rounds(fns, iters, args.rounds, comm)
+    out["exchange"] = [[S, times[S]] for S in sizes]
+
+    x = np.ones(SEGMENT_BUFFER // 4, np.float32)
+    y = np.empty_like(x)
+    fns = {seg: (lambda seg=seg: allreduce(x, y, comm=comm, algorithm="ring", segment_bytes=seg))
+           for seg in SEGMENTS}
+    times = _rounds(fns, {seg: 50 for seg in SEGMENTS}, args.rounds, comm)
+    chunk = SEGMENT_BUFFER // 2
+    out["segments"] = [[2 * -(-chunk // seg), times[seg]] for seg in SEGMENTS]
+    out["segments_bytes"] = SEGMENT_BUFFER
+
+    small, res = np.ones(2, np.float32), np.empty(2, np.float32)
+    fns = {a: (lambda a=a: allreduce(small, res, comm=comm, algorithm=a)) for a in ("ring", "recursive")}
+    out["calls"] = _rounds(fns, {"ring": 300, "recursive": 300}, args.rounds, comm)
+    comm.Barrier()
+    if rank == 0:
+        out["token_pair_s"] = token_pair_s()
+        out["meta"] = {"mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                       "processor": MPI.Get_processor_name(), "date": time.strftime("%Y-%m-%d %H:%M")}
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+    comm.Barrier()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpcdp.scale.linkprobe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", default="", help="write the timings here (rank 0)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the fastest is kept)")
+    p.add_argument("--max-bytes", type=int, default=EXCHANGE_SIZES[-1],
+                   help="largest exchange (to calibrate on small messages only)")
+    run(p.parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

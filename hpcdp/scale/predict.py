@@ -1,0 +1,208 @@
+"""``hpcdp scale --predict --profile P --config C --ranks 1,2,4,...,4096``: the cost model
+alone, for rank counts no machine here has.
+
+For every strategy and rank count: predicted step time (compute + the communication the
+step waits for), all communication time, bytes on the busiest rank's links and through
+the busiest node's NICs per step, memory per rank (parameters, gradients, optimizer
+state), and weak (and strong) scaling efficiency. Then the crossovers:
+
+- where K parameter servers stop keeping up (their pushes and pulls take longer than the
+  workers' compute: an asynchronous PS could no longer hide them);
+- where the ring's latency ``2(N-1) alpha`` reaches its bandwidth time for one bucket, and
+  where hpcdp's software cost (per message and per call) does;
+- where the hierarchical allreduce beats the flat ring for one bucket.
+
+Outputs in ``--out``: ``predict.txt``, ``predict.json``, ``predict.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+DEFAULT_STRATEGIES = "ddp-ring,ddp-hierarchical,ddp-auto,ps1,ps8,zero1,zero2,zero3"
+
+
+def expand_ranks(text: str) -> list[int]:
+    """``1,2,4,...,4096`` -> powers of the last ratio up to the end; plain lists as is."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if "..." not in parts:
+        from hpcdp.scale.study import study_ranks
+        return study_ranks(text)
+    i = parts.index("...")
+    try:
+        head, end = [int(p) for p in parts[:i]], int(parts[i + 1])
+    except (ValueError, IndexError):
+        raise SystemExit(f"hpcdp scale: --ranks {text!r}: write e.g. 1,2,4,...,4096") from None
+    if len(head) < 2 or head[-1] <= head[-2] or head[-1] % head[-2] or head[0] < 1:
+        raise SystemExit(f"hpcdp scale: --ranks {text!r}: give two growing terms before '...'")
+    ratio, out = head[-1] // head[-2], list(head)
+    while out[-1] * ratio <= end:
+        out.append(out[-1] * ratio)
+    return sorted(set(out + ([end] if end not in out else [])) | {1})
+
+
+def _strategies(text: str):
+    out = []
+    for name in [s.strip() for s in text.split(",") if s.strip()]:
+        if name.startswith("ddp-") and name[4:] in ("ring", "recursive", "hierarchical", "auto"):
+            out.append((name, "ddp", {"algorithm": name[4:]}))
+        elif name.startswith("ps") and name[2:].isdigit() and int(name[2:]) >= 1:
+            out.append((name, "ps", {"servers": int(name[2:])}))
+        elif name in ("zero1", "zero2", "zero3"):
+            out.append((name, name, {}))
+        else:
+            raise SystemExit(f"hpcdp scale --predict: --strategies: {name!r}; choose from "
+                             "ddp-ring, ddp-recursive, ddp-hierarchical, ddp-auto, psK (K servers), "
+                             "zero1, zero2, zero3")
+    return out
+
+
+def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=None) -> dict:
+    """Every (strategy, N) point plus the crossovers, as a JSON-able dict."""
+    from hpcdp.comm import cost as CM
+    from hpcdp.scale import model as M
+
+    per_node = per_node or profile.ranks_per_node
+    # Efficiency of every strategy is against plain one-rank training (no communication).
+    base = M.step(profile, wl, "ddp", 1, batch, per_node=per_node)
+    base_strong = M.step(profile, wl, "ddp", 1, strong_batch, per_node=per_node) if strong_batch else None
+    rows = []
+    for label, strategy, kw in strategies:
+        for N in ranks:
+            if strategy == "ps" and kw["servers"] > N:
+                continue
+            st = M.step(profile, wl, strategy, N, batch, per_node=per_node, **kw)
+            row = {**st.as_dict(), "strategy": label, "strategy_kind": st.strategy}
+            row["weak_efficiency"] = base.step_s / st.step_s
+            if strong_batch:
+                sn = M.step(profile, wl, strategy, N, strong_batch / N, per_node=per_node, **kw)
+                row["strong_step_s"] = sn.step_s
+                row["strong_efficiency"] = base_strong.step_s / (N * sn.step_s)
+            rows.append(row)
+    bucket = max(wl.buckets) * wl.itemsize
+    lat, soft = M.ring_latency_crossover(profile, bucket, per_node, itemsize=wl.itemsize)
+    ps = {}
+    for label, strategy, kw in strategies:
+        if strategy == "ps":
+            last, first = M.ps_keeps_up_until(profile, wl, batch, kw["servers"], ranks, per_node)
+            ps[label] = {"keeps_up_until": last, "stops_at": first}
+    hier = M.hierarchical_crossover(profile, bucket, per_node, ranks, wl.itemsize)
+    sizes = [1 << k for k in range(10, 29, 2)]
+    top = CM.Topology.of(max(ranks), per_node)
+    curve = {a: [CM.priced()[a](profile, s, top, wl.itemsize).total_s for s in sizes]
+             for a in CM.priced()}
+    return {
+        "profile": profile.name, "workload": wl.name, "params": wl.params,
+        "buckets": wl.buckets, "batch_per_rank": batch, "strong_batch": strong_batch,
+        "ranks": ranks, "ranks_per_node": per_node, "rows": rows,
+        "crossovers": {
+            "bucket_bytes": bucket,
+            "ring_latency_reaches_bandwidth_at": lat,
+            "software_reaches_bandwidth_at": soft,
+            "hierarchical_beats_ring_from": hier,
+            "parameter_server": ps,
+        },
+        "allreduce_at_max_ranks": {"ranks": max(ranks), "sizes": sizes, "seconds": curve},
+    }
+
+
+def format_predict(res: dict) -> str:
+    lines = [f"cost model: profile {res['profile']!r}, {res['workload']}, "
+             f"{len(res['buckets'])} bucket(s), batch {res['batch_per_rank']} per rank (weak), "
+             f"{res['ranks_per_node']} ranks per node"]
+    strong = res.get("strong_batch")
+    hdr = (f"{'strategy':<17} {'ranks':>5} {'step ms':>9} {'compute':>8} {'comm ms':>9} "
+           f"{'exposed':>9} {'link MB':>8} {'NIC MB':>8} {'mem MB':>7} {'weak eff':>8}"
+           + (f" {'strong eff':>10}" if strong else "") + "  allreduce")
+    lines += [hdr, "-" * len(hdr)]
+    for r in res["rows"]:
+        lines.append(
+            f"{r['strategy']:<17} {r['ranks']:>5} {1e3 * r['step_s']:>9.2f} {1e3 * r['compute_s']:>8.2f} "
+            f"{1e3 * r['comm_s']:>9.2f} {1e3 * r['exposed_s']:>9.2f} {r['link_bytes'] / 1e6:>8.2f} "
+            f"{r['inter_bytes_node'] / 1e6:>8.2f} {r['memory_bytes'] / 1e6:>7.1f} "
+            f"{r['weak_efficiency']:>8.1%}"
+            + (f" {r['strong_efficiency']:>10.1%}" if strong else "") + f"  {r['algorithms']}")
+    c = res["crossovers"]
+    mb = c["bucket_bytes"] / 2**20
+    lines.append("")
+    lines.append(f"crossovers (bucket of {mb:.2f} MiB, {res['ranks_per_node']} ranks per node):")
+    lines.append(f"  ring wire latency 2(N-1) alpha >= its bandwidth time from N = "
+                 f"{c['ring_latency_reaches_bandwidth_at'] or 'beyond 2^20'}")
+    lines.append(f"  hpcdp's software (per message, per call) >= bandwidth "
+                 f"time from N = {c['software_reaches_bandwidth_at'] or 'beyond 2^20'}")
+    lines.append(f"  hierarchical allreduce faster than the flat ring from N = "
+                 f"{c['hierarchical_beats_ring_from'] or 'never in this range'}")
+    for label, v in c["parameter_server"].items():
+        lines.append(f"  {label}: servers keep up with compute up to N = {v['keeps_up_until'] or '-'}, "
+                     f"stop keeping up at N = {v['stops_at'] or 'beyond this range'}")
+    lines.append("columns: link MB = bytes the busiest rank sends + receives per step; NIC MB = "
+                 "bytes through the busiest node's NICs per step; mem = params + grads + "
+                 "optimizer state per rank")
+    return "\n".join(lines)
+
+
+def plot_predict(res: dict, path: Path) -> str | None:
+    from hpcdp.scale.report import NO_MATPLOTLIB, pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    by = {}
+    for r in res["rows"]:
+        by.setdefault(r["strategy"], []).append(r)
+    for name, rows in by.items():
+        ks = [r["ranks"] for r in rows]
+        axes[0].plot(ks, [100 * r["weak_efficiency"] for r in rows], marker="o", ms=3, label=name)
+        axes[1].plot(ks, [1e3 * r["step_s"] for r in rows], marker="o", ms=3, label=name)
+    c = res["crossovers"]
+    for ax in axes[:2]:
+        ax.set_xscale("log", base=2)
+        for key, style in (("ring_latency_reaches_bandwidth_at", ":"),
+                           ("hierarchical_beats_ring_from", "--")):
+            if c[key]:
+                ax.axvline(c[key], color="gray", ls=style, lw=0.8)
+    axes[0].set(xlabel="ranks", ylabel="weak efficiency %", title="weak scaling (model)")
+    axes[1].set(xlabel="ranks", ylabel="ms per step", yscale="log", title="step time (model)")
+    cur = res["allreduce_at_max_ranks"]
+    for a, ts in cur["seconds"].items():
+        axes[2].plot(cur["sizes"], [1e3 * t for t in ts], marker=".", label=a)
+    axes[2].set(xscale="log", yscale="log", xlabel="allreduce bytes", ylabel="ms",
+                title=f"allreduce at {cur['ranks']} ranks (model)")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"profile {res['profile']}: {res['workload']}, batch {res['batch_per_rank']} per rank; "
+                 "dotted: ring latency = bandwidth; dashed: hierarchical beats ring", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def run(args) -> dict:
+    from hpcdp.config import load_config
+    from hpcdp.comm.cost import load_profile
+    from hpcdp.scale.model import workload_from_config
+
+    if not args.profile:
+        raise SystemExit("hpcdp scale --predict: --profile P is required (a TOML file, or a "
+                         "shipped name such as example-cluster)")
+    try:
+        profile = load_profile(args.profile)
+    except ValueError as e:
+        raise SystemExit(f"hpcdp scale --predict: --profile: {e}") from None
+    cfg = load_config(args.config, args.set or [])
+    wl = workload_from_config(cfg)
+    ranks = expand_ranks(args.ranks)
+    batch = args.batch or cfg.train.global_batch
+    studies = [s.strip() for s in args.study.split(",")]
+    strong = batch * max(ranks) if "strong" in studies else None
+    res = predict(profile, wl, ranks, batch, _strategies(args.strategies),
+                  args.ranks_per_node or None, strong)
+    res.update(config=str(args.config), date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    out = Path(args.out or f"runs/predict-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    from hpcdp.scale.report import write_outputs
+    write_outputs(out, "predict", format_predict(res), res, plot_predict)
+    return res

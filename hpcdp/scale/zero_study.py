@@ -1,0 +1,199 @@
+"""ZeRO studies for ``hpcdp scale``: model-state memory per rank against the formulas,
+and the step time of DDP and ZeRO stages 1-3 in one run.
+
+``hpcdp scale --study memory --config jobs/gpt_ddp.toml --ranks 1,2,3,4``: for every
+rank count N and every strategy (ddp, zero1, zero2, zero3) one ``mpiexec -n N hpcdp
+train`` child job (a few steps), whose metrics.jsonl gives each rank's model state as
+counted by the backend's tagged allocations (parameters, gradients, optimizer state),
+the peak including the working buffers, and the peak RSS. Beside each measured figure:
+the formula (:func:`hpcdp.memcheck.state_bytes`, the ownership rule for one group: with
+fp32 and AdamW 16 Psi, 4 Psi + 4 Psi + 8 Psi / N, 4 Psi + 12 Psi / N, 16 Psi / N).
+Outputs: memory.json, memory.txt (the table), memory.png (model state per rank vs N,
+measured points on the formula lines).
+
+``hpcdp scale --study zero-step --config jobs/gpt_ddp.toml --ranks 2,4 --repeats 3``:
+the four strategies at each rank count, interleaved round by round (load drift on a
+shared machine hits all alike), each point keeping its fastest round; reported: the
+median step time after ``--warmup``, its ratio to DDP at the same N, bytes sent per step,
+the exposed reduce-scatter time and the time blocked on parameter all-gathers.
+Outputs: zero_step.json, zero_step.txt.
+Rank counts above the CPU count are marked oversubscribed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+STRATEGIES = {
+    "ddp": ['parallel.strategy="ddp"'],
+    "zero1": ['parallel.strategy="zero"', "parallel.zero.stage=1"],
+    "zero2": ['parallel.strategy="zero"', "parallel.zero.stage=2"],
+    "zero3": ['parallel.strategy="zero"', "parallel.zero.stage=3"],
+}
+STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+MEM_KEYS = ("mem_params_bytes", "mem_grads_bytes", "mem_optim_bytes", "mem_persistent_bytes",
+            "mem_working_peak_bytes", "mem_peak_bytes", "rss_peak_bytes")
+MIB = float(1 << 20)
+
+
+def _child(args, strategy: str, k: int, out: Path) -> dict:
+    """One ``hpcdp train`` job through scale.run_point, with the strategy's overrides."""
+    from hpcdp.scale import study as scale
+
+    sub = copy.copy(args)
+    sub.set = list(args.set or []) + STRATEGIES[strategy]
+    batch = args.batch or _cfg(args).train.global_batch
+    point = scale.run_point(sub, k, batch, "bucketed", out / strategy)
+    rows = [json.loads(x) for x in (out / strategy / f"bucketed-n{k}-b{batch}" / "metrics.jsonl")
+            .read_text().splitlines()]
+    steps = [r for r in rows if "step" in r]
+    last = steps[-1]["ranks"]
+    point.update(strategy=strategy, **{key: last[key] for key in MEM_KEYS})
+    waits = [sum(r["ranks"]["gather_wait_s"]) / len(r["ranks"]["gather_wait_s"])
+             for r in steps[args.warmup:] if "gather_wait_s" in r["ranks"]]
+    point["gather_wait_s"] = statistics.median(waits) if waits else 0.0
+    return point
+
+
+def _cfg(args):
+    from hpcdp.config import load_config
+    return load_config(args.config, args.set or [])
+
+
+def _oversubscribed(k: int) -> bool:
+    return k > (os.cpu_count() or 1)
+
+
+def memory_study(args, ranks: list[int]) -> dict:
+    import numpy as np
+
+    from hpcdp.memcheck import optim_slots, state_bytes
+    from hpcdp.nn import build_model
+
+    cfg = _cfg(args)
+    psi = build_model(cfg.model, dtype=cfg.run.dtype, storage=()).flat.numel
+    itemsize, slots = np.dtype(cfg.run.dtype).itemsize, optim_slots(cfg.optim)
+    out = _out_dir(args, "memory")
+    points = []
+    for k in ranks:
+        for strategy in STRATEGIES:
+            p = _child(args, strategy, k, out)
+            p["formula_bytes"] = [state_bytes(STAGE[strategy], [(0, psi)], k, r, itemsize, slots)["total"]
+                                  for r in range(k)]
+            points.append(p)
+            print(f"  {strategy:<6} n={k}: model state {np.mean(p['mem_persistent_bytes']) / MIB:8.2f} MiB "
+                  f"per rank (formula {np.mean(p['formula_bytes']) / MIB:8.2f}), peak "
+                  f"{np.mean(p['mem_peak_bytes']) / MIB:8.2f} MiB", flush=True)
+    result = {"study": "memory", "config": str(args.config), "params": psi, "dtype": cfg.run.dtype,
+              "optimizer": cfg.optim.kind, "ranks": ranks, "points": points, "cpus": os.cpu_count(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": os.getloadavg()}
+    (out / "memory.json").write_text(json.dumps(result, indent=1))
+    table = memory_table(result)
+    (out / "memory.txt").write_text(table + "\n")
+    print(table)
+    _plot_memory(result, out / "memory.png")
+    print(f"  wrote {out}")
+    return result
+
+
+def memory_table(result: dict) -> str:
+    """Per strategy and N: rank-mean model state measured vs formula, the worst rank's
+    deviation, peak with working buffers, peak RSS (MiB)."""
+    import numpy as np
+
+    lines = [f"{'strategy':<8} {'ranks':>5} {'state MiB':>10} {'formula':>9} {'max dev':>8} "
+             f"{'peak MiB':>9} {'working':>8} {'RSS MiB':>8}"]
+    for p in result["points"]:
+        meas, form = np.array(p["mem_persistent_bytes"]), np.array(p["formula_bytes"], dtype=float)
+        dev = np.max(np.abs(meas - form) / form)
+        lines.append(f"{p['strategy']:<8} {p['ranks']:>5} {meas.mean() / MIB:>10.3f} {form.mean() / MIB:>9.3f} "
+                     f"{100 * dev:>7.2f}% {np.mean(p['mem_peak_bytes']) / MIB:>9.3f} "
+                     f"{np.mean(p['mem_working_peak_bytes']) / MIB:>8.3f} "
+                     f"{np.mean(p['rss_peak_bytes']) / MIB:>8.1f}"
+                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
+    return "\n".join(lines)
+
+
+def _plot_memory(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("  (matplotlib missing: no PNG; pip install 'hpcdp[plot]')")
+        return
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for strategy, color in zip(STRATEGIES, ("C0", "C1", "C2", "C3")):
+        pts = [p for p in result["points"] if p["strategy"] == strategy]
+        ks = [p["ranks"] for p in pts]
+        ax.plot(ks, [np.mean(p["formula_bytes"]) / MIB for p in pts], "-", color=color, alpha=0.6,
+                label=f"{strategy} formula")
+        ax.plot(ks, [np.mean(p["mem_persistent_bytes"]) / MIB for p in pts], "o", color=color,
+                label=f"{strategy} measured")
+        ax.plot(ks, [np.mean(p["mem_peak_bytes"]) / MIB for p in pts], "x", color=color, alpha=0.7)
+    ax.set_xlabel("ranks N")
+    ax.set_ylabel("model state per rank (MiB); x: peak with working buffers")
+    ax.set_title(f"{result['config']}: {result['params']:,} parameters, {result['dtype']}, "
+                 f"{result['optimizer']}", fontsize=9)
+    ax.set_xticks(sorted({p["ranks"] for p in result["points"]}))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def step_study(args, ranks: list[int]) -> dict:
+    out = _out_dir(args, "zero-step")
+    best: dict = {}
+    for rnd in range(max(args.repeats, 1)):
+        for k in ranks:
+            for strategy in STRATEGIES:
+                p = _child(args, strategy, k, out)
+                key = (strategy, k)
+                if key not in best or p["step_time_s"] < best[key]["step_time_s"]:
+                    best[key] = p
+                print(f"  round {rnd + 1} {strategy:<6} n={k}: {1e3 * p['step_time_s']:8.2f} ms/step",
+                      flush=True)
+    points = [best[(s, k)] for k in ranks for s in STRATEGIES]
+    for p in points:
+        p["vs_ddp"] = p["step_time_s"] / best[("ddp", p["ranks"])]["step_time_s"]
+    result = {"study": "zero-step", "config": str(args.config), "ranks": ranks, "repeats": args.repeats,
+              "steps": args.steps, "warmup": args.warmup, "points": points, "cpus": os.cpu_count(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": os.getloadavg()}
+    (out / "zero_step.json").write_text(json.dumps(result, indent=1))
+    lines = [f"{'strategy':<8} {'ranks':>5} {'step ms':>9} {'/ ddp':>6} {'sent kB/step':>13} "
+             f"{'exposed ms':>11} {'gather wait ms':>15}"]
+    for p in points:
+        lines.append(f"{p['strategy']:<8} {p['ranks']:>5} {1e3 * p['step_time_s']:>9.2f} {p['vs_ddp']:>6.2f} "
+                     f"{p['bytes_sent'] / 1e3:>13.1f} {1e3 * p['comm_exposed_s']:>11.2f} "
+                     f"{1e3 * p['gather_wait_s']:>15.2f}"
+                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
+    table = "\n".join(lines)
+    (out / "zero_step.txt").write_text(table + "\n")
+    print(table)
+    print(f"  wrote {out}")
+    return result
+
+
+def _out_dir(args, name: str) -> Path:
+    out = Path(args.out or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def run_from_scale(args, ranks: list[int]) -> dict:
+    """``hpcdp scale --study memory|zero-step`` (the hookup in hpcdp/scale/study.py)."""
+    if args.steps <= args.warmup:
+        raise SystemExit(f"hpcdp scale: --steps {args.steps} must exceed --warmup {args.warmup}")
+    return memory_study(args, ranks) if args.study == "memory" else step_study(args, ranks)
+
+
+__all__ = ["memory_study", "step_study", "memory_table", "run_from_scale", "STRATEGIES"]

@@ -1,0 +1,216 @@
+"""The import rules of docs/architecture.md, checked on the source (no imports run).
+
+The layers are listed once, in the table of docs/architecture.md ("Layers"); this test
+parses it. Every import of a ``hpcdp`` module (top-level or inside a function, relative
+or absolute) is an edge between two parts (a folder of hpcdp/, or a top-level module).
+The test fails on a part missing from the table, on an edge from a lower layer to a
+higher one, on a circle between parts (of any layers), and on a private name (``_x``)
+imported from another part.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Imports allowed to break the rules: none. (A pair here would be skipped; keep it empty.)
+PENDING: set[tuple[str, str]] = set()
+# Parts the layer table names before they exist: none.
+PENDING_PARTS: set[str] = set()
+PKG = ROOT / "hpcdp"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def layer_table() -> dict[str, int]:
+    """part -> layer number, from the table between the layer markers of the doc."""
+    text = DOC.read_text()
+    m = re.search(r"<!-- layers -->(.*?)<!-- /layers -->", text, re.S)
+    assert m, f"{DOC}: no <!-- layers --> ... <!-- /layers --> table"
+    layers: dict[str, int] = {}
+    for line in m.group(1).splitlines():
+        row = re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line)
+        if not row:
+            continue
+        for part in re.findall(r"`([a-z_]+)/?`", row.group(2)):
+            assert part not in layers, f"{DOC}: {part} is listed in two layers"
+            layers[part] = int(row.group(1))
+    assert layers, f"{DOC}: the layer table has no rows"
+    return layers
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def part_of(module: str) -> str:
+    """``hpcdp.comm.ring`` -> ``comm``; ``hpcdp.train`` -> ``train``; ``hpcdp`` -> ``hpcdp``."""
+    bits = module.split(".")
+    return bits[1] if len(bits) > 1 else "hpcdp"
+
+
+def imports_of(path: Path, modules: set[str]):
+    """(target module, names imported, line) for every hpcdp import in the file."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "hpcdp":
+                    yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "hpcdp":
+                continue
+            names = [a.name for a in node.names]
+            yield target, names, node.lineno
+            for name in names:  # ``from hpcdp.comm import volume``: the submodule too
+                if f"{target}.{name}" in modules:
+                    yield f"{target}.{name}", [], node.lineno
+
+
+@functools.lru_cache(maxsize=1)
+def edges() -> tuple:
+    files = sorted(PKG.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    out = []
+    for f in files:
+        me = module_name(f)
+        for target, names, line in imports_of(f, modules):
+            if (me, target) in PENDING:
+                continue
+            out.append((me, target, tuple(names), f"{f.relative_to(ROOT)}:{line}"))
+    return tuple(out)
+
+
+def test_every_part_of_the_package_is_in_the_layer_table():
+    layers = layer_table()
+    parts = {part_of(module_name(f)) for f in PKG.rglob("*.py")}
+    missing = sorted(parts - set(layers))
+    assert not missing, (f"parts of hpcdp missing from the layer table of {DOC.name}: {missing}; "
+                         "add each to the layer it belongs to")
+    gone = sorted(set(layers) - parts - PENDING_PARTS)
+    assert not gone, f"the layer table of {DOC.name} names parts that do not exist: {gone}"
+
+
+def test_no_import_runs_up_a_layer():
+    layers = layer_table()
+    bad = []
+    for me, target, _, where in edges():
+        a, b = part_of(me), part_of(target)
+        if a != b and layers.get(b, -1) > layers.get(a, -1):
+            bad.append(f"{where}: {me} (layer {layers.get(a)}) imports {target} (layer {layers.get(b)})")
+    assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components with more than one node (the circles)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_strongly_connected_finds_a_circle_and_nothing_else():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_circle_between_parts():
+    graph: dict[str, set[str]] = {}
+    where: dict[tuple, str] = {}
+    for me, target, _, at in edges():
+        a, b = part_of(me), part_of(target)
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+            where.setdefault((a, b), f"{at} ({me} -> {target})")
+    circles = strongly_connected(graph)
+    lines = []
+    for comp in circles:
+        lines.append(f"circle {' <-> '.join(comp)}:")
+        lines += [f"  {where[(a, b)]}" for a in comp for b in comp if (a, b) in where]
+    assert not circles, "imports that close a circle between parts:\n" + "\n".join(lines)
+
+
+def test_no_private_name_is_imported_from_another_part():
+    bad = []
+    for me, target, names, where in edges():
+        if part_of(me) == part_of(target):
+            continue
+        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        if private or any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:]):
+            bad.append(f"{where}: {me} imports {', '.join(private) or target} from {target}")
+    assert not bad, "private names used across parts (add a public hook there):\n" + "\n".join(bad)
+
+
+def test_no_private_name_of_another_part_is_used_through_its_module():
+    """``import hpcdp.x.y as m`` / ``from hpcdp.x import y`` then ``m._name`` counts as well."""
+    files = sorted(PKG.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    bad = []
+    for f in files:
+        me = module_name(f)
+        aliases = {}
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in modules and a.asname:
+                        aliases[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hpcdp"):
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in modules:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                target = aliases[node.value.id]
+                if part_of(target) != part_of(me) and (me, target) not in PENDING:
+                    bad.append(f"{f.relative_to(ROOT)}:{node.lineno}: {me} uses {target}.{node.attr}")
+    assert not bad, "private names used across parts (add a public hook there):\n" + "\n".join(bad)
+
+
+def test_the_rules_see_lazy_relative_and_package_imports():
+    """The walker finds imports inside functions, relative ones and ``from pkg import mod``."""
+    found = {(m, t) for m, t, _, _ in edges()}
+    assert ("hpcdp.cli", "hpcdp.launch") in found  # inside a function
+    assert ("hpcdp.comm.cost", "hpcdp.comm.volume") in found  # from hpcdp.comm import volume
+    assert any(m.startswith("hpcdp.io.") and t == "hpcdp.io.errors" for m, t in found)  # relative
