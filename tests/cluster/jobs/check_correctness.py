@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.comm import all_gather, allreduce, reduce_scatter
-from hpcdp.comm.auto import ALGORITHMS
+from hpcdp.comm.algorithms import names
 from hpcdp.shard import shard_range
 
 pytestmark = pytest.mark.mpi
@@ -54,7 +54,7 @@ def _close(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * max(1.0, np.abs(want).max(initial=0)))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS["allreduce"])
+@pytest.mark.parametrize("algorithm", names("allreduce"))
 def test_allreduce_equals_mpi(comm, algorithm):
     if algorithm == "hierarchical" and not EVEN:
         with pytest.raises(ValueError, match="same number"):
@@ -70,7 +70,7 @@ def test_allreduce_equals_mpi(comm, algorithm):
         assert np.array_equal(allreduce(x.copy(), comm=comm, algorithm=algorithm, op="max"), ref_max)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS["reduce_scatter"])
+@pytest.mark.parametrize("algorithm", names("reduce_scatter"))
 def test_reduce_scatter_and_all_gather_equal_mpi(comm, algorithm):
     N, rank = comm.Get_size(), comm.Get_rank()
     for i, n in enumerate(SIZES):
@@ -135,14 +135,14 @@ def _ps_layouts():
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("servers,colocated", _ps_layouts())
 def test_parameter_server_follows_one_rank(mode, servers, colocated):
-    from hpcdp.strategies.ps import ParameterServer
+    from hpcdp.strategies.ps import ParameterServer, PSConfig
     from test_ps_support import reference, same_on_all, train, world
 
     w = world()
     # async with staleness 0 applies every gradient of a step before the next pull:
     # the synchronous result, bit for bit (tests/mpi/test_ps_async.py)
-    ps = ParameterServer(servers=servers, colocated=colocated, mode=mode,
-                         **({"staleness": 0} if mode == "async" else {}))
+    ps = ParameterServer(PSConfig(servers=servers, colocated=colocated, mode=mode,
+                                  **({"staleness": 0} if mode == "async" else {})))
     got, _ = train(ps, w, optim="adamw")
     workers = list(ps.roles.workers)
     if not colocated:
@@ -155,11 +155,11 @@ def test_parameter_server_follows_one_rank(mode, servers, colocated):
 def test_async_parameter_server_with_staleness_trains_on_every_worker():
     """Staleness 2: workers may run ahead; every gradient is applied once, none staler
     than 2 (the bound holds across the link)."""
-    from hpcdp.strategies.ps import ParameterServer
+    from hpcdp.strategies.ps import ParameterServer, PSConfig
     from test_ps_async import gathered_staleness
     from test_ps_support import train, world
 
-    ps = ParameterServer(1, False, "async", staleness=2)
+    ps = ParameterServer(PSConfig(servers=1, colocated=False, mode="async", staleness=2))
     steps = 6
     got, _ = train(ps, world(), steps=steps)
     st = gathered_staleness(MPI.COMM_WORLD, ps)
