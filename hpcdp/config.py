@@ -107,6 +107,9 @@ class ModelConfig:
     # Targets equal to this id are left out of the loss (padding), or "none"; the
     # loss is the mean over the other positions, as PyTorch's ignore_index.
     ignore_index: int | str = "none"
+    # Start from these weights instead of the random init (hpcdp/io/init_from.py): a
+    # Hugging Face GPT-2 folder or an hpcdp .safetensors file; "" = random init.
+    init_from: str = ""
 
     def __post_init__(self):
         s = self.SECTION
@@ -155,6 +158,7 @@ class DataConfig:
     storage: str = "auto"  # disk: read each step's samples; memory: read whole; auto: disk unless npz
     prefetch: bool = True  # on-disk data: read the next step's batch while this step computes
     eval_windows: int = 256  # tokens: validation windows per evaluation; 0: every non-overlapping one
+    tokenizer: str = ""  # tokens: the tokenizer.json data.path must have been made with ("": any)
     # synthetic datasets
     n_samples: int = 4096
     # synthetic_classification
@@ -182,6 +186,9 @@ class DataConfig:
             raise ConfigError(f"{s}.storage: 'disk' works for data.kind 'hdf5', 'npy' and 'tokens'; "
                               f"{self.kind!r} is read whole (use 'auto' or 'memory')")
         _range(s, "eval_windows", self.eval_windows, 0)
+        if self.tokenizer and self.kind != "tokens":
+            raise ConfigError(f"{s}.tokenizer: only a token corpus (data.kind = \"tokens\") has a tokenizer; "
+                              f"data.kind is {self.kind!r}: leave data.tokenizer empty")
         for key in ("x_key", "y_key"):
             if not getattr(self, key):
                 raise ConfigError(f"{s}.{key}: must be a non-empty dataset name")

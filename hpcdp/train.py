@@ -158,6 +158,11 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
         checks.setup()
     with stage(world.comm, "strategy setup", timeout=setup_s, skew=schedule_differences) as agreed:
         strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
+        init_line = None
+        if cfg.model.init_from and not resume:  # weights made elsewhere; --resume wins
+            from hpcdp.io.init_from import init_from
+            init_line = init_from(cfg.model.init_from, strategy, flat, cfg.model, world.comm,
+                                  corpus_tokenizer=ds.info.get("tokenizer"), timeout=setup_s)
         exact = None
         if cfg.train.reproducible == "exact":  # bit-identical weights for any N (hpcdp/exact/)
             from hpcdp.exact.mode import ExactMode
@@ -211,6 +216,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
                                                f"{floor:.4f} nats" if floor is not None else ""))
         if exact is not None:
             writer.log(exact.describe())
+        if init_line:
+            writer.log(init_line)
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
                    f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
                    f"{total} steps of {cfg.train.global_batch} samples ({batches.batches_per_epoch} per epoch)")

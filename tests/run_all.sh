@@ -15,6 +15,9 @@
 #   6. parallel HDF5 - the shared-layout checkpoint tests on 2-4 ranks of Debian's
 #                    Open MPI, in a second venv (.venv-phdf5) with h5py built for MPI
 #                    (.ci/parallel-hdf5.sh --test: apt-get as root, ~3 min the first time)
+#   6. transformers - hpcdp's GPT against transformers' GPT2LMHeadModel both ways
+#                    (export, model.init_from, a BPE tokenizer) with PyTorch CPU in a third
+#                    venv, test-only (tests/hf/setup_venv_hf.sh: .venv-hf, ~5 min the first time)
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +60,10 @@ esac
 
 echo "== parallel HDF5 checkpoints (Open MPI + h5py mpio, a second venv)"
 bash .ci/parallel-hdf5.sh --test || failed+=(parallel-hdf5)
+
+echo "== transformers interop (PyTorch CPU + transformers in .venv-hf)"
+{ bash tests/hf/setup_venv_hf.sh &&
+  HPCDP_HF_PYTHON=.venv-hf/bin/python timeout 900 "$PY" -m pytest tests/hf -q -p no:cacheprovider; } || failed+=(transformers)
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED groups: ${failed[*]}"

@@ -4,6 +4,7 @@
     hpcdp ckpt info CKPT [--config]      run state, tensors and where each piece lives
     hpcdp ckpt verify PATH...            every checksum of every checkpoint named
     hpcdp ckpt export CKPT OUT [--optimizer]   weights to one plain .h5 or .npz file
+    hpcdp ckpt export CKPT OUT --format safetensors|hf-gpt2   for other tools (hpcdp/io/export.py)
 
 Exit status of ``verify``: 0 every checkpoint is sound, 1 a problem was found (each
 is printed), 2 a path is not a checkpoint. The other commands: 0, or 2 on an error.
@@ -94,14 +95,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from hpcdp.io.commit import marker_problem
-    from hpcdp.io.inspect import export
+    from hpcdp.io.export import export_any
 
-    problem = marker_problem(args.ckpt)
-    if problem:
-        raise CheckpointError(f"{args.ckpt}: {problem}")
-    n = export(args.ckpt, args.out, optimizer=args.optimizer)
-    print(f"wrote {n} tensors to {args.out}")
+    print(export_any(args.ckpt, args.out, args.format, optimizer=args.optimizer))
     return OK
 
 
@@ -115,9 +111,12 @@ def main(argv=None) -> int:
     q.add_argument("--config", action="store_true", help="also print the resolved config")
     q = sub.add_parser("verify", help="check every SHA-256 (exit 0 sound, 1 corrupt, 2 not a checkpoint)")
     q.add_argument("paths", nargs="+")
-    q = sub.add_parser("export", help="weights to one plain .h5 or .npz file")
+    q = sub.add_parser("export", help="weights to one .h5, .npz or .safetensors file, or a transformers folder")
     q.add_argument("ckpt")
     q.add_argument("out")
+    from hpcdp.io.export import FORMATS
+    q.add_argument("--format", choices=FORMATS,
+                   help="default: from OUT's suffix; hf-gpt2: a folder GPT2LMHeadModel.from_pretrained loads")
     q.add_argument("--optimizer", action="store_true", help="also export the optimizer state")
     args = p.parse_args(argv)
     try:

@@ -1,8 +1,10 @@
 """``hpcdp data``: make and inspect token corpora.
 
     hpcdp data prepare --text FILE_OR_DIR [...] --out corpus.h5 [--glob '*.py'] [--exclude NAME]
-                       [--tokenizer byte|char] [--val-fraction 0.1] [--seed 0]
+                       [--tokenizer byte|char|tokenizer.json] [--val-fraction 0.1] [--seed 0]
     hpcdp data prepare --python-stdlib --out pysource.h5     the standard library's .py files
+    hpcdp data train-tokenizer --text FILE_OR_DIR [...] --vocab-size V --out tokenizer.json
+                       [--glob '*.py'] [--exclude NAME] [--min-frequency 2]   a byte-level BPE
     hpcdp data info corpus.h5
 """
 
@@ -28,8 +30,9 @@ def _prepare(argv) -> int:
     p.add_argument("--exclude", action="append", default=[], metavar="NAME",
                    help="skip files and folders matching this name pattern (repeatable); names starting "
                    "with '.' are always skipped")
-    p.add_argument("--tokenizer", default="byte", choices=("byte", "char"),
-                   help="byte: 256 byte values (default, any file); char: the corpus's characters (UTF-8)")
+    p.add_argument("--tokenizer", default="byte", metavar="byte|char|FILE.json",
+                   help="byte: 256 byte values (default, any file); char: the corpus's characters (UTF-8); "
+                   "a Hugging Face tokenizer.json (hpcdp[tokenizer]; hpcdp data train-tokenizer makes one)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens held out for validation")
     p.add_argument("--seed", type=int, default=0, help="seed of the file split")
     args = p.parse_args(argv)
@@ -75,9 +78,38 @@ def _info(argv) -> int:
     return 0
 
 
+def _train_tokenizer(argv) -> int:
+    from hpcdp.data.bpe import train_bpe
+    from hpcdp.data.prepare import collect_files
+
+    p = argparse.ArgumentParser(prog="hpcdp data train-tokenizer",
+                                description="Train a byte-level BPE tokenizer.json on text files (offline).")
+    p.add_argument("--text", nargs="+", required=True, metavar="PATH", help="text files and/or folders (walked)")
+    p.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary (>= 257)")
+    p.add_argument("--out", required=True, help="the tokenizer.json to write")
+    p.add_argument("--glob", default="*", help="file name pattern inside folders (default '*')")
+    p.add_argument("--exclude", action="append", default=[], metavar="NAME",
+                   help="skip files and folders matching this name pattern (repeatable)")
+    p.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often")
+    args = p.parse_args(argv)
+    files = collect_files(args.text, args.glob, args.exclude)
+
+    def texts():
+        for path, name in files:
+            try:
+                yield path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"--text: {name} is not UTF-8 ({e}); leave it out with --exclude") from None
+
+    tok = train_bpe(texts(), args.vocab_size, args.out, min_frequency=args.min_frequency)
+    print(f"wrote {args.out}: byte-level BPE, vocabulary {tok.vocab_size}, trained on {len(files)} file(s)\n"
+          f"use it: hpcdp data prepare --text ... --tokenizer {args.out} --out corpus.h5", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"prepare": _prepare, "info": _info}
+    commands = {"prepare": _prepare, "info": _info, "train-tokenizer": _train_tokenizer}
     if not argv or argv[0] not in commands:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2

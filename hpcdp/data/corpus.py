@@ -68,7 +68,17 @@ def open_corpus(path: Path):
         raise DataError(f"data.path: {path} has corpus format version {version}; this hpcdp reads "
                         f"up to {FORMAT_VERSION}: upgrade hpcdp or prepare the corpus again")
     kind = f.attrs["tokenizer"]
-    tok = Tokenizer(kind.decode() if isinstance(kind, bytes) else str(kind), f["vocab"][()])
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    try:
+        if kind == "hf":  # a Hugging Face tokenizer.json, stored in the corpus (hpcdp.data.bpe)
+            from .bpe import HFTokenizer
+            text = f["tokenizer_json"][()]
+            tok = HFTokenizer(text.decode() if isinstance(text, bytes) else str(text), f"data.path: {path}")
+        else:
+            tok = Tokenizer(kind, f["vocab"][()])
+    except DataError:
+        f.close()
+        raise
     if int(f.attrs["vocab_size"]) != tok.vocab_size:
         f.close()
         raise DataError(f"data.path: {path}: vocab_size attribute {int(f.attrs['vocab_size'])} "
@@ -76,11 +86,35 @@ def open_corpus(path: Path):
     return f, tok
 
 
+def tokenizer_mismatch(tok, path, wanted: str) -> str | None:
+    """Why the corpus ``path`` (tokenizer ``tok``) was not made with the tokenizer.json
+    ``wanted`` (``data.tokenizer``), or None."""
+    from .bpe import tokenizer_sha256
+
+    try:
+        text = Path(wanted).read_text(encoding="utf-8")
+    except OSError as e:
+        return f"data.tokenizer: {wanted}: cannot read it ({e.strerror or e})"
+    if getattr(tok, "sha256", None) is None:
+        return (f"data.tokenizer: {path} was made with the {tok.kind} tokenizer, not {wanted}: prepare it "
+                f"with hpcdp data prepare --tokenizer {wanted}")
+    if tokenizer_sha256(text) != tok.sha256:
+        return (f"data.tokenizer: {path} was made with another tokenizer than {wanted} (sha256 "
+                f"{tok.sha256[:12]}... vs {tokenizer_sha256(text)[:12]}...): prepare it again with "
+                f"--tokenizer {wanted}, or set data.tokenizer to the one it was made with")
+    return None
+
+
 def load_corpus_dataset(cfg, T: int, comm=None, timeout=None) -> Dataset:
     """Windows of ``T + 1`` tokens of the corpus ``cfg.path``; collective over ``comm`` if given."""
     check_same_files([("data.path", cfg.path)], comm, timeout)
     path = Path(cfg.path)
     f, tok = open_corpus(path)
+    wanted = getattr(cfg, "tokenizer", "")
+    problem = tokenizer_mismatch(tok, path, wanted) if wanted else None
+    if problem:
+        f.close()
+        raise DataError(problem)
     splits = {}
     for split in ("train", "val"):
         arr = open_h5_dataset(f, f"{split}/tokens", "path", path)

@@ -1,10 +1,14 @@
 """``hpcdp data prepare``: text files -> a tokenized HDF5 corpus (the format ``data.kind = "tokens"`` reads).
 
-Format (HDF5, readable with plain h5py; version 1)::
+Format (HDF5, readable with plain h5py; version 1, or 2 with a tokenizer.json)::
 
     /                 attrs: format = "hpcdp-tokens", format_version = 1, tokenizer ("byte" | "char"),
                              vocab_size, val_fraction, seed, n_files
     /vocab            int64 (vocab_size,): byte value (byte) or code point (char) of each token id
+                      (hf: 0 .. vocab_size - 1)
+    version 2 (tokenizer = "hf", a Hugging Face tokenizer.json, hpcdp.data.bpe) adds
+                      attrs tokenizer_sha256 (of the canonical JSON), tokenizer_source (file name)
+    /tokenizer_json   UTF-8 string: the tokenizer.json itself (what decodes the corpus)
     /train/tokens     uint8 | uint16 | uint32 (n,): the training files' tokens, concatenated
     /train/doc_starts int64 (files,): where each file's tokens start in /train/tokens
     /train/doc_names  UTF-8 strings (files,): each file's path, relative to the folder it was found in
@@ -34,7 +38,7 @@ import numpy as np
 from . import DataError
 from .tokenizer import TOKENIZERS, Tokenizer
 
-FORMAT, FORMAT_VERSION = "hpcdp-tokens", 1
+FORMAT, FORMAT_VERSION = "hpcdp-tokens", 2  # the newest version read; byte/char corpora are written as 1
 
 
 def stdlib_dir() -> Path:
@@ -91,14 +95,22 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
     """Tokenize ``files`` into the corpus ``out`` (see the module docstring); returns a summary."""
     import h5py
 
-    if tokenizer not in TOKENIZERS:
-        raise DataError(f"--tokenizer: {tokenizer!r} is not allowed; choose one of {', '.join(TOKENIZERS)}")
+    if tokenizer not in TOKENIZERS and not str(tokenizer).endswith(".json"):
+        raise DataError(f"--tokenizer: {tokenizer!r} is not allowed; choose one of {', '.join(TOKENIZERS)} "
+                        "or a tokenizer.json file")
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"--val-fraction: {val_fraction} is out of range; allowed [0, 1)")
     t0 = time.perf_counter()
     out = Path(out)
     # Pass 1: sizes (and the character set for char), so datasets are contiguous and exact.
-    if tokenizer == "byte":
+    encoded = {}  # hf: every file's ids, encoded once
+    if tokenizer not in TOKENIZERS:
+        from .bpe import HFTokenizer
+        tok = HFTokenizer.from_file(tokenizer)
+        for i, (p, name) in enumerate(files):
+            encoded[i] = tok.encode(_read_utf8(p, name, "a tokenizer.json tokenizer"), name)
+        lengths = [len(encoded[i]) for i in range(len(files))]
+    elif tokenizer == "byte":
         tok = Tokenizer.byte()
         lengths = [p.stat().st_size for p, _ in files]
     else:
@@ -113,6 +125,7 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
         tok = Tokenizer.char_from_text(chars)
     keep = [i for i, n in enumerate(lengths) if n > 0]
     files, lengths = [files[i] for i in keep], [lengths[i] for i in keep]
+    encoded = {j: encoded[i] for j, i in enumerate(keep) if i in encoded}
     if not files:
         raise DataError("--text: every file is empty")
     val = _split_files(lengths, val_fraction, seed)
@@ -123,10 +136,14 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, "tokenizer": tokenizer,
+            f.attrs.update({"format": FORMAT, "format_version": 1, "tokenizer": tok.kind,
                             "vocab_size": tok.vocab_size, "val_fraction": float(val_fraction),
                             "seed": int(seed), "n_files": len(files)})
             f.create_dataset("vocab", data=tok.vocab)
+            if tok.kind == "hf":
+                f.attrs.update({"format_version": 2, "tokenizer_sha256": tok.sha256,
+                                "tokenizer_source": Path(tokenizer).name})
+                f.create_dataset("tokenizer_json", data=tok.json, dtype=h5py.string_dtype())
             for split, is_val in (("train", False), ("val", True)):
                 if one_file_cut:
                     idx, n_tok = [0], (lengths[0] - n_cut if is_val else n_cut)
@@ -137,8 +154,8 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
                 starts, names, pos = [], [], 0
                 for i in idx:
                     path, name = files[i]
-                    ids = (tok.encode_bytes(path.read_bytes(), name) if tokenizer == "byte"
-                           else tok.encode(_read_utf8(path, name), name))
+                    ids = (encoded[i] if i in encoded else tok.encode_bytes(path.read_bytes(), name)
+                           if tokenizer == "byte" else tok.encode(_read_utf8(path, name), name))
                     if one_file_cut:
                         ids = ids[n_cut:] if is_val else ids[:n_cut]
                     if len(ids) != (n_tok if one_file_cut else lengths[i]):
@@ -157,14 +174,15 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
         if tmp.exists():
             tmp.unlink()
     n_val = sum(lengths[i] for i in range(len(files)) if val[i]) if not one_file_cut else lengths[0] - n_cut
-    return {"out": str(out), "files": len(files), "tokenizer": tokenizer, "vocab_size": tok.vocab_size,
+    return {"out": str(out), "files": len(files), "tokenizer": tokenizer if tok.kind != "hf" else
+            f"{Path(tokenizer).name} (hf)", "vocab_size": tok.vocab_size,
             "train_tokens": sum(lengths) - n_val, "val_tokens": n_val,
             "seconds": time.perf_counter() - t0}
 
 
-def _read_utf8(path: Path, name: str) -> str:
+def _read_utf8(path: Path, name: str, who: str = "the char tokenizer") -> str:
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"--text: {name} is not UTF-8 ({e}); the char tokenizer needs UTF-8 text, "
+        raise DataError(f"--text: {name} is not UTF-8 ({e}); {who} needs UTF-8 text, "
                         "the byte tokenizer takes any file (--tokenizer byte)") from None

@@ -19,6 +19,8 @@
 - checkpointer.py  what train.py calls;  cli.py  `hpcdp ckpt ls|info|verify|export`
 - weights.py     a checkpoint's weights into a model built from its config, one process
                  (`hpcdp sample --resume`)
+- export.py      `hpcdp ckpt export --format h5|npz|safetensors|hf-gpt2`; hf_gpt2.py  transformers'
+                 GPT2LMHeadModel layout; init_from.py  `model.init_from` (weights made elsewhere)
 
 Importing this package imports nothing heavy (h5py is imported by the modules
 that write or read files).
