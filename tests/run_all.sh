@@ -11,11 +11,11 @@
 #                    starts a one-node Slurm on loopback unless one answers)
 #   5. tests/cluster - an emulated cluster: nodes are network namespaces joined by veth
 #                    links (tests/run_cluster.sh: as root; iproute2 installed if missing;
-#                    every namespace, link and hosts line removed at the end), ~4 min
+#                    every namespace, link and hosts line removed at the end), ~3 min
 #   6. parallel HDF5 - the shared-layout checkpoint tests on 2-4 ranks of Debian's
 #                    Open MPI, in a second venv (.venv-phdf5) with h5py built for MPI
 #                    (.ci/parallel-hdf5.sh --test: apt-get as root, ~3 min the first time)
-#   6. transformers - hpcdp's GPT against transformers' GPT2LMHeadModel both ways
+#   7. transformers - hpcdp's GPT against transformers' GPT2LMHeadModel both ways
 #                    (export, model.init_from, a BPE tokenizer) with PyTorch CPU in a third
 #                    venv, test-only (tests/hf/setup_venv_hf.sh: .venv-hf, ~5 min the first time)
 # Exit status is non-zero if any group failed; every group runs regardless.
