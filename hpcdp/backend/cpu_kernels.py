@@ -34,7 +34,7 @@ _GELU_C = 0.044715
 # per element in a numba loop, which cannot vectorize transcendentals without SVML);
 # the polynomial before it and the products after it are plain loops that LLVM
 # vectorizes. Three passes over the array instead of one, still ~10x faster.
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gelu_inner(x, u):
     """u <- s (x + c x^3) (the tanh argument)."""
     for i in range(x.size):
@@ -42,14 +42,14 @@ def gelu_inner(x, u):
         u[i] = _GELU_S * (v + _GELU_C * v * v * v)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gelu_outer(x, t, y):
     """y <- 0.5 x (1 + t), t = tanh(u)."""
     for i in range(x.size):
         y[i] = 0.5 * x[i] * (1.0 + t[i])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gelu_bwd_t(x, t, gy, gx):
     """gx <- gy * d GELU/dx given t = tanh(u):
     0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 c x^2)."""
@@ -66,14 +66,14 @@ _RSQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gelu_exact(x, y):
     for i in range(x.size):
         v = x[i]
         y[i] = 0.5 * v * (1.0 + math.erf(v * _RSQRT2))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gelu_exact_bwd(x, gy, gx):
     """gx <- gy * (Phi(x) + x phi(x))."""
     for i in range(x.size):
@@ -84,7 +84,7 @@ def gelu_exact_bwd(x, gy, gx):
 # Row softmax in three passes: an njit pass writes x - rowmax, NumPy's SIMD np.exp
 # exponentiates in place (numba's scalar exp costs ~4 ns/element, np.exp ~0.4 in
 # float32), an njit pass divides by the row sums.
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def shift_rows_by_max(x, y):
     n, c = x.shape
     for i in range(n):
@@ -96,7 +96,7 @@ def shift_rows_by_max(x, y):
             y[i, j] = x[i, j] - m
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def normalize_rows(y):
     n, c = y.shape
     for i in range(n):
@@ -108,7 +108,7 @@ def normalize_rows(y):
             y[i, j] *= inv
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def softmax_bwd_rows(y, gy, gx):
     n, c = y.shape
     for i in range(n):
@@ -119,7 +119,7 @@ def softmax_bwd_rows(y, gy, gx):
             gx[i, j] = y[i, j] * (gy[i, j] - dot)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def log_softmax_rows(x, y):
     n, c = x.shape
     for i in range(n):
@@ -135,7 +135,7 @@ def log_softmax_rows(x, y):
             y[i, j] = x[i, j] - lse
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def log_softmax_bwd_rows(y, gy, gx):
     n, c = y.shape
     for i in range(n):
@@ -146,7 +146,7 @@ def log_softmax_bwd_rows(y, gy, gx):
             gx[i, j] = gy[i, j] - math.exp(y[i, j]) * s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def cross_entropy_fwd(logits, targets, probs, ignore, use_ignore):
     """probs <- softmax(logits); returns the mean of -log p[target] (float64) over the
     rows whose target is not ``ignore`` (when ``use_ignore``); 0.0 if none counts."""
@@ -174,7 +174,7 @@ def cross_entropy_fwd(logits, targets, probs, ignore, use_ignore):
     return total / counted if counted else 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def cross_entropy_bwd(probs, targets, scale, gx, ignore, use_ignore):
     """gx <- scale * (probs - onehot(target)) / counted rows; ignored rows get 0."""
     n, c = probs.shape
@@ -195,7 +195,7 @@ def cross_entropy_bwd(probs, targets, scale, gx, ignore, use_ignore):
         gx[i, targets[i]] -= k
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def layernorm_fwd(x, w, b, eps, y, mean, rstd):
     n, c = x.shape
     for i in range(n):
@@ -214,7 +214,7 @@ def layernorm_fwd(x, w, b, eps, y, mean, rstd):
             y[i, j] = (x[i, j] - mu) * r * w[j] + b[j]
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def layernorm_bwd(gy, x, w, mean, rstd, gx, gw, gb):
     """gw, gb must be zeroed float64 accumulators of length c."""
     n, c = x.shape
@@ -238,7 +238,7 @@ def layernorm_bwd(gy, x, w, mean, rstd, gx, gw, gb):
             gx[i, j] = r * (gy[i, j] * w[j] - sg - xhat * sgx)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def embedding_bwd(gy, ids, out):
     """out (V, D) zeroed; rows of gy added at ids in order: deterministic."""
     n, d = gy.shape
@@ -248,7 +248,7 @@ def embedding_bwd(gy, ids, out):
             out[row, j] += gy[i, j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sgd_momentum(p, g, buf, lr, momentum, wd, nesterov):
     for i in range(p.size):
         d = g[i] + wd * p[i]
@@ -261,13 +261,13 @@ def sgd_momentum(p, g, buf, lr, momentum, wd, nesterov):
         p[i] -= lr * d
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sgd_plain(p, g, lr, wd):
     for i in range(p.size):
         p[i] -= lr * (g[i] + wd * p[i])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def adamw(p, g, m, v, decay, a, b1, omb1, b2, omb2, ic2, eps):
     """p <- p*decay - a*m' / (sqrt(v'*ic2) + eps) with m', v' the updated moments.
 
@@ -287,7 +287,7 @@ def adamw(p, g, m, v, decay, a, b1, omb1, b2, omb2, ic2, eps):
 _write_group = make_group_writer(njit)  # the same source the CUDA kernel compiles
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dropout_mask(out, samples, per, step, layer, k0, k1, thr, keep, drop):
     """Flat mask of len(samples) rows of ``per`` elements: element j of row b is
     ``keep`` or ``drop`` from Philox at counter (j // 4, samples[b], step, layer),
@@ -299,7 +299,7 @@ def dropout_mask(out, samples, per, step, layer, k0, k1, thr, keep, drop):
             _write_group(out, b * per, g, per, s, step, layer, k0, k1, thr, keep, drop)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def causal_fill(x, value, y):
     """y[b, i, j] = x[b, i, j] for j <= i, else value; x, y (batch, T1, T2)."""
     nb, t1, t2 = x.shape

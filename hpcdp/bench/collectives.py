@@ -91,6 +91,8 @@ def _parser():
     p.add_argument("--repeats", type=int, default=5,
                    help="rounds, >= 1; each round times every algorithm in turn, the table shows "
                         "the median round (robust to other jobs on a shared machine)")
+    p.add_argument("--engine", default=None, choices=("python", "compiled"),
+                   help="the ring's engine (default: HPCDP_COMM_ENGINE, else python)")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
     return p
 
@@ -195,6 +197,11 @@ def run(args) -> list[dict]:
     comm = MPI.COMM_WORLD
     N, rank = comm.Get_size(), comm.Get_rank()
     get_context(comm)
+    from hpcdp.comm.compiled import active_engine, set_engine
+
+    if args.engine is not None:
+        set_engine(comm, args.engine)
+    engine = active_engine(comm)
     dtype, seg = opts["dtype"], opts["seg"]
     sizes = []
     s = max(opts["lo"], dtype.itemsize)
@@ -207,7 +214,7 @@ def run(args) -> list[dict]:
         if rank == 0:
             load = os.getloadavg()
             print(f"# hpcdp bench collectives: {collective}, {N} ranks, {dtype.name}, out of place, "
-                  f"segment {human(seg)}B, MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}, "
+                  f"segment {human(seg)}B, engine {engine}, MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}, "
                   f"load average {load[0]:.2f}")
             print(f"{'size':>8} {'algorithm':>10} {'time_us':>11} {'algbw_GB/s':>11} "
                   f"{'busbw_GB/s':>11} {'vs_mpi':>7}")
@@ -231,7 +238,7 @@ def run(args) -> list[dict]:
                     print(f"{human(nbytes):>8} {algo:>10} {t * 1e6:11.2f} {algbw:11.3f} "
                           f"{algbw * factor:11.3f} {t / t_mpi:7.2f}", flush=True)
     if rank == 0 and args.json:
-        meta = {"world_size": N, "dtype": dtype.name, "segment_bytes": seg,
+        meta = {"world_size": N, "dtype": dtype.name, "segment_bytes": seg, "engine": engine,
                 "collectives": list(opts["collectives"]),
                 "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_"),
                 "MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),

@@ -18,6 +18,8 @@ microseconds per call:
   call took before the lean path;
 - ``hpcdp recursive doubling`` (allreduce only) and ``hpcdp ring``: hpcdp's own
   algorithms on point-to-point messages;
+- ``hpcdp ring, compiled engine``: the same ring run by hpcdp.comm.compiled (when
+  this MPI can be bound);
 - ``hpcdp auto, debug mode``: plus the fingerprint all-to-all of ``HPCDP_DEBUG=1``.
 
 The differences are the price of each layer. Rank 0 prints the median and the
@@ -77,22 +79,28 @@ def _layers(comm, name, a, b, chunk):
     if name == "allreduce":
         rows = [("MPI blocking", lambda: comm.Allreduce([a, T], [b, T], MPI.SUM)),
                 ("MPI non-blocking + Test loop", lambda: spin(comm.Iallreduce([a, T], [b, T], MPI.SUM)))]
-        call = lambda **kw: C.allreduce(a, b, comm=comm, **kw)  # noqa: E731
+        call = lambda comm=comm, **kw: C.allreduce(a, b, comm=comm, **kw)  # noqa: E731
     elif name == "reduce_scatter":
         rows = [("MPI blocking", lambda: comm.Reduce_scatter([a, T], [chunk, T], counts, MPI.SUM)),
                 ("MPI non-blocking + Test loop",
                  lambda: spin(comm.Ireduce_scatter([a, T], [chunk, T], counts, MPI.SUM)))]
-        call = lambda **kw: C.reduce_scatter(a, chunk, comm=comm, **kw)  # noqa: E731
+        call = lambda comm=comm, **kw: C.reduce_scatter(a, chunk, comm=comm, **kw)  # noqa: E731
     else:
         rows = [("MPI blocking", lambda: comm.Allgatherv([chunk, T], [b, counts, displs, T])),
                 ("MPI non-blocking + Test loop",
                  lambda: spin(comm.Iallgatherv([chunk, T], [b, counts, displs, T])))]
-        call = lambda **kw: C.all_gather(chunk, b, comm=comm, **kw)  # noqa: E731
+        call = lambda comm=comm, **kw: C.all_gather(chunk, b, comm=comm, **kw)  # noqa: E731
     rows += [("hpcdp auto", lambda: call()),
              ("hpcdp native, general request", lambda: call(algorithm="native", max_message_bytes=split))]
     if name == "allreduce":
         rows.append(("hpcdp recursive doubling", lambda: call(algorithm="recursive")))
     rows.append(("hpcdp ring", lambda: call(algorithm="ring")))
+    from hpcdp.comm.compiled import active_engine, set_engine
+
+    compiled = comm.Dup()  # the same calls on a communicator whose ring runs compiled
+    set_engine(compiled, "compiled")
+    if active_engine(compiled) == "compiled":
+        rows.append(("hpcdp ring, compiled engine", lambda: call(algorithm="ring", comm=compiled)))
 
     ctx = get_context(comm)
 

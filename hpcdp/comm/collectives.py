@@ -29,7 +29,8 @@ from hpcdp.comm.debug import debug_check
 from hpcdp.comm.native import native_all_gather, native_reduce_scatter
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
-from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES, RingRequest
+from hpcdp.comm.compiled.engine import blocking_call, ring_request
+from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 from hpcdp.shard import shard_range
 
 _KINDS = "fiu"
@@ -176,9 +177,9 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
         out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
         if out is not None:
             return out
-    return iallreduce(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
-                      segment_bytes=segment_bytes, timeout=timeout,
-                      max_message_bytes=max_message_bytes).wait()
+    return blocking_call(iallreduce, sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm,
+                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
+                         max_message_bytes=max_message_bytes).wait()
 
 
 # -- reduce-scatter ------------------------------------------------------------
@@ -238,14 +239,13 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
         req.result = result
         return req
     if in_place:
-        return RingRequest(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
-                           op=op, phases=("rs",), segment_bytes=segment_bytes,
-                           max_message_bytes=max_message_bytes, result=result)
-    req = RingRequest(ctx, "reduce_scatter", call, ledger, timeout, work=None,
-                      src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
-                      max_message_bytes=max_message_bytes, result=result)
-    req._final_copy = (out, req.work[off:off + size])
-    return req
+        return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
+                            op=op, phases=("rs",), segment_bytes=segment_bytes,
+                            max_message_bytes=max_message_bytes, result=result)
+    return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=None,
+                        src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
+                        max_message_bytes=max_message_bytes, result=result,
+                        final_out=(out, off, size))
 
 
 def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
@@ -255,9 +255,9 @@ def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", l
         out = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
         if out is not None:
             return out
-    return ireduce_scatter(sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm, ledger=ledger,
-                           segment_bytes=segment_bytes, timeout=timeout,
-                           max_message_bytes=max_message_bytes).wait()
+    return blocking_call(ireduce_scatter, sendbuf, recvbuf, comm=comm, op=op,
+                         algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                         timeout=timeout, max_message_bytes=max_message_bytes).wait()
 
 
 # -- all-gather ----------------------------------------------------------------
@@ -310,9 +310,9 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         full[off:off + size] = chunk
     if ctx.size == 1 or n == 0:
         return DoneRequest(ctx, "all_gather", call, ledger, result)
-    return RingRequest(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
-                       op=None, phases=("ag",), segment_bytes=segment_bytes,
-                       max_message_bytes=max_message_bytes, result=result)
+    return ring_request(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
+                        op=None, phases=("ag",), segment_bytes=segment_bytes,
+                        max_message_bytes=max_message_bytes, result=result)
 
 
 def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
@@ -322,6 +322,6 @@ def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
         if out is not None:
             return out
-    return iall_gather(sendbuf, recvbuf, comm=comm, algorithm=algorithm, ledger=ledger,
-                       segment_bytes=segment_bytes, timeout=timeout,
-                       max_message_bytes=max_message_bytes).wait()
+    return blocking_call(iall_gather, sendbuf, recvbuf, comm=comm, algorithm=algorithm,
+                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
+                         max_message_bytes=max_message_bytes).wait()

@@ -244,7 +244,10 @@ def expected_bytes(n: int, N: int, rank: int, itemsize: int,
 
 
 def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
-    """The registered start of the ring allreduce (hpcdp.comm.algorithms)."""
-    return RingRequest(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
-                       phases=("rs", "ag"), segment_bytes=segment_bytes,
-                       max_message_bytes=max_message_bytes, result=result)
+    """The registered start of the ring allreduce (hpcdp.comm.algorithms), on the
+    context's engine (hpcdp.comm.compiled.engine: this RingRequest or the compiled one)."""
+    from hpcdp.comm.compiled.engine import ring_request
+
+    return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
+                        phases=("rs", "ag"), segment_bytes=segment_bytes,
+                        max_message_bytes=max_message_bytes, result=result)

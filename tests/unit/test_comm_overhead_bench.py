@@ -12,9 +12,10 @@ import pytest
 LAYERS = {
     "allreduce": ["MPI blocking", "MPI non-blocking + Test loop", "hpcdp auto",
                   "hpcdp native, general request", "hpcdp recursive doubling", "hpcdp ring",
-                  "hpcdp auto, debug mode"],
+                  "hpcdp ring, compiled engine", "hpcdp auto, debug mode"],
     "all_gather": ["MPI blocking", "MPI non-blocking + Test loop", "hpcdp auto",
-                   "hpcdp native, general request", "hpcdp ring", "hpcdp auto, debug mode"],
+                   "hpcdp native, general request", "hpcdp ring", "hpcdp ring, compiled engine",
+                   "hpcdp auto, debug mode"],
 }
 
 

@@ -36,10 +36,12 @@ def _job():
         abort_job(7)  # after the launcher has read the line above (hpcdp.failure.ranks)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "recursive"])
-def test_rank_that_never_calls_ends_the_job(algorithm):
+@pytest.mark.parametrize("algorithm,engine", [("ring", "python"), ("recursive", "python"),
+                                              ("ring", "compiled")])
+def test_rank_that_never_calls_ends_the_job(algorithm, engine):
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")  # this Python's MPI first
-    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               HPCDP_COMM_ENGINE=engine)
     start = time.monotonic()
     proc = subprocess.run([mpiexec, "-n", "3", sys.executable, __file__, algorithm, "2"],
                           capture_output=True, text=True, timeout=50, env=env)
@@ -48,7 +50,9 @@ def test_rank_that_never_calls_ends_the_job(algorithm):
     assert proc.returncode != 0, out
     assert "ranks [2] never arrived" in out, out
     assert "timed out after 2s" in out, out
-    assert elapsed < 40, f"took {elapsed:.0f}s"
+    # the compiled engine's first use on a fresh clone compiles it (about 5 s per rank
+    # per dtype, three ranks on two cores) before the collective that times out
+    assert elapsed < (90 if engine == "compiled" else 40), f"took {elapsed:.0f}s"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,275 @@
+"""CompiledRingRequest: hpcdp.comm.ring's RingRequest with its loop in compiled code.
+
+Same constructor, same results, same ledger, same timeouts: ``test()`` runs the
+compiled passes once, ``wait()`` runs them in a nogil loop until done or the
+deadline (then the missing-rank diagnosis, hpcdp.comm.diagnose, as for every
+request), and a non-blocking request is also handed to the rank's progress thread
+(hpcdp.comm.compiled.progress), which advances it while the training thread
+computes. A per-request lock makes exactly one thread advance it at a time;
+``wait()`` asks the progress thread to hand over (``ST_STOP``) and then drives
+the request itself at full speed.
+
+Plans (the chunk/segment layout and the dependency rules of hpcdp.comm.ring) are
+built once per (length, world, rank, segment, phases, in-place) and cached on the
+communicator's context; a call copies the plan's template into fresh state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcdp.comm.compiled import kernels as K
+from hpcdp.comm.diagnose import peer_failed
+from hpcdp.comm.errors import CommError
+from hpcdp.comm.requests import Request
+from hpcdp.shard import shard_bounds
+
+COPY = 1
+BACKOFF_US = 256  # the progress thread's longest sleep between fruitless passes
+_MAX_PLANS = 256
+
+
+class Plan:
+    """The per-shape part of a compiled ring (see module docstring)."""
+
+    def __init__(self, ctx, n, seg, phases, same, itemsize, engine):
+        N, r = ctx.size, ctx.rank
+        bounds = shard_bounds(n, N)
+        off = np.array([o for o, _ in bounds], dtype=np.int64)
+        size = np.array([s for _, s in bounds], dtype=np.int64)
+        nseg = -(-size // seg)
+        steps = []
+        if "rs" in phases:
+            steps += [((r - t - 1) % N, (r - t - 2) % N, K.REDUCE) for t in range(N - 1)]
+        if "ag" in phases:
+            steps += [((r - u) % N, (r - u - 1) % N, COPY) for u in range(N - 1)]
+        T = len(steps)
+        S = max(1, int(nseg.max()) if N else 1)
+        self.T, self.S = T, S
+        self.mc = int(size.max()) if N else 0
+        self.has_rs = "rs" in phases and N > 1 and self.mc > 0
+        sec = {}
+        pos = K.P_LEN
+        for name, length in (("st", K.ST_LEN), ("steps", 4 * T), ("off", N), ("size", N),
+                             ("nseg", N), ("rst", T * S), ("sst", T * S), ("copy", T * S),
+                             ("rmeta", T * S), ("smeta", T * S), ("rnext", T), ("snext", T)):
+            sec[name] = (pos, pos + length)
+            pos += length
+        I = np.zeros(pos, dtype=np.int64)
+        P = I[:K.P_LEN]
+        b = engine.binding
+        P[[K.P_N, K.P_T, K.P_S, K.P_SEG, K.P_ITEM, K.P_LEFT, K.P_RIGHT, K.P_MC]] = \
+            (N, T, S, seg, itemsize, (r - 1) % N, (r + 1) % N, self.mc)
+        P[K.P_LAST_RS] = (N - 2) if "rs" in phases else -1
+        P[[K.F_ISEND, K.F_IRECV, K.F_TESTSOME, K.F_IPROBE, K.F_CLOCK, K.F_USLEEP, K.F_YIELD]] = (
+            b.isend, b.irecv, b.testsome, b.iprobe, b.clock_gettime, b.usleep, b.sched_yield)
+        self.handle_values = [b.handle(ctx.data), b.handle(ctx.ctrl), b.handle(MPI.BYTE)]
+        P[K.P_STATUS_TAG], P[K.P_HSIZE], P[K.P_ANY] = ctx.status_tag, b.handle_size, b.any_source
+        P[K.P_BACKOFF] = BACKOFF_US
+        for key, slot in (("st", K.O_ST), ("steps", K.O_STEPS), ("off", K.O_OFF),
+                          ("size", K.O_SIZE), ("nseg", K.O_NSEG), ("rst", K.O_RST),
+                          ("sst", K.O_SST), ("copy", K.O_COPY), ("rmeta", K.O_RMETA),
+                          ("smeta", K.O_SMETA), ("rnext", K.O_RNEXT), ("snext", K.O_SNEXT)):
+            P[slot] = sec[key][0]
+        P[K.O_END] = pos
+
+        def view(key):
+            a, z = sec[key]
+            return I[a:z]
+
+        st = view("st")
+        if T:
+            sa = view("steps").reshape(T, 4)
+            sa[:, :3] = steps
+        view("off")[:], view("size")[:], view("nseg")[:] = off, size, nseg
+        rst, sst, copy = view("rst"), view("sst"), view("copy")
+        copy[:] = -1
+        if T:
+            sst[:nseg[steps[0][0]]] = 1
+        rs_send_step = {sc: t for t, (sc, _, kind) in enumerate(steps) if kind == K.REDUCE}
+        for t, (_, rc, kind) in enumerate(steps):
+            for k in range(nseg[rc]):
+                if kind == K.REDUCE:
+                    if t < 2 or k >= nseg[steps[t - 2][1]]:
+                        rst[t * S + k] = 1
+                else:
+                    ts = rs_send_step.get(rc)
+                    if ts is None or (ts == 0 and not same):
+                        rst[t * S + k] = 1
+                    else:
+                        copy[ts * S + k] = t
+        st[K.ST_LEFT_RECV] = sum(int(nseg[rc]) for _, rc, _ in steps)
+        st[K.ST_LEFT_SEND] = sum(int(nseg[sc]) for sc, _, _ in steps)
+        self.template = I
+        self.tag_slice = slice(sec["steps"][0] + 3, sec["steps"][1], 4)
+        self.handles = 2 * T * S
+        self.handle_dtype = b.handle_dtype
+        self.request_null = b.request_null
+        self.status_bytes = K.TEST_WINDOW * b.status_size
+
+    def state(self, ctx, seq):
+        I = self.template.copy()
+        I[self.tag_slice] = (seq % ctx.seq_mod) * ctx.step_space + np.arange(self.T)
+        H = np.full(self.handles + 3, self.request_null, dtype=self.handle_dtype)
+        H[self.handles:] = self.handle_values  # K.H_COMM, K.H_CTRL, K.H_BYTE
+        X = np.zeros(K.TEST_WINDOW + 1, dtype=np.int32)
+        stat = np.zeros(self.status_bytes, dtype=np.uint8)
+        return I, H, X, stat
+
+
+def plan_for(ctx, engine, n, seg, phases, same, itemsize) -> Plan:
+    cache = ctx.__dict__.setdefault("compiled_plans", {})
+    key = (n, seg, phases, same, itemsize)
+    plan = cache.get(key)
+    if plan is None:
+        if len(cache) >= _MAX_PLANS:
+            cache.clear()
+        plan = cache[key] = Plan(ctx, n, seg, tuple(phases), same, itemsize, engine)
+    return plan
+
+
+class CompiledRingRequest(Request):
+    """A ring collective advanced by compiled code (module docstring). Takes
+    hpcdp.comm.ring.RingRequest's arguments plus the engine."""
+
+    def __init__(self, ctx, name, call, ledger, timeout, *, work, src, op, phases, engine,
+                 segment_bytes, max_message_bytes=None, result=None, final_out=None,
+                 background=True):
+        super().__init__(ctx, name, call, ledger, timeout, max_message_bytes)
+        self.engine = engine
+        self._own_scratch: list = []
+        if work is None:  # out-of-place reduce-scatter: chunks pass through a pooled scratch
+            work = self.scratch(src.size, src.dtype)
+        itemsize = work.dtype.itemsize
+        seg_bytes = self.max_bytes if segment_bytes is None else min(int(segment_bytes),
+                                                                    self.max_bytes)
+        if seg_bytes < 1:
+            raise ValueError(f"segment_bytes must be >= 1 (or None for whole chunks), got "
+                             f"{segment_bytes}")
+        seg = max(1, seg_bytes // itemsize)
+        plan = plan_for(ctx, engine, work.size, seg, tuple(phases), src is work, itemsize)
+        self.work, self.src, self.result = work, src, result
+        self._final_copy = None
+        if final_out is not None:
+            out, off, size = final_out
+            self._final_copy = (out, work[off:off + size])
+        tmp = self.scratch(2 * plan.mc, work.dtype) if plan.has_rs else work[:0]
+        self.I, self.H, self.X, self.stat = plan.state(ctx, self.seq)
+        P = self.I[:K.P_LEN]
+        if op is not None:
+            P[K.P_OP] = engine.op_code(op)
+            P[K.P_MEAN] = int(op.is_mean)
+        P[K.P_INT] = int(work.dtype.kind in "iu")
+        self.div = np.full(1, ctx.size, dtype=work.dtype)
+        self.tmp = tmp
+        self.views = (work, src, tmp)
+        if work.dtype == np.float16:  # computed on the bits (hpcdp.comm.compiled.kernels)
+            P[K.P_HALF] = 1
+            self.views = (work.view(np.uint16), src.view(np.uint16), tmp.view(np.uint16))
+            self.div = self.div.view(np.uint16)
+        self.st = self.I[P[K.O_ST]:P[K.O_ST] + K.ST_LEN]
+        self.left = (ctx.rank - 1) % ctx.size
+        self.lock = threading.Lock()
+        self._code = self._advance(K.ONCE, 0.0)
+        if self._code == K.DONE:
+            self._finish()
+        elif background:
+            engine.progress.submit(self)
+
+    def scratch(self, n: int, dtype) -> np.ndarray:
+        """Pooled scratch from the engine's own pool (under its lock): the progress
+        thread may complete this request and return the scratch while the training
+        thread takes buffers from the communicator's pool, which has no lock."""
+        dtype = np.dtype(dtype)
+        with self.engine.pool_lock:
+            raw = self.engine.pool.get(n * dtype.itemsize)
+        self._own_scratch.append(raw)
+        return raw[:n * dtype.itemsize].view(dtype)
+
+    # -- the compiled calls ----------------------------------------------------
+    def _advance(self, mode, deadline):
+        work, src, tmp = self.views
+        code = self.engine.advance(mode, deadline, self.I, self.H, work, src, tmp, self.div,
+                                   self.X, self.stat)
+        if code == K.FAILED:
+            self._failed()
+        return code
+
+    def _failed(self):
+        err = int(self.st[K.ST_ERR])
+        try:
+            text = MPI.Get_error_string(err)
+        except Exception:  # noqa: BLE001 - the code itself is the message then
+            text = "unknown error"
+        raise CommError(f"collective {self.name!r} (sequence number {self.seq}) on rank "
+                        f"{self.ctx.rank}: an MPI call in the compiled ring returned error "
+                        f"{err} ({text})")
+
+    def _finish(self):
+        """Complete once: the final copy, the ledger (hpcdp.comm.requests.Request)."""
+        if self.done:
+            return
+        st = self.st
+        self.sent_bytes, self.recv_bytes = int(st[K.ST_SENT_B]), int(st[K.ST_RECV_B])
+        self.sent_msgs, self.recv_msgs = int(st[K.ST_SENT_M]), int(st[K.ST_RECV_M])
+        if self._final_copy is not None:
+            dst, src = self._final_copy
+            dst[...] = src
+        self._complete()
+        with self.engine.pool_lock:
+            for raw in self._own_scratch:
+                self.engine.pool.put(raw)
+        self._own_scratch = []
+
+    def background_pass(self, deadline) -> int:
+        """The progress thread's turn (holding the lock): advance until done, the
+        deadline, or a waiting thread asks for the request."""
+        code = self._advance(K.BACKGROUND, deadline)
+        if code == K.DONE:
+            self._finish()
+        return code
+
+    # -- the request interface -------------------------------------------------
+    def test(self) -> bool:
+        if self.done:
+            return True
+        if self.lock.acquire(False):
+            try:
+                if not self.done and self._advance(K.ONCE, 0.0) == K.DONE:
+                    self._finish()
+            finally:
+                self.lock.release()
+            if self.done:
+                return True
+        self._polls += 1
+        if self._polls & 1023 == 0 and peer_failed(self.ctx):
+            raise self._timeout(self.timeout, joined=True)
+        return False
+
+    def wait(self, timeout: float | None = None):
+        if self.done:
+            return self.result
+        limit = self.timeout if timeout is None else float(timeout)
+        self.st[K.ST_STOP] = 1  # the progress thread hands over within one sleep
+        with self.lock:
+            if not self.done:
+                code = self._advance(K.BLOCK, time.monotonic() + limit)
+                if code == K.DONE:
+                    self._finish()
+                elif code == K.PEER:
+                    raise self._timeout(limit, joined=True)
+                else:
+                    raise self._timeout(limit)
+        return self.result
+
+    def _timeout(self, limit, joined=False):
+        from hpcdp.comm.diagnose import diagnose
+
+        waiting = {self.left} if int(self.st[K.ST_OPEN_R]) > 0 or int(self.st[K.ST_LEFT_RECV]) \
+            else set()
+        return diagnose(self.ctx, self.call, time.monotonic() - self.started, limit, waiting,
+                        joined=joined)

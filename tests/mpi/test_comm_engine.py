@@ -1,0 +1,183 @@
+"""The compiled engine (hpcdp.comm.compiled) against the Python ring, on real ranks.
+
+Both engines run the same calls on the same data; results must be equal byte for
+byte (every dtype, op, length class, in and out of place, pipelined segments and
+whole chunks), and so must the ledgers. Also: the engine really runs (not the
+fallback) on this MPI, the fallback when MPI cannot be bound, a rank that never
+arrives named from compiled code, and progress while the calling thread sleeps.
+"""
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from hpcdp.comm import CollectiveTimeout, Ledger, all_gather, allreduce, iallreduce, \
+    iall_gather, reduce_scatter
+from hpcdp.comm.compiled import active_engine, engine, set_engine
+from hpcdp.comm.compiled.request import CompiledRingRequest
+from hpcdp.shard import shard_range
+
+pytestmark = pytest.mark.mpi
+
+DTYPES = [np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
+          np.int64, np.uint64]
+OPS = ["sum", "mean", "max", "min"]
+
+
+def lengths(N):
+    return sorted({0, 1, max(N - 1, 1), N + 1, 13, 4099})
+
+
+def data(n, rank, dtype, salt=0):
+    rng = np.random.default_rng(1000 * rank + 7 * n + salt)
+    if np.dtype(dtype).kind == "f":
+        x = (rng.standard_normal(n) * 1e3).astype(dtype)
+        if n > 5:
+            x[3] = np.nan if rank == 1 else x[3]  # NaN from one rank: max/min propagate it
+        return x
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True)
+
+
+def run_all(comm, eng, dtype, n, seg):
+    """Every ring collective on ``eng``; returns (results, ledger totals)."""
+    set_engine(comm, eng)
+    rank, N = comm.Get_rank(), comm.Get_size()
+    ledger = Ledger()
+    out = {}
+    kw = dict(comm=comm, algorithm="ring", ledger=ledger, segment_bytes=seg)
+    for op in OPS:
+        x = data(n, rank, dtype)
+        out["ar", op] = allreduce(x.copy(), **kw, op=op).tobytes()
+        out["ar-out", op] = allreduce(x, np.empty_like(x), **kw, op=op).tobytes()
+        off, size = shard_range(n, N, rank)
+        out["rs", op] = reduce_scatter(x.copy(), **kw, op=op).tobytes()
+        out["rs-out", op] = reduce_scatter(x, np.empty(size, dtype), **kw, op=op).tobytes()
+    x = data(n, rank, dtype, salt=1)
+    off, size = shard_range(n, N, rank)
+    full = np.zeros(n, dtype)
+    full[off:off + size] = x[off:off + size]
+    out["ag"] = all_gather(full, **kw).tobytes()
+    out["ag-out"] = all_gather(x[off:off + size].copy(), np.zeros(n, dtype), **kw).tobytes()
+    set_engine(comm, "python")
+    return out, ledger.totals()
+
+
+def test_the_engine_binds_this_mpi(comm):
+    set_engine(comm, "compiled")
+    assert active_engine(comm) == "compiled", engine._STATE["why"]
+    set_engine(comm, "python")
+
+
+# every dtype with 256-byte segments (pipelining, many messages per chunk); whole chunks
+# (one message per step) for three
+CASES = [(d, 256) for d in DTYPES] + [(d, None) for d in (np.float32, np.float64, np.int64)]
+
+
+@pytest.mark.parametrize("dtype,seg", CASES,
+                         ids=[f"{np.dtype(d).name}-{'seg256' if s else 'whole'}" for d, s in CASES])
+def test_bitwise_equal_to_the_python_ring(comm, dtype, seg):
+    for n in lengths(comm.Get_size()):
+        ref, ref_ledger = run_all(comm, "python", dtype, n, seg)
+        got, got_ledger = run_all(comm, "compiled", dtype, n, seg)
+        bad = [k for k in ref if ref[k] != got[k]]
+        assert not bad, f"n={n}: {bad} differ"
+        assert got_ledger == ref_ledger, f"n={n}"
+
+
+def test_compiled_requests_run_for_the_compiled_dtypes(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: no ring runs")
+    set_engine(comm, "compiled")
+    try:
+        req = iallreduce(np.ones(1000, np.float32), comm=comm, algorithm="ring")
+        assert isinstance(req, CompiledRingRequest)
+        assert np.array_equal(req.wait(), np.full(1000, comm.Get_size(), np.float32))
+        half = iallreduce(np.ones(10, np.float16), comm=comm, algorithm="ring")
+        assert isinstance(half, CompiledRingRequest)  # float16: computed on its bits
+        half.wait()
+        custom = iallreduce(np.ones(10), comm=comm, algorithm="ring", op=lambda a, b: a + b)
+        assert not isinstance(custom, CompiledRingRequest)  # a callable op: the Python ring
+        custom.wait()
+    finally:
+        set_engine(comm, "python")
+
+
+def test_fallback_when_mpi_cannot_be_bound(comm, monkeypatch, caplog):
+    from hpcdp.comm.compiled import binding
+
+    def unknown_abi():
+        raise binding.Unbindable("unknown MPI ABI: handle sizes [2] bytes")
+
+    engine.forget()
+    monkeypatch.setattr(binding, "load", unknown_abi)
+    try:
+        set_engine(comm, "compiled")
+        with caplog.at_level(logging.WARNING, logger="hpcdp.comm"):
+            x = np.arange(50, dtype=np.float64) + comm.Get_rank()
+            a = allreduce(x.copy(), comm=comm, algorithm="ring")
+            b = allreduce(x.copy(), comm=comm, algorithm="ring")
+        assert active_engine(comm) == "python"
+        lines = [r.getMessage() for r in caplog.records if r.name == "hpcdp.comm"]
+        assert lines == ["hpcdp.comm: the compiled engine cannot bind this MPI (unknown MPI ABI: "
+                         "handle sizes [2] bytes); collectives run on the Python ring"]
+        set_engine(comm, "python")
+        assert a.tobytes() == b.tobytes() == allreduce(x.copy(), comm=comm,
+                                                       algorithm="ring").tobytes()
+    finally:
+        monkeypatch.undo()
+        engine.forget()
+        set_engine(comm, "python")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_that_never_arrives_is_named_from_compiled_code(comm):
+    sub = comm.Dup()  # the timeout marks its communicator failed: keep COMM_WORLD usable
+    rank, N = sub.Get_rank(), sub.Get_size()
+    set_engine(sub, "compiled")
+    allreduce(np.ones(4), comm=sub, algorithm="ring")  # everyone arrives here
+    if rank == N - 1:
+        time.sleep(4)  # never calls the next one
+    else:
+        # rank 0's deadline passes first; the others (N >= 3) join its diagnosis
+        # from their compiled wait loop (a peer's status message), long before theirs
+        limit = 1.0 if rank == 0 else 60.0
+        start = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as e:
+            allreduce(np.ones(1 << 16), comm=sub, algorithm="ring", timeout=limit)
+        assert e.value.missing == [N - 1], str(e.value)
+        assert f"ranks [{N - 1}] never arrived" in str(e.value)
+        assert time.monotonic() - start < 30
+        if rank != 0:
+            assert "another rank's deadline passed first" in str(e.value)
+    comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", ["time.sleep", "nogil kernel"])
+def test_done_when_the_caller_wakes_without_a_poll(comm, how):
+    """Started, then the caller sleeps: the progress thread completes it; no test() or
+    wait() is called before ``done`` is read."""
+    set_engine(comm, "compiled")
+    N = comm.Get_size()
+    try:
+        x = np.full(1 << 18, 1.0, np.float32)  # 1 MiB: several rendezvous messages
+        full = np.zeros(1 << 16, np.float64)
+        off, size = shard_range(full.size, N, comm.Get_rank())
+        full[off:off + size] = comm.Get_rank()
+        comm.Barrier()
+        reqs = [iallreduce(x, comm=comm, algorithm="ring", segment_bytes=1 << 16),
+                iall_gather(full, comm=comm, algorithm="ring")]
+        if how == "time.sleep":
+            time.sleep(2.0)
+        else:
+            engine.compiled_engine().sleep_us(2_000_000)
+        assert [r.done for r in reqs] == [True, True]
+        assert np.array_equal(x, np.full(x.size, N, np.float32))
+        want = np.concatenate([np.full(shard_range(full.size, N, p)[1], p, np.float64)
+                               for p in range(N)])
+        assert np.array_equal(full, want)
+    finally:
+        set_engine(comm, "python")
