@@ -445,13 +445,16 @@ class CheckpointConfig:
     final: bool = True       # also save after the last step
     on_signal: bool = True   # SIGTERM / SIGUSR1: finish the step, save, exit 0
     layout: str = "split"    # "split": one file per rank; "shared": one file (parallel HDF5)
-    asynchronous: bool = False  # copy to host memory, write in a background thread
+    asynchronous: bool = False  # copy to host memory, write in the background
+    writer: str = "process"  # asynchronous, layout "split": "process" (a helper process writes
+    #                          the rank file, off the training GIL) or "thread" (a thread of the rank)
 
     def __post_init__(self):
         s = self.SECTION
         _range(s, "every", self.every, 0)
         _range(s, "keep", self.keep, 0)
         _choice(s, "layout", self.layout, ("split", "shared"))
+        _choice(s, "writer", self.writer, ("process", "thread"))
 
     @property
     def enabled(self) -> bool:

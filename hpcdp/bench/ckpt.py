@@ -14,10 +14,20 @@ bytes / wall time of the slowest rank. Sizes: the largest GPT config shipped
 (``jobs/gpt_ddp.toml``; parameters + AdamW m and v) and a synthetic state of at
 least 1 GiB.
 
+Options: ``--io direct,buffered`` times the writer with O_DIRECT (where the file
+system takes it) and through the page cache (``HPCDP_CKPT_DIRECT=0``) in the same
+run; ``--restore replica`` restores the whole state on every rank (DDP's restore:
+1/M read per rank and shared, io/spread.py) and reports the bytes read over all
+ranks (the readers' counters and /proc/self/io); ``--dcp-python`` times PyTorch DCP
+(dcp_contender.py, with the Python of a venv that has torch) on the same state
+interleaved with ours; ``--sizes gpt25m`` is the 25 M-parameter GPT (8 blocks, 512
+wide).
+
 Stall. A real training loop (jobs/gpt_ddp.toml, DDP on 2 ranks, hpcdp.step.train_step)
 saving every K steps: the time of each save call (synchronous: the whole save;
-asynchronous: the host copy, the rest runs in a thread), and the steps that ran while
-a background write was in flight, against the median step without any save.
+asynchronous: the host copy, the rest runs in the background: ``--stall-modes``
+thread and/or process, checkpoint.writer), and the steps that ran while a background
+write was in flight, against the median step without any save.
 
 Layout "shared" needs h5py with MPI (``bash .ci/parallel-hdf5.sh``): run the bench
 from that venv for both layouts; from the main venv the shared rows say why they
@@ -37,9 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcdp.jobs import config_path
-
 import numpy as np
+
+from hpcdp.io.direct import ENV as DIRECT_ENV  # "0": the writer goes through the page cache
+from hpcdp.jobs import config_path
 
 GIB = 1 << 30
 OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -48,16 +59,22 @@ OMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1
 
 # -- the state being saved -------------------------------------------------------------
 
+# GPT states: jobs/gpt_ddp.toml as shipped, and widened to 25 M parameters (8 blocks of
+# width 512: 290 MiB with AdamW's m and v), the size the DCP comparison uses
+GPTS = {"gpt": {}, "gpt25m": {"n_layer": 8, "n_embd": 512, "n_head": 8}}
+
 def state_layout(size: str):
     """(layout: list of ParamSpec, dtype) of the state named ``size``."""
     from hpcdp.nn.params import ParamSpec
 
-    if size == "gpt":
+    if size in GPTS:
         import tomllib
 
         from hpcdp.config import config_from_dict
         from hpcdp.nn import build_model
-        cfg = config_from_dict(tomllib.loads(config_path("gpt_ddp.toml").read_text()))
+        raw = tomllib.loads(config_path("gpt_ddp.toml").read_text())
+        raw["model"].update(GPTS[size])
+        cfg = config_from_dict(raw)
         return list(build_model(cfg.model, dtype="float32").flat.layout), "float32"
     gib = float(size.removesuffix("GiB"))
     # 24 weight matrices of equal size, 3 buffers (param, m, v): >= gib GiB in all
@@ -142,25 +159,44 @@ def worker(args) -> None:
     comm.Barrier()
     # restore into live buffers, as a resumed run does (model and optimizer built):
     # touched memory, so the page faults of fresh allocations are not counted as reading
-    targets = [Piece(p.buffer, p.offset, np.full_like(p.array, np.nan)) for p in pieces]
+    # --restore replica: every rank restores the whole state (none, DDP, PS workers),
+    # which reads 1/M each and shares (io/spread.py); shard: each its own 1/R (ZeRO)
+    if args.restore == "replica":
+        numel = _numel(layout)
+        wanted = [Piece(p.buffer, 0, np.concatenate(comm.allgather(p.array))) for p in pieces]
+        assert all(w.size == numel for w in wanted)
+    else:
+        wanted = pieces
+    targets = [Piece(p.buffer, p.offset, np.full_like(p.array, np.nan)) for p in wanted]
     comm.Barrier()
+    io0 = _proc_read_bytes()
     t0 = time.perf_counter()
-    load(ckpt, targets, layout, expected, "adamw", comm, threads=threads)
+    _, got = load(ckpt, targets, layout, expected, "adamw", comm, threads=threads)
     t_read = time.perf_counter() - t0
     read_s = comm.allreduce(t_read, op=MPI.MAX)
-    same = all(np.array_equal(a.array, b.array) for a, b in zip(pieces, targets))
+    counted = comm.allreduce(int(got))
+    from_disk = comm.allreduce(_proc_read_bytes() - io0)
+    same = all(np.array_equal(a.array, b.array) for a, b in zip(wanted, targets))
     if not comm.allreduce(same, op=MPI.LAND):
         raise SystemExit("bench ckpt: the restored state differs from the saved one")
     comm.Barrier()
     if rank == 0:  # the driver copies the data files with dd, then removes the checkpoint
         data = sorted(str(f) for f in files if f.name.endswith(".h5") and f.name != "index.h5")
         print(json.dumps({"bytes": int(nbytes[0]), "write_s": write_s, "read_s": read_s, "root": str(root),
-                          "files": data}), flush=True)
+                          "files": data, "read_counted": counted, "read_from_disk": from_disk}), flush=True)
+
+
+def _proc_read_bytes() -> int:
+    """This process's bytes fetched from storage so far (/proc/self/io read_bytes)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
 
 
 # -- dd of the same bytes ----------------------------------------------------------------
 
-def dd_point(files, ranks: int, directory: Path) -> dict:
+def dd_point(files, ranks: int, directory: Path, direct: bool = False) -> dict:
     """``dd`` of the same bytes: R parallel ``dd conv=fsync`` copy the checkpoint's data
     files (one file each; the one shared file in R byte ranges) to new files on the
     same disk (the sources were just read: page cache), then, after eviction, R
@@ -192,16 +228,25 @@ def dd_point(files, ranks: int, directory: Path) -> dict:
     _evict(outs)
     read_s = run_all([["dd", f"if={o}", "of=/dev/null", "bs=4M"] for o in outs])
     nbytes = sum(n for _, _, n in jobs)
+    out = {"bytes": nbytes, "write_s": write_s, "read_s": read_s}
+    if direct:  # the disk without the page cache: dd oflag=direct (whole 4 MiB blocks; a tail is dropped)
+        for o in outs:
+            o.unlink()
+        counts = [n // (4 << 20) for _, _, n in jobs]
+        out["direct_bytes"] = sum(counts) * (4 << 20)
+        out["direct_write_s"] = run_all([["dd", f"if={f}", f"of={o}", "bs=4M", "iflag=skip_bytes", f"skip={lo}",
+                                          f"count={c}", "oflag=direct", "conv=fsync"]
+                                         for (f, lo, _), o, c in zip(jobs, outs, counts)])
     for o in outs:
         o.unlink()
-    return {"bytes": nbytes, "write_s": write_s, "read_s": read_s}
+    return out
 
 
-def _mpiexec(ranks: int, argv) -> dict:
+def _mpiexec(ranks: int, argv, extra_env=None) -> dict:
     from hpcdp.launch import child_env, hpcdp_command, mpiexec_command, run_child
 
     cmd = mpiexec_command(ranks, "hpcdp bench ckpt") + hpcdp_command("hpcdp.bench.ckpt") + list(argv)
-    proc = run_child(cmd, "hpcdp bench ckpt", 1800, child_env(OMPI_ROOT), tail=4000)
+    proc = run_child(cmd, "hpcdp bench ckpt", 1800, child_env({**OMPI_ROOT, **(extra_env or {})}), tail=4000)
     return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
 
 
@@ -217,25 +262,74 @@ def bandwidth(args) -> list:
                       f"docs/checkpoints.md)", flush=True)
                 continue
             for ranks in args.ranks:
-                ours, dds = [], []
-                for _ in range(args.repeat):  # interleaved: load drift hits both alike
-                    ours.append(_mpiexec(ranks, ["--worker", "--size", size, "--layout", layout,
-                                                 "--dir", str(directory)]))
-                    dds.append(dd_point(ours[-1]["files"], ranks, directory))
-                    shutil.rmtree(ours[-1]["root"], ignore_errors=True)
-                row = {"size": size, "layout": layout, "ranks": ranks, "bytes": ours[0]["bytes"]}
-                for what in ("write", "read"):
-                    t = statistics.median(o[f"{what}_s"] for o in ours)
-                    d = statistics.median(o[f"{what}_s"] for o in dds)
-                    row[f"{what}_MBps"] = row["bytes"] / t / 1e6
-                    row[f"dd_{what}_MBps"] = statistics.median(o["bytes"] for o in dds) / d / 1e6
-                    row[f"{what}_vs_dd"] = row[f"{what}_MBps"] / row[f"dd_{what}_MBps"]
-                rows.append(row)
-                print(f"{size:>7} {layout:>6} {ranks:>2} ranks {row['bytes'] / 2**20:9.1f} MiB   write "
-                      f"{row['write_MBps']:7.1f} MB/s (dd {row['dd_write_MBps']:7.1f}, {row['write_vs_dd']:.2f}x)   "
-                      f"read {row['read_MBps']:7.1f} MB/s (dd {row['dd_read_MBps']:7.1f}, {row['read_vs_dd']:.2f}x)",
-                      flush=True)
+                ours = {io: [] for io in args.io}
+                dds, dcps = [], []
+                for _ in range(args.repeat):  # interleaved: load drift hits every contender alike
+                    for io in args.io:
+                        ours[io].append(_mpiexec(ranks, ["--worker", "--size", size, "--layout", layout,
+                                                         "--dir", str(directory), "--restore", args.restore],
+                                                 {DIRECT_ENV: "1" if io == "direct" else "0"}))
+                        if io == args.io[0]:
+                            dds.append(dd_point(ours[io][-1]["files"], ranks, directory, args.dd_direct))
+                        shutil.rmtree(ours[io][-1]["root"], ignore_errors=True)
+                    if args.dcp_python:
+                        dcps.append(dcp_point(args.dcp_python, size, ranks, directory))
+                for io in args.io:
+                    rows.append(_row(size, layout, ranks, io, ours[io], dds, dcps, args.restore))
     return rows
+
+
+def _row(size, layout, ranks, io, ours, dds, dcps, restore) -> dict:
+    row = {"size": size, "layout": layout, "ranks": ranks, "io": io, "restore": restore, "bytes": ours[0]["bytes"],
+           "read_counted": ours[0].get("read_counted"), "read_from_disk": ours[0].get("read_from_disk")}
+    for what in ("write", "read"):
+        t = statistics.median(o[f"{what}_s"] for o in ours)
+        d = statistics.median(o[f"{what}_s"] for o in dds)
+        row[f"{what}_s"] = t
+        row[f"{what}_MBps"] = row["bytes"] / t / 1e6
+        row[f"dd_{what}_MBps"] = statistics.median(o["bytes"] for o in dds) / d / 1e6
+        row[f"{what}_vs_dd"] = row[f"{what}_MBps"] / row[f"dd_{what}_MBps"]
+        if what == "write" and "direct_write_s" in dds[0]:
+            row["dd_direct_write_MBps"] = statistics.median(o["direct_bytes"] / o["direct_write_s"] for o in dds) / 1e6
+            row["write_vs_dd_direct"] = row["write_MBps"] / row["dd_direct_write_MBps"]
+        if dcps:
+            row[f"dcp_{what}_s"] = statistics.median(o[f"{what}_s"] for o in dcps)
+            row[f"{what}_vs_dcp"] = t / row[f"dcp_{what}_s"]
+    print(f"{size:>7} {layout:>6} {ranks:>2} ranks {io:>8} {row['bytes'] / 2**20:9.1f} MiB   write "
+          f"{row['write_MBps']:7.1f} MB/s (dd {row['dd_write_MBps']:7.1f}, {row['write_vs_dd']:.2f}x)   "
+          f"read {row['read_MBps']:7.1f} MB/s (dd {row['dd_read_MBps']:7.1f}, {row['read_vs_dd']:.2f}x); "
+          f"{restore} restore read {row['read_counted'] / 2**20:.1f} MiB (counted), "
+          f"{row['read_from_disk'] / 2**20:.1f} MiB (/proc/self/io)", flush=True)
+    if "dd_direct_write_MBps" in row:
+        print(f"{'':>7} {'':>6} {ranks:>2} ranks: dd oflag=direct writes {row['dd_direct_write_MBps']:7.1f} MB/s "
+              f"(ours {row['write_vs_dd_direct']:.2f}x that)", flush=True)
+    if dcps:
+        print(f"{'':>7} {'dcp':>6} {ranks:>2} ranks: save {row['dcp_write_s']:.3f} s (ours {row['write_s']:.3f} s, "
+              f"{row['write_vs_dcp']:.2f}x its time), load {row['dcp_read_s']:.3f} s (ours {row['read_s']:.3f} s, "
+              f"{row['read_vs_dcp']:.2f}x)", flush=True)
+    return row
+
+
+def dcp_point(python: str, size: str, ranks: int, directory: Path) -> dict:
+    """PyTorch DCP saving and loading the same state (dcp_contender.py, its own venv)."""
+    layout, _ = state_layout(size)
+    shapes = directory / "dcp-shapes.json"
+    shapes.write_text(json.dumps([[p.name, list(p.shape)] for p in layout]))
+    out = directory / f"dcp-{size}-{ranks}"
+    shutil.rmtree(out, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "MPI", "HYDRA", "OMPI"))}
+    proc = subprocess.run([python, str(Path(__file__).with_name("dcp_contender.py")), "--shapes", str(shapes),
+                           "--ranks", str(ranks), "--dir", str(out)], env={**env, **_thread_env()},
+                          capture_output=True, text=True, timeout=1800)
+    shutil.rmtree(out, ignore_errors=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench ckpt: the DCP contender failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+
+
+def _thread_env() -> dict:
+    from hpcdp.launch import THREAD_ENV
+    return dict(THREAD_ENV)
 
 
 # -- the training stall --------------------------------------------------------------------
@@ -262,7 +356,9 @@ def stall_worker(args) -> None:
     raw = tomllib.loads(config_path("gpt_ddp.toml").read_text())
     raw["train"]["steps"] = args.steps
     raw["checkpoint"] = {"dir": str(Path(args.dir) / f"stall-{args.mode}"), "every": args.every,
-                         "asynchronous": args.mode == "async", "final": False, "keep": 2}
+                         "asynchronous": args.mode != "sync", "final": False, "keep": 2}
+    if args.mode != "sync":
+        raw["checkpoint"]["writer"] = args.mode  # "thread" or "process"
     cfg = config_from_dict(raw)
     world = World.from_mpi()
     ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
@@ -301,20 +397,22 @@ def stall_worker(args) -> None:
         base = statistics.median(quiet)
         print(json.dumps({"mode": args.mode, "step_s": base, "save_call_s": statistics.median(saves),
                           "steps_during_write": len(loud), "extra_s_per_save": (sum(loud) - base * len(loud))
-                          / max(1, len(saves))}), flush=True)
+                          / max(1, len(saves)),
+                          "speed_during_write": base / statistics.median(loud) if loud else None}), flush=True)
 
 
 def stall(args) -> list:
     rows = []
-    for mode in ("sync", "async"):
+    for mode in args.stall_modes:
         r = _mpiexec(2, ["--stall-worker", "--mode", mode, "--steps", str(args.stall_steps), "--every",
                          str(args.every), "--dir", str(args.dir)])
         r["stall_s"] = r["save_call_s"] + max(0.0, r["extra_s_per_save"])
         rows.append(r)
         print(f"stall {mode:>5}: step {r['step_s'] * 1e3:7.1f} ms; save call {r['save_call_s'] * 1e3:8.1f} ms; "
               f"{r['steps_during_write']} steps overlapped a background write, "
-              f"{r['extra_s_per_save'] * 1e3:+7.1f} ms per save; stall per save {r['stall_s'] * 1e3:8.1f} ms",
-              flush=True)
+              f"{r['extra_s_per_save'] * 1e3:+7.1f} ms per save; stall per save {r['stall_s'] * 1e3:8.1f} ms"
+              + (f"; steps during a write at {r['speed_during_write']:.2f}x the speed of the others"
+                 if r.get("speed_during_write") else ""), flush=True)
     return rows
 
 
@@ -330,6 +428,15 @@ def main(argv=None) -> int:
     p.add_argument("--stall-steps", type=int, default=60)
     p.add_argument("--every", type=int, default=10, help="stall: save every K steps")
     p.add_argument("--no-stall", action="store_true")
+    p.add_argument("--stall-modes", default="sync,thread,process",
+                   help="stall: sync, and/or asynchronous with checkpoint.writer thread / process")
+    p.add_argument("--io", default="direct", help="writer paths to compare: direct (O_DIRECT where the file system "
+                   "takes it) and/or buffered (the page cache)")
+    p.add_argument("--restore", default="shard", choices=("shard", "replica"),
+                   help="shard: each rank restores its 1/R (ZeRO); replica: the whole state on every rank (DDP)")
+    p.add_argument("--dd-direct", action="store_true", help="also time dd oflag=direct (the disk past the page "
+                   "cache) on the same bytes")
+    p.add_argument("--dcp-python", help="the Python of a venv with torch: also time PyTorch DCP on the same state")
     p.add_argument("--json", help="write the rows to this file")
     # worker modes (launched under mpiexec by the above)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -353,6 +460,13 @@ def main(argv=None) -> int:
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.ranks = [int(r) for r in args.ranks.split(",")]
     args.layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
+    args.io = [s.strip() for s in args.io.split(",") if s.strip()]
+    args.stall_modes = [s.strip() for s in args.stall_modes.split(",") if s.strip()]
+    bad = [x for x in args.io if x not in ("direct", "buffered")] + \
+        [x for x in args.stall_modes if x not in ("sync", "thread", "process")]
+    if bad:
+        p.error(f"unknown --io or --stall-modes value {bad[0]!r} (--io: direct, buffered; --stall-modes: sync, "
+                "thread, process)")
     own = args.dir is None
     args.dir = tempfile.mkdtemp(prefix="hpcdp-bench-ckpt-", dir=".") if own else args.dir
     Path(args.dir).mkdir(parents=True, exist_ok=True)

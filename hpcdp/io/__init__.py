@@ -6,16 +6,20 @@
 - ranges.py      range arithmetic: intersect, split at parameter boundaries, coverage
 - checksum.py    SHA-256 per 4 MiB block
 - h5.py          deterministic HDF5 files, raw pwrite/pread of contiguous datasets
+- direct.py      O_DIRECT writes and reads of page-aligned storage, and the fallbacks
 - layouts.py     the layout registry (checkpoint.layout -> its class)
 - shardfile.py   layout "split": one file per rank
 - shared.py      layout "shared": one file, parallel HDF5 (h5py mpio)
 - index.py       index.h5: where every tensor lives, the run's state
 - reader.py      read element ranges, verifying checksums block by block
+- spread.py      replicas restore 1/M each and share it (each byte read once)
 - commit.py      atomic directory protocol, marker, latest, keep, --resume targets
 - outcome.py     ranks agree on a save/load outcome (no hangs)
 - save.py, load.py       one save / one restore across ranks
 - runstate.py    config, step, data position, optimizer scalars
-- background.py  the asynchronous writer thread;  stop.py  SIGTERM/SIGUSR1
+- background.py  the asynchronous save's thread;  stop.py  SIGTERM/SIGUSR1
+- hostbuf.py     the asynchronous save's reusable, page-aligned snapshot buffers (memfd)
+- writerproc.py  the asynchronous save's writer process (off the training GIL)
 - checkpointer.py  what train.py calls;  cli.py  `hpcdp ckpt ls|info|verify|export`
 - weights.py     a checkpoint's weights into a model built from its config, one process
                  (`hpcdp sample --resume`)

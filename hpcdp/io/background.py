@@ -1,9 +1,11 @@
-"""The asynchronous save's writer: one save at a time in a background thread.
+"""The asynchronous save's background: one save at a time in a background thread.
 
 The training thread copies this rank's pieces to host memory (the stall) and hands
-the save to :class:`BackgroundSaver`; the thread hashes, writes, fsyncs and takes
-part in the save's agreements on the checkpoint's own communicator, while training
-goes on. The next save, and the end of training, wait for it first. Hashing
+the save to :class:`BackgroundSaver`; the thread takes part in the save's
+agreements on the checkpoint's own communicator and commits, while training goes
+on. The rank file is written by the writer process (writerproc.py, the default:
+the thread only waits on its pipe) or, with ``checkpoint.writer = "thread"``, by the
+thread itself, which then hashes, writes and fsyncs. The next save, and the end of training, wait for it first. Hashing
 (hashlib), ``pwrite`` and ``fsync`` release the GIL and the agreements poll with
 sleeps, so the thread costs training little CPU time beyond the copy; HDF5's own
 calls (the small file structure) hold the GIL briefly.

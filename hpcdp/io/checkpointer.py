@@ -11,8 +11,8 @@
 
 Every rank calls every method at the same steps. The checkpoint's traffic runs on
 communicators of its own (duplicates of the world's), so it never matches a
-strategy's messages, and the asynchronous writer's thread never shares one with
-the training thread.
+strategy's messages, and the asynchronous save's thread never shares one with
+the training thread (its rank file is written by a helper process: writerproc.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Checkpointer:
         self.stopped_by = 0
         self.saved_path: Path | None = None
         self.log = lambda _msg: None
-        self.comm = self.stop = self.background = None
+        self.comm = self.stop = self.background = self.buffers = self.writer = None
         if not (self.enabled or resume):
             return
         if not hasattr(strategy, "checkpoint_pieces"):
@@ -58,7 +58,15 @@ class Checkpointer:
             self.stop = GracefulStop(idup(world.comm, self.timeout, what), timeout=self.timeout)
         if self.c.asynchronous:
             from .background import BackgroundSaver
+            from .hostbuf import HostBuffers
             self.background = BackgroundSaver()
+            self.buffers = HostBuffers()  # the snapshot's home, reused by every save
+            separate = getattr(get_layout(self.c.layout), "separate_writer", False)  # needs no MPI
+            if self.c.writer == "process" and separate and self.buffers.fd is not None:
+                from .writerproc import WriterProcess
+                self.writer = WriterProcess(self.buffers)
+                if self.enabled:
+                    self.writer.start()
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
@@ -169,20 +177,28 @@ class Checkpointer:
         t0 = time.perf_counter()
         asynchronous = self.background is not None and not wait
         pieces = self.strategy.checkpoint_pieces()
-        snap = take_snapshot(pieces, self.flat.layout, self.flat.backend, copy=asynchronous)
-        rank_arrays = rank_scalar_arrays(self.comm, self.strategy.checkpoint_scalars(), timeout=self.timeout)
-        attrs, state, arrays = self._state(step, rank_arrays)
-        job = SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays,
-                      layout=self.c.layout, keep=self.c.keep, threads=self.threads)
+        snap = take_snapshot(pieces, self.flat.layout, self.flat.backend, copy=False)
+        if asynchronous:  # the one copy: into the reusable, page-aligned buffers
+            snap, _ = self.buffers.copy(snap)
+        scalars = self.strategy.checkpoint_scalars()
+        writer = self.writer.write_rank_file if asynchronous and self.writer else None
+
+        def job():
+            # the one small agreement of the run state: in the background for an
+            # asynchronous save (it would wait here for the slowest rank)
+            rank_arrays = rank_scalar_arrays(self.comm, scalars, timeout=self.timeout)
+            attrs, state, arrays = self._state(step, rank_arrays)
+            return SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays, layout=self.c.layout,
+                           keep=self.c.keep, threads=self.threads, writer=writer)
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
-            self.background.submit(lambda: save(job, self.comm, timeout=self.timeout))
+            self.background.submit(lambda: save(job(), self.comm, timeout=self.timeout))
             self.last_stall_s = time.perf_counter() - t0
             self.log(f"checkpoint step {step}: {snap.nbytes / 2**20:.1f} MiB copied on rank 0 in "
                      f"{self.last_stall_s:.3f} s, writing in the background")
             return
-        self.saved_path = save(job, self.comm, timeout=self.timeout)
+        self.saved_path = save(job(), self.comm, timeout=self.timeout)
         self.last_stall_s = time.perf_counter() - t0
         self.log(f"checkpoint step {step}: saved {self.saved_path} ({snap.nbytes / 2**20:.1f} MiB from "
                  f"rank 0) in {self.last_stall_s:.3f} s")
@@ -204,6 +220,12 @@ class Checkpointer:
             if self.background is not None and not abandon:
                 self._collect_background(wait=True)
         finally:
+            if self.writer is not None:
+                self.writer.close(abandon=abandon)
+                self.writer = None
+            if self.buffers is not None and not (self.background and self.background.busy()):
+                self.buffers.close()
+                self.buffers = None
             if self.stop is not None:
                 self.stop.close(wait=not abandon)
                 if not abandon:

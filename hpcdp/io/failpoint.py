@@ -4,7 +4,8 @@
 rank 1 at that point of the save of step 4, the way a node failure or a hard time
 limit would: no handler runs, no file is closed. The tests use it to show that the
 previous checkpoint still loads. Points: ``ckpt-mid-write`` (half of a rank's
-pieces written), ``ckpt-before-index`` (every rank file is written, rank 0 about to
+pieces written; it kills the process that writes the file: under an asynchronous
+save with ``checkpoint.writer = "process"`` that is the rank's writer process), ``ckpt-before-index`` (every rank file is written, rank 0 about to
 write the index), ``ckpt-before-marker`` (renamed into place, marker not yet
 written). Unset (the normal case), a failpoint costs one dictionary lookup.
 """

@@ -24,7 +24,11 @@ from .format import LIBVER
 
 
 def create(path, **kw) -> h5py.File:
-    return h5py.File(path, "w", libver=LIBVER, **kw)
+    """A new file whose large datasets start on page boundaries (direct.ALIGN), so
+    their bytes can be written with O_DIRECT (direct.py); small objects pack as usual."""
+    from .direct import ALIGN, ALIGN_THRESHOLD
+    return h5py.File(path, "w", libver=LIBVER, alignment_threshold=ALIGN_THRESHOLD, alignment_interval=ALIGN,
+                     **kw)
 
 
 def open_read(path) -> h5py.File:

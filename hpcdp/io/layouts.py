@@ -13,6 +13,8 @@ methods, plus one line in ``LAYOUTS`` (and its name in the config's allowed valu
     dataset_len(piece_size, tensor_numel) -> int         # that dataset's length
     piece_digests(ds, piece_offset, piece_size, block, digests, where)
         -> (the piece's block digests, its first element in the dataset)
+    separate_writer                     # optional, True: a rank's file needs no MPI, so
+                                        # the asynchronous save's writer process may write it
 
 Layouts: ``split`` (hpcdp/io/shardfile.py: one file per writing rank, one dataset
 per piece) and ``shared`` (hpcdp/io/shared.py: one file written collectively with

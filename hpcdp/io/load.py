@@ -1,4 +1,5 @@
-"""One restore: every rank reads the ranges its new role needs (and only those).
+"""One restore: every rank reads the ranges its new role needs (and only those);
+replicas read 1/M each and share (spread.py).
 
 The strategy names the arrays this rank fills (``checkpoint_targets``: a DDP
 replica fills everything, a ZeRO or parameter-server shard only its range); each is
@@ -22,41 +23,69 @@ from .index import read_index
 from .ranges import split_by_layout
 from .reader import Reader
 from .runstate import compatibility_problem
+from .spread import common_targets, plan, read_share, share, shares
+
+
+def _hosts(targets) -> list:
+    """Host arrays to read into: the targets themselves, or staging for device ones."""
+    return [p.array if isinstance(p.array, np.ndarray) else np.empty(p.size, dtype=np.dtype(p.array.dtype))
+            for p in targets]
+
+
+def _to_device(targets, hosts, backend) -> None:
+    for piece, host in zip(targets, hosts):
+        if host is not piece.array:
+            backend.copy_(piece.array, backend.asarray(host, host.dtype.name))
 
 
 def fill_targets(ckpt_dir, index, targets, layout, backend=None, threads: int = 1) -> int:
     """Read every target piece; returns the bytes read from data files."""
+    hosts = _hosts(targets)
     with Reader(ckpt_dir, index, threads) as reader:
-        for piece in targets:
-            on_host = isinstance(piece.array, np.ndarray)
-            dtype = np.dtype(piece.array.dtype)
-            host = piece.array if on_host else np.empty(piece.size, dtype=dtype)
+        for piece, host in zip(targets, hosts):
             for param, span, pos in split_by_layout(layout, piece.offset, piece.size):
                 name = tensor_name(piece.buffer, param)
                 tid = index.tensor_id(name)
                 if tid is None:
                     raise CheckpointError(f"checkpoint {ckpt_dir}: tensor {name} is not in it")
                 reader.read(tid, span.offset, host[pos:pos + span.size])
-            if not on_host:
-                backend.copy_(piece.array, backend.asarray(host, dtype.name))
+        _to_device(targets, hosts, backend)
         return reader.bytes_read
 
 
 def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, comm, *, backend=None,
-         timeout: float = 300.0, threads: int = 1):
+         timeout: float = 300.0, threads: int = 1, spread: bool = True):
     """Check compatibility and fill ``targets`` on every rank; returns
     ``(index, bytes read on this rank)`` or raises the same error everywhere.
-    ``optimizer_kind`` None: weights only; ``comm`` None: one process."""
+    ``optimizer_kind`` None: weights only; ``comm`` None: one process. The targets
+    every rank restores (a replica's) are, with ``spread``, read 1/M per rank and
+    shared (spread.py); the others each rank reads alone."""
     ckpt_dir = Path(ckpt_dir)
+    # decided before anything can fail: every rank takes the same path
+    common = common_targets(comm, targets, timeout) if spread else []
+    together = [targets[i] for i in common]            # every rank's: read 1/M, shared
+    alone = [t for i, t in enumerate(targets) if i not in set(common)]   # this rank's own
+    hosts = _hosts(together)
 
     def run():
         index = read_index(ckpt_dir)
         problem = compatibility_problem(index, expected, optimizer_kind)
         if problem:
             raise CheckpointError(f"checkpoint {ckpt_dir}: {problem}")
-        return index, fill_targets(ckpt_dir, index, targets, layout, backend, threads)
+        nbytes = fill_targets(ckpt_dir, index, alone, layout, backend, threads) if alone else 0
+        if not together:
+            return index, nbytes, None
+        segs = plan(index, together, layout, ckpt_dir)
+        owners = shares(segs, together, comm.Get_size())
+        with Reader(ckpt_dir, index, threads) as reader:
+            read_share(reader, segs, owners[comm.Get_rank()], hosts)
+            return index, nbytes + reader.bytes_read, (segs, owners)
 
-    return all_ok(comm, run, timeout=timeout)
+    index, nbytes, planned = all_ok(comm, run, timeout=timeout)
+    if planned is not None:  # every rank read its share without error: now they swap
+        share(comm, *planned, hosts, timeout)
+        _to_device(together, hosts, backend)
+    return index, nbytes
 
 
 __all__ = ["load", "fill_targets"]

@@ -6,8 +6,9 @@ that cover it (never the whole piece), checks their SHA-256 (in a thread, while 
 next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
 
 Files are opened once (HDF5 metadata through h5py, bulk bytes with ``pread`` at the
-dataset's offset) and their size is compared with the index first: a missing or
-truncated file is named before anything else is read.
+dataset's offset: the pages around each block with O_DIRECT, direct.DirectReads,
+where the file system takes it) and their size is compared with the index first: a
+missing or truncated file is named before anything else is read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .direct import DirectReads, open_direct
 from .errors import CheckpointError
+from .format import BLOCK_BYTES
 from .h5 import open_read, pread_into
 from .layouts import get_layout
 from .ranges import Span, blocks_covering, intersect
@@ -34,6 +37,8 @@ class Reader:
         self.dir, self.index = Path(ckpt_dir), index
         self.layout = get_layout(index.attrs.get("layout", "split"))
         self._open_files: dict = {}
+        self._direct_fds: dict = {}   # O_DIRECT read descriptors (None: refused)
+        self._direct = DirectReads(BLOCK_BYTES)
         self.bytes_read = 0
         # hashlib releases the GIL: threads check block k while block k + 1 is read
         self._hasher = ThreadPoolExecutor(max_workers=threads)
@@ -56,13 +61,17 @@ class Reader:
         h5 = open_read(path)
         fd = os.open(path, os.O_RDONLY)
         self._open_files[fi] = (h5, fd, name)
+        self._direct_fds[fi] = open_direct(path, os.O_RDONLY)
         return self._open_files[fi]
 
     def close(self) -> None:
         for h5, fd, _ in self._open_files.values():
             h5.close()
             os.close(fd)
-        self._open_files = {}
+        for dfd in self._direct_fds.values():
+            if dfd is not None:
+                os.close(dfd)
+        self._open_files, self._direct_fds = {}, {}
         self._hasher.shutdown(wait=True)
 
     def __enter__(self):
@@ -114,7 +123,12 @@ class Reader:
             # a block the span covers whole is read straight into `out` (no copy)
             buf = out[lo - span.offset:hi - span.offset] if inside else np.empty(hi - lo, dtype=dtype)
             if offset is not None:
-                pread_into(fd, buf, offset + (ds_start + lo) * dtype.itemsize, self.dir / name)
+                at = offset + (ds_start + lo) * dtype.itemsize
+                if buf.nbytes <= BLOCK_BYTES:
+                    if self._direct.read_into(self._direct_fds.get(fi), fd, buf, at) < buf.nbytes:
+                        pread_into(fd, buf, at, self.dir / name)  # names where the file ends
+                else:
+                    pread_into(fd, buf, at, self.dir / name)
             else:
                 buf[...] = ds[ds_start + lo:ds_start + hi]
             self.bytes_read += buf.nbytes

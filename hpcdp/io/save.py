@@ -42,6 +42,8 @@ class SaveJob:
     layout: str = "split"
     keep: int = 0
     threads: int = 1            # hashing threads of this rank (checksum.hash_threads)
+    writer: object = None       # a layout whose files need no MPI (``separate_writer``): who
+    #                             writes this rank's file (writerproc.WriterProcess.write_rank_file)
 
 
 def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:

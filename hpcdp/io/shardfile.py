@@ -8,14 +8,14 @@ carry the rank, the world size and this rank's scalars (optimizer step count, PS
 server version).
 
 Write order, in one pass over the open file: the HDF5 structure (small), the bulk
-bytes with ``pwrite`` at the offsets HDF5 allocated (a second descriptor: HDF5 itself
-writes only metadata, elsewhere in the file), then the digests, which a thread has
-been computing meanwhile, as attributes; close, ``fsync``.
+bytes at the page-aligned offsets HDF5 allocated (descriptors of our own, O_DIRECT
+where the file system takes it: direct.py; HDF5 itself writes only metadata,
+elsewhere in the file), then the digests, which threads have been computing
+meanwhile, as attributes; close, one ``fsync``.
 """
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,7 +23,8 @@ import numpy as np
 from .checksum import block_elements, submit_digests
 from .failpoint import failpoint
 from .format import FORMAT_NAME, FORMAT_VERSION
-from .h5 import create, fsync_file, pwrite_all, raw_dataset
+from .direct import PieceWriter
+from .h5 import create, fsync_file, raw_dataset
 
 
 def set_attrs(obj, attrs: dict) -> None:
@@ -39,9 +40,10 @@ def set_attrs(obj, attrs: dict) -> None:
         obj.attrs[key] = value
 
 
-def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: int = 1) -> None:
+def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: int = 1) -> dict:
     """Write ``snap`` (a :class:`~hpcdp.io.snapshot.Snapshot`) to ``path`` and fsync it;
-    ``threads`` hash (checksum.hash_threads)."""
+    ``threads`` hash (checksum.hash_threads). Returns how the bytes went
+    (``direct``: O_DIRECT was used; ``direct_bytes``, ``buffered_bytes``)."""
     pieces = snap.pieces
     blocks = [block_elements(p.data.dtype.itemsize) for p in pieces]
     groups = {}
@@ -57,19 +59,19 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: i
             ds.attrs["offset"] = np.int64(p.offset)
             ds.attrs["block"] = np.int64(block)
             datasets.append(ds)
-        # The bulk bytes go to the storage HDF5 allocated (early, never filled) through
-        # a second descriptor: HDF5 writes only metadata, elsewhere in the file.
-        fd = os.open(path, os.O_WRONLY)
-        try:
+        # The bulk bytes go to the storage HDF5 allocated (early, never filled, page
+        # aligned) through descriptors of our own, O_DIRECT where the file system takes
+        # it (direct.py): HDF5 writes only metadata, elsewhere in the file.
+        with PieceWriter(path) as w:
             for i, (p, ds) in enumerate(zip(pieces, datasets)):
-                pwrite_all(fd, p.data, ds.id.get_offset())
+                w.write(p.data, ds.id.get_offset())
                 if i == len(pieces) // 2:
                     failpoint("ckpt-mid-write", step=step, rank=rank)
-        finally:
-            os.close(fd)
+        stats = {"direct": w.direct, "direct_bytes": w.direct_bytes, "buffered_bytes": w.buffered_bytes}
         for ds, d in zip(datasets, digests):
             ds.attrs["sha256"] = d()
-    fsync_file(path)
+    fsync_file(path)  # the one fsync of this file: data (O_DIRECT or not) and metadata
+    return stats
 
 
 def list_pieces(f) -> list[tuple[str, int, int, str]]:
@@ -88,6 +90,8 @@ class SplitLayout:
     """``checkpoint.layout = "split"``: one file per writing rank (hpcdp/io/layouts.py)."""
 
     name = "split"
+    separate_writer = True   # a rank's file needs no MPI: another process may write it
+
 
     def check_available(self) -> None:
         pass
@@ -98,8 +102,8 @@ class SplitLayout:
 
     def write(self, tmp, job, comm, rank: int, size: int, timeout: float) -> None:
         attrs = {"rank": rank, "world_size": size, "step": job.step}
-        write_rank_file(tmp / self.files(size)[rank], job.snapshot, attrs, step=job.step, rank=rank,
-                        threads=job.threads)
+        write = job.writer or write_rank_file   # the writer process's, for an asynchronous save
+        write(tmp / self.files(size)[rank], job.snapshot, attrs, step=job.step, rank=rank, threads=job.threads)
 
     def per_file(self, rows_per_rank: list) -> list:
         return rows_per_rank            # file r holds rank r's pieces

@@ -45,3 +45,25 @@ def test_bench_ckpt_refuses_a_stall_study_without_saves(capsys):
         main(["--stall-steps", "8", "--every", "10"])
     assert e.value.code == 2
     assert "--stall-steps 8 must exceed --every 10" in capsys.readouterr().err
+
+
+def test_bench_ckpt_refuses_an_unknown_writer_path(capsys):
+    import pytest
+
+    from hpcdp.bench.ckpt import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--io", "direct,mmap", "--no-stall"])
+    assert e.value.code == 2
+    assert "unknown --io or --stall-modes value 'mmap'" in capsys.readouterr().err
+
+
+def test_checkpoint_writer_is_a_process_or_a_thread():
+    import pytest
+
+    from hpcdp.config import CheckpointConfig, ConfigError
+
+    assert CheckpointConfig().writer == "process"
+    assert CheckpointConfig(writer="thread").writer == "thread"
+    with pytest.raises(ConfigError, match="writer"):
+        CheckpointConfig(writer="fork")

@@ -118,3 +118,21 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path, failpoin
     assert [(s, ok) for s, _, ok in list_checkpoints(ck)] == [(s, True) for s in (2, 4, 6, 8)]
     assert _weights(ck / "step-00000008") == _weights(tmp_path / "ck2" / "step-00000008")
     assert not any(p.name.startswith(".") for p in ck.iterdir())  # no temporary left behind
+
+
+def test_the_writer_process_dying_mid_save_keeps_the_previous_checkpoint(tmp_path):
+    """Asynchronous save, writer process (the default): its helper is SIGKILLed
+    halfway through rank 1's file of step 4; the job ends on every rank saying so,
+    and step 2 stays the latest checkpoint."""
+    from hpcdp.io.commit import latest, list_checkpoints
+
+    ck = tmp_path / "ck"
+    killed = _run(tmp_path, 2, "killed", "--set", "train.steps=8", "--set", "checkpoint.every=2", "--set",
+                  "checkpoint.asynchronous=true", "--set", f'checkpoint.dir="{ck}"',
+                  env=_env(HPCDP_CKPT_FAILPOINT="ckpt-mid-write@4:1"), ok=False)
+    out = killed.stdout + killed.stderr
+    assert killed.returncode != 0
+    assert ("save of step 4: the checkpoint writer process of rank 1 died (killed by SIGKILL) while writing "
+            "rank-00001.h5; this checkpoint is not committed, the previous one stays the latest") in out, out[-3000:]
+    assert latest(ck).name == "step-00000002"
+    assert [(s, ok) for s, _, ok in list_checkpoints(ck)] == [(2, True)]

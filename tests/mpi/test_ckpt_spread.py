@@ -1,0 +1,133 @@
+"""Replicated restores read each byte once (hpcdp/io/spread.py), on real ranks.
+
+A checkpoint saved by N ranks (each its shard, split layout, as ZeRO would) is
+restored by every rank of the job as a full replica (what none/DDP/PS workers
+need): with the spread restore each rank reads 1/M and they share, without it each
+reads everything. Both give the same bits; the readers' byte counters summed over
+the ranks equal the checkpoint's data once (plus nothing: shares are cut at the
+checksum blocks), against M times without.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ckpt_util import remove, shared_dir
+
+ROWS, COLS = 300, 1024   # per matrix: 1.2 MiB of float32, so the 4 MiB blocks matter
+
+
+def _state(comm):
+    from hpcdp.io.protocol import Piece
+    from hpcdp.io.runstate import expected_tensors
+    from hpcdp.nn.params import ParamSpec
+    from hpcdp.shard import shard_range
+
+    layout, off = [], 0
+    for i, rows in enumerate((ROWS, 7, ROWS * 3, 1, ROWS * 2)):   # odd sizes: cuts inside blocks
+        layout.append(ParamSpec(f"w{i}", off, (rows, COLS), rows * COLS))
+        off += rows * COLS
+    numel = off
+
+    class _Flat:
+        pass
+    flat = _Flat()
+    flat.layout, flat.dtype = layout, np.dtype("float32")
+
+    class _Opt:
+        names = ("m", "v")
+    full = {b: np.random.default_rng([i, 3]).standard_normal(numel, dtype=np.float32)
+            for i, b in enumerate(("param", "optim/m", "optim/v"))}
+    lo, n = shard_range(numel, comm.Get_size(), comm.Get_rank())
+    mine = [Piece(b, lo, full[b][lo:lo + n]) for b in full]
+    return layout, expected_tensors(flat, _Opt()), full, mine
+
+
+@pytest.mark.mpi
+def test_replicated_restore_reads_each_byte_once():
+    from hpcdp.io.load import load
+    from hpcdp.io.protocol import Piece
+    from hpcdp.io.save import SaveJob, save
+    from hpcdp.io.snapshot import take_snapshot
+
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    tmp = shared_dir()
+    try:
+        layout, expected, full, mine = _state(comm)
+        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
+                      {"strategy": "test", "world_size": size},
+                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
+        ckpt = save(job, comm)
+        data_bytes = sum(a.nbytes for a in full.values())
+        got = {}
+        for spread in (True, False):
+            targets = [Piece(b, 0, np.full_like(a, np.nan)) for b, a in full.items()]
+            _, nbytes = load(ckpt, targets, layout, expected, "adamw", comm, spread=spread)
+            got[spread] = (targets, comm.allreduce(nbytes))
+        for spread, (targets, total) in got.items():
+            for t in targets:
+                np.testing.assert_array_equal(t.array, full[t.buffer], err_msg=f"{t.buffer} spread={spread}")
+        # the 1/M restore equals the full one bit for bit (NaN-free: compare bytes)
+        for a, b in zip(got[True][0], got[False][0]):
+            assert a.array.tobytes() == b.array.tobytes()
+        assert got[True][1] == data_bytes, (got[True][1], data_bytes)
+        assert got[False][1] == size * data_bytes
+    finally:
+        remove(tmp)
+
+
+@pytest.mark.mpi
+def test_sharded_targets_are_not_spread():
+    """Targets that differ by rank (a ZeRO shard) are each read by their rank only."""
+    from hpcdp.io.load import load
+    from hpcdp.io.protocol import Piece
+    from hpcdp.io.save import SaveJob, save
+    from hpcdp.io.snapshot import take_snapshot
+    from hpcdp.io.spread import same_everywhere
+
+    comm = MPI.COMM_WORLD
+    tmp = shared_dir()
+    try:
+        layout, expected, full, mine = _state(comm)
+        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
+                      {"strategy": "test", "world_size": comm.Get_size()},
+                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
+        ckpt = save(job, comm)
+        targets = [Piece(p.buffer, p.offset, np.zeros_like(p.array)) for p in mine]
+        assert same_everywhere(comm, targets, 60.0) is False
+        _, nbytes = load(ckpt, targets, layout, expected, "adamw", comm)
+        for t, p in zip(targets, mine):
+            np.testing.assert_array_equal(t.array, p.array)
+        assert comm.allreduce(nbytes) == sum(a.nbytes for a in full.values())
+    finally:
+        remove(tmp)
+
+
+@pytest.mark.mpi
+def test_targets_every_rank_has_are_spread_and_the_rest_read_alone():
+    """A colocated parameter server's restore: every rank the whole weights, each
+    its own shard of the optimizer state."""
+    from hpcdp.io.load import load
+    from hpcdp.io.protocol import Piece
+    from hpcdp.io.save import SaveJob, save
+    from hpcdp.io.snapshot import take_snapshot
+
+    comm = MPI.COMM_WORLD
+    tmp = shared_dir()
+    try:
+        layout, expected, full, mine = _state(comm)
+        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
+                      {"strategy": "test", "world_size": comm.Get_size()},
+                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
+        ckpt = save(job, comm)
+        targets = [Piece(p.buffer, p.offset, np.zeros_like(p.array)) for p in mine if p.buffer != "param"]
+        targets.insert(comm.Get_rank() % 2, Piece("param", 0, np.zeros_like(full["param"])))  # order differs
+        _, nbytes = load(ckpt, targets, layout, expected, "adamw", comm)
+        for t in targets:
+            np.testing.assert_array_equal(t.array, full[t.buffer][t.offset:t.offset + t.size])
+        assert comm.allreduce(nbytes) == sum(a.nbytes for a in full.values())
+    finally:
+        remove(tmp)
