@@ -9,10 +9,13 @@
 #   4. tests/slurm - jobs/train.sbatch under a real local Slurm (tests/run_slurm.sh:
 #                    installs Debian's Slurm + munge when missing, as root, and
 #                    starts a one-node Slurm on loopback unless one answers)
-#   5. parallel HDF5 - the shared-layout checkpoint tests on 2-4 ranks of Debian's
+#   5. tests/cluster - an emulated cluster: nodes are network namespaces joined by veth
+#                    links (tests/run_cluster.sh: as root; iproute2 installed if missing;
+#                    every namespace, link and hosts line removed at the end), ~3 min
+#   6. parallel HDF5 - the shared-layout checkpoint tests on 2-4 ranks of Debian's
 #                    Open MPI, in a second venv (.venv-phdf5) with h5py built for MPI
 #                    (.ci/parallel-hdf5.sh --test: apt-get as root, ~3 min the first time)
-#   6. transformers - hpcdp's GPT against transformers' GPT2LMHeadModel both ways
+#   7. transformers - hpcdp's GPT against transformers' GPT2LMHeadModel both ways
 #                    (export, model.init_from, a BPE tokenizer) with PyTorch CPU in a third
 #                    venv, test-only (tests/hf/setup_venv_hf.sh: .venv-hf, ~5 min the first time)
 # Exit status is non-zero if any group failed; every group runs regardless.
@@ -46,6 +49,14 @@ echo "== fault injection (real mpiexec jobs, one rank broken)"; timeout 900 "$PY
 
 echo "== Slurm job-script tests (a local one-node Slurm)"
 PYTHON="$PY" bash tests/run_slurm.sh || failed+=(slurm)
+
+echo "== emulated cluster (network namespaces joined by veth links, real mpiexec jobs across them)"
+PYTHON="$PY" bash tests/run_cluster.sh
+case $? in
+  0) ;;
+  77) echo "   (not counted as failed: this run is not root; the line above says what to run)" ;;
+  *) failed+=(cluster) ;;
+esac
 
 echo "== parallel HDF5 checkpoints (Open MPI + h5py mpio, a second venv)"
 bash .ci/parallel-hdf5.sh --test || failed+=(parallel-hdf5)

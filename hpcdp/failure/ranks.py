@@ -3,7 +3,10 @@ the job once it has said why (MPI only there, imported when called)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+
+ABORT_S = 10.0  # MPI_Abort has this long to end the job before this rank ends itself
 
 
 def fmt_ranks(ranks) -> str:
@@ -66,10 +69,67 @@ def drain_output(limit: float = 2.0) -> None:
             time.sleep(0.005)
 
 
+@contextlib.contextmanager
+def exit_unless_done(limit: float, message: str, status: int):
+    """Bound a blocking C call: if the block has not finished after ``limit`` seconds, a
+    timer thread prints ``message``, drains the output and ends this process with
+    ``status`` (``os._exit``: no exit handlers, no MPI_Finalize that could hang too).
+    The call must release the GIL (a ctypes call does) for the timer to run."""
+    import threading
+
+    def give_up():
+        say(message)
+        drain_output()
+        os._exit(status)
+
+    timer = threading.Timer(limit, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def c_function(name: str):
+    """The C function ``name`` of the MPI library mpi4py was built for (ctypes releases
+    the GIL during the call; mpi4py's Abort and Finalize hold it), or None."""
+    import ctypes
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        return getattr(ctypes.CDLL(mpi.__file__), name)
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
 def abort_job(status: int) -> None:
     """End every rank of the job (``MPI_Abort`` on COMM_WORLD) once the launcher has
-    read what this rank printed (:func:`drain_output`). Does not return."""
+    read what this rank printed (:func:`drain_output`). Does not return.
+
+    MPICH's MPI_Abort only asks the launcher (through its PMI connection) to end the job:
+    it may return before the launcher's kill arrives, and a rank whose node has lost its
+    link to mpiexec then waits forever (returning would exit through MPI_Finalize, which
+    blocks reading the same connection). So this rank waits for the kill under
+    :func:`exit_unless_done`: after ``ABORT_S`` seconds it ends itself with ``status``
+    (``os._exit``); the launcher, or the node's cleanup, ends the rest."""
+    import ctypes
+    import time
+
     from mpi4py import MPI
 
     drain_output()
-    MPI.COMM_WORLD.Abort(status)
+    rank = MPI.COMM_WORLD.Get_rank()
+    c_abort = c_function("MPI_Abort")
+    handle = getattr(MPI.COMM_WORLD, "handle", None)
+    with exit_unless_done(ABORT_S, f"hpcdp: error: rank {rank}: MPI_Abort did not end the job within "
+                          f"{ABORT_S:g}s (the launcher cannot be reached from this rank's node: a "
+                          f"lost link or node); ending this rank with status {status}", status):
+        if c_abort is not None and handle is not None:
+            comm_t = ctypes.c_int if MPI._sizeof(MPI.Comm) == ctypes.sizeof(ctypes.c_int) else ctypes.c_void_p
+            c_abort(comm_t(handle), ctypes.c_int(status))  # releases the GIL: the timer can run
+        else:
+            MPI.COMM_WORLD.Abort(status)
+        while True:  # asked; the launcher's kill (or the timer) ends this process
+            time.sleep(1.0)

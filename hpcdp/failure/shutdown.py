@@ -18,12 +18,9 @@ Cost: one barrier per run (microseconds to milliseconds).
 
 from __future__ import annotations
 
-import ctypes
-import os
 import sys
-import threading
 
-from .ranks import drain_output, say
+from .ranks import c_function, exit_unless_done, say
 
 FINALIZE_S = 60.0  # every rank passed the barrier: MPI_Finalize has no reason to take longer
 _timeout = 300.0  # the run's comm.timeout, set by the training command (expect_peers_within)
@@ -66,26 +63,12 @@ def finish() -> None:
 def _finalize(mpi, limit: float, message: str) -> None:
     """``MPI_Finalize`` through ctypes, which releases the GIL during the call (mpi4py's
     ``Finalize`` holds it), so a timer thread can end the rank if the call hangs."""
-    try:
-        c_finalize = ctypes.CDLL(mpi.__file__).MPI_Finalize  # the MPI that mpi4py was built for
-    except (OSError, AttributeError):
-        c_finalize = None
-
-    def give_up():
-        say(message)
-        drain_output()
-        os._exit(1)
-
-    timer = threading.Timer(limit, give_up)
-    timer.daemon = True
-    timer.start()
-    try:
+    c_finalize = c_function("MPI_Finalize")
+    with exit_unless_done(limit, message, 1):
         if c_finalize is None:
             mpi.Finalize()  # holds the GIL: a hang here is bounded by the launcher only
         elif c_finalize() != 0:
             say("hpcdp: warning: MPI_Finalize returned an error after the run finished")
-    finally:
-        timer.cancel()
 
 
 __all__ = ["FINALIZE_S", "expect_peers_within", "finish"]
