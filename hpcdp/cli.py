@@ -74,11 +74,38 @@ def _one_thread_per_rank_under_a_launcher() -> None:
 
 
 def main(argv=None) -> int:
+    """``hpcdp ARGV``; its output cut short by a pipe (``hpcdp ckpt info X | head``)
+    ends it quietly (status 141, as the shell reports SIGPIPE), without a traceback."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141
+
+
+def _main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
+    if argv[:1] in (["-V"], ["--version"]):
+        from hpcdp import __version__
+        print(f"hpcdp {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(__doc__.strip().split("\n\n")[1], file=sys.stderr if argv[:1] not in (["-h"], ["--help"]) else sys.stdout)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_ERROR
+        asked = argv[:1] in (["-h"], ["--help"])
+        out = sys.stdout if asked else sys.stderr
+        print("usage: hpcdp COMMAND [options]   (hpcdp COMMAND --help for its options; hpcdp --version)\n",
+              file=out)
+        print(__doc__.strip().split("\n\n")[1], file=out)
+        if argv and not asked:
+            import difflib
+            close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+            print(f"\nhpcdp: error: unknown command {argv[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                  file=out)
+        elif not argv:
+            print("\nhpcdp: error: no command given", file=out)
+        return 0 if asked else USAGE_ERROR
     import importlib
 
     from hpcdp.launch import ChildFailed

@@ -118,6 +118,27 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
 
     Returns a summary dict (run_dir, steps, last loss, last eval) on every worker.
     """
+    held: list = []  # the checkpoint folder's writer lock, once taken (rank 0)
+    try:
+        return _run_training(cfg, world, model, out, resume, build_strategy, held)
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def before_anything(cfg: Config, resume, held: list) -> None:
+    """World rank 0, first of all (no data read, no run directory made): the
+    ``--resume`` target must name a complete checkpoint, and a job that saves into
+    an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py)."""
+    if resume:
+        from hpcdp.io.commit import resolve
+        resolve(resume, cfg.checkpoint.dir or None)
+    if cfg.checkpoint.enabled and cfg.checkpoint.dir:
+        from hpcdp.io.lock import acquire
+        held.append(acquire(cfg.checkpoint.dir, cfg.run.name))
+
+
+def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: list) -> dict:
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
     from hpcdp.failure.setup_outcome import on_root, stage
@@ -136,6 +157,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout
     with stage(world.comm, "setup", timeout=setup_s):
+        if world.rank == 0:
+            before_anything(cfg, resume, held)
         try:
             if cfg.run.device == "cuda":  # one GPU per rank on a node: GPU = local rank % GPUs
                 from hpcdp.backend.cuda import select_device
@@ -210,12 +233,17 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
     writer = MetricsWriter(Path(run_dir) / "metrics.jsonl" if writer_rank else None,
                            total, cfg.run.log_every, out=out)
     floor = ds.info.get("loss_floor")
+    uniform = math.log(ds.n_classes)  # the loss of predicting every class (token) alike
     if writer_rank:
         writer.log(f"run dir: {run_dir}")
         writer.log(f"data: {ds.describe()}" + (f"; loss floor (exact conditional entropy) "
-                                               f"{floor:.4f} nats" if floor is not None else ""))
+                                               f"{floor:.4f} nats, a uniform guess {uniform:.4f}"
+                                               if floor is not None else ""))
         if exact is not None:
             writer.log(exact.describe())
+        for lock in held:
+            if lock.took_over:
+                writer.log(f"checkpoint.dir: took over a stale lock ({lock.took_over})")
         if init_line:
             writer.log(init_line)
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
@@ -232,7 +260,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
         if writer_rank:
             writer.write({"eval": {"step": step, **res}})
             writer.log(f"eval @ step {step}: loss {res['loss']:.4f}  accuracy {res['accuracy']:.4f}"
-                       + (f"  (loss floor {floor:.4f})" if floor is not None else "")
+                       + (f"  (loss floor {floor:.4f}, uniform guess {uniform:.4f}: "
+                          f"{progress(res['loss'], uniform, floor)})" if floor is not None else "")
                        + f"  on {res['n']} {'tokens' if ds.task == 'sequence' else 'samples'}"
                        + f"  weights sha256 {res['weights_sha256']}")
         return res
@@ -269,15 +298,15 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
                                 "samples_per_s": global_n / dt, "step_time_s": dt})
             stop = ckpt.after_step(step)  # saves when due; True on SIGTERM/SIGUSR1 (saved)
             evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
-            if step == 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop:
+            if step == start + 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop:
                 # Every rank flushes after the same steps; only the writer waits.
                 for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
                     last_loss = loss_sum
                     writer.step({"step": rec["step"], "epoch": rec["epoch"], "loss": loss_sum,
                                  **{k: rec[k] for k in ("lr", "global_batch", "samples_per_s", "step_time_s")},
                                  "ranks": ranks})
-                    if rec["step"] in (1, total):
-                        writer.log(memory_line(rec["step"], ranks))
+                    if rec["step"] in (start + 1, total):
+                        writer.log(memory_line(rec["step"], ranks, world.size - comm.Get_size()))
                 pending.clear()
             if evals_now:
                 last_eval = run_eval(step)
@@ -307,6 +336,13 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
             "stopped_by": ckpt.stopped_by, "checkpoint": str(ckpt.saved_path) if ckpt.saved_path else None}
 
 
+def progress(loss: float, uniform: float, floor: float) -> str:
+    """How far ``loss`` got from a uniform guess towards the floor, in words."""
+    if not (uniform > floor) or not math.isfinite(loss):
+        return "n/a"
+    return f"{100 * (uniform - loss) / (uniform - floor):.0f}% of the way from the uniform guess to the floor"
+
+
 def check_state_fits(cfg, strategy, flat, world) -> None:
     """Refuse, on every rank and before any allocation, a run whose model state per
     node exceeds the node's available memory (hpcdp.memcheck)."""
@@ -327,11 +363,13 @@ def strategy_ranks(strategy, world) -> int:
     return world.size if getattr(strategy, "stage", 0) else 1
 
 
-def memory_line(step: int, ranks: dict) -> str:
-    """One log line: each rank's model state (persistent), tagged peak and peak RSS."""
+def memory_line(step: int, ranks: dict, servers: int = 0) -> str:
+    """One log line: each worker rank's model state (persistent), tagged peak and peak
+    RSS; ``servers``: dedicated parameter-server ranks, which report no step figures."""
     def mib(key):
         return "[" + ", ".join(f"{v / 2**20:.1f}" for v in ranks.get(key, [])) + "]"
-    return (f"memory @ step {step} (MiB per rank): model state {mib('mem_persistent_bytes')} "
+    who = f"per worker rank; the {servers} server rank(s) are not listed" if servers else "per rank"
+    return (f"memory @ step {step} (MiB {who}): model state {mib('mem_persistent_bytes')} "
             f"(params {mib('mem_params_bytes')}, grads {mib('mem_grads_bytes')}, "
             f"optim {mib('mem_optim_bytes')}); peak with working buffers {mib('mem_peak_bytes')}; "
             f"peak RSS {mib('rss_peak_bytes')}")

@@ -419,7 +419,7 @@ def stall(args) -> list:
 # -- command line ------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hpcdp bench ckpt", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="hpcdp bench ckpt", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--sizes", default="gpt,1GiB", help="states: gpt (jobs/gpt_ddp.toml + AdamW) and/or <x>GiB")
     p.add_argument("--ranks", default="1,2,4")
     p.add_argument("--layouts", default="split,shared")

@@ -222,7 +222,8 @@ def main(argv=None) -> int:
                               f"{100 * w['wait_fraction_median']:>8.2f}%{w['wait_ms_median']:>9.3f}"
                               f"{w['wait_ms_p90']:>8.3f}{w['step_ms_median']:>9.2f}", flush=True)
         result["env"]["load_end"] = os.getloadavg()
-        print(f"\nload average: start {result['env']['load_start']}, end {result['env']['load_end']}")
+        loads = {k: " / ".join(f"{x:.2f}" for x in result["env"][k]) for k in ("load_start", "load_end")}
+        print(f"\nload average (1 / 5 / 15 min): start {loads['load_start']}, end {loads['load_end']}")
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
     finally:

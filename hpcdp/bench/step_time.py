@@ -304,6 +304,14 @@ def _table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def torch_note(results: list[dict]) -> str:
+    """Why the torch column shows "-": PyTorch was not importable here."""
+    if all(r.get("torch") for r in results):
+        return ""
+    return ("\n/ torch \"-\": PyTorch is not installed in this Python, so it was not measured; to compare, "
+            "run from a venv that has it (pip install torch)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hpcdp bench step", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2 (default 1)")
@@ -342,7 +350,7 @@ def main(argv=None) -> int:
             sys.stderr.write(proc.stderr[-4000:])
             raise RuntimeError(f"bench step: the {t}-thread measurement failed (exit {proc.returncode})")
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(_table(results))
+    print(_table(results) + torch_note(results))
     doc = {
         "command": "hpcdp bench step " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.now().isoformat(timespec="seconds"),

@@ -46,6 +46,7 @@ def cmd_info(args) -> int:
 
     problem = marker_problem(args.ckpt)
     index = read_index(args.ckpt)
+    digest = None if problem else weights_sha256(args.ckpt)  # reads every weight: errors before any output
     a, s = index.attrs, index.state
     print(f"checkpoint   {args.ckpt}" + (f"  (NOT LOADABLE: {problem})" if problem else ""))
     print(f"format       {a.get('format')} version {a.get('format_version')}, written by hpcdp "
@@ -59,8 +60,8 @@ def cmd_info(args) -> int:
     for key, arr in sorted(index.arrays.items()):
         if key.startswith("rank_"):
             print(f"per rank     {key[5:]}: {arr.astype('int64').tolist()}")
-    if not problem:
-        print(f"weights      sha256 {weights_sha256(args.ckpt)}")
+    if digest:
+        print(f"weights      sha256 {digest}")
     print(f"files        " + ", ".join(f"{f} ({_mib(b)})" for f, b in zip(index.files, index.file_bytes)))
     print(f"\n{'tensor':<44} {'shape':<16} {'dtype':<8} pieces (file[elements])")
     for tid, name in enumerate(index.tensors):

@@ -47,7 +47,9 @@ def _prepare(argv) -> int:
     print(f"{len(files)} file(s) from {', '.join(texts)}", flush=True)
     s = prepare_corpus(files, args.out, args.tokenizer, args.val_fraction, args.seed,
                        log=lambda line: print(line, flush=True))
-    print(f"wrote {s['out']}: {s['tokenizer']} tokenizer, vocabulary {s['vocab_size']}, "
+    print(f"wrote {s['out']}: {s['files']} file(s)"
+          + (f" ({s['empty_files']} empty one(s) left out: no tokens)" if s["empty_files"] else "")
+          + f", {s['tokenizer']} tokenizer, vocabulary {s['vocab_size']}, "
           f"{s['train_tokens']:,} train / {s['val_tokens']:,} val tokens in {s['seconds']:.1f} s\n"
           f"train on it: hpcdp train --set data.kind=tokens --set data.path={s['out']} "
           f"--set model.kind=gpt --set model.vocab_size={s['vocab_size']} ...", flush=True)

@@ -83,8 +83,14 @@ def generate_from(cfg, model) -> str:
     if s.length == 0:
         raise ValueError("sample.length is 0 in the checkpoint's config: pass --length N")
     if cfg.data.kind == "tokens":
+        from pathlib import Path
+
         from hpcdp.data.corpus import open_corpus
 
+        if not Path(cfg.data.path).is_file():
+            raise ValueError(f"data.path: the checkpoint's corpus {cfg.data.path!r} (its tokenizer) is not there "
+                             "(moved, or a relative path from another folder?): pass where it is now with "
+                             "--set data.path=\"PATH/corpus.h5\"")
         f, tokenizer = open_corpus(cfg.data.path)
         f.close()
         if tokenizer.vocab_size > cfg.model.vocab_size:

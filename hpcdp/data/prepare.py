@@ -124,6 +124,7 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
             raise DataError(f"--text: the files use {len(chars)} distinct character(s); a corpus needs at least 2")
         tok = Tokenizer.char_from_text(chars)
     keep = [i for i, n in enumerate(lengths) if n > 0]
+    n_empty = len(files) - len(keep)  # empty files (e.g. __init__.py) hold no tokens: left out
     files, lengths = [files[i] for i in keep], [lengths[i] for i in keep]
     encoded = {j: encoded[i] for j, i in enumerate(keep) if i in encoded}
     if not files:
@@ -174,7 +175,7 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
         if tmp.exists():
             tmp.unlink()
     n_val = sum(lengths[i] for i in range(len(files)) if val[i]) if not one_file_cut else lengths[0] - n_cut
-    return {"out": str(out), "files": len(files), "tokenizer": tokenizer if tok.kind != "hf" else
+    return {"out": str(out), "files": len(files), "empty_files": n_empty, "tokenizer": tokenizer if tok.kind != "hf" else
             f"{Path(tokenizer).name} (hf)", "vocab_size": tok.vocab_size,
             "train_tokens": sum(lengths) - n_val, "val_tokens": n_val,
             "seconds": time.perf_counter() - t0}

@@ -20,7 +20,10 @@
 - background.py  the asynchronous save's thread;  stop.py  SIGTERM/SIGUSR1
 - hostbuf.py     the asynchronous save's reusable, page-aligned snapshot buffers (memfd)
 - writerproc.py  the asynchronous save's writer process (off the training GIL)
-- checkpointer.py  what train.py calls;  cli.py  `hpcdp ckpt ls|info|verify|export`
+- inspect.py     verify, export, digests, summaries (`hpcdp ckpt`, hpcdp/commands/ckpt.py)
+- errors.py      CheckpointError; damaged_file: h5py's errors on damaged files as one line
+- lock.py        one writing job per checkpoint.dir (job, host, pid; stale locks taken over)
+- checkpointer.py  what train.py calls
 - weights.py     a checkpoint's weights into a model built from its config, one process
                  (`hpcdp sample --resume`)
 - export.py      `hpcdp ckpt export --format h5|npz|safetensors|hf-gpt2`; hf_gpt2.py  transformers'

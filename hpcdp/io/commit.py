@@ -79,9 +79,15 @@ def marker_problem(ckpt: Path) -> str | None:
     marker = Path(ckpt) / MARKER_FILE
     if not marker.is_file():
         return "it has no COMMITTED marker (the save did not finish)"
-    lines = marker.read_text(errors="replace").splitlines()
-    if len(lines) < 2 or not lines[0].startswith(FORMAT_NAME) or not lines[1].startswith("index.h5 sha256 "):
+    text = marker.read_text(errors="replace")
+    lines = text.splitlines()
+    head = lines[0].split() if lines else []
+    if (len(lines) < 2 or len(head) != 3 or head[:2] != [FORMAT_NAME, "step"] or not head[2].isdigit()
+            or text != marker_text(int(head[2]), (lines[1].split() or [""])[-1])):
         return "its COMMITTED marker is damaged"
+    named = STEP_DIR_RE.fullmatch(Path(ckpt).name)
+    if named and int(named.group(1)) != int(head[2]):
+        return f"its COMMITTED marker says step {head[2]}, the directory step {int(named.group(1))}: it is damaged"
     index = Path(ckpt) / INDEX_FILE
     if not index.is_file():
         return "index.h5 is missing"
@@ -124,6 +130,24 @@ def prune(root, keep: int) -> list[Path]:
     return drop
 
 
+def run_dir_hint(path) -> str:
+    """For a run directory (it holds the run's ``config.toml``) whose checkpoints were
+    saved elsewhere: where its config says they went; else ""."""
+    import tomllib
+
+    config = Path(path) / "config.toml"
+    try:
+        section = tomllib.loads(config.read_text()).get("checkpoint", {})
+        where, every = section.get("dir", ""), section.get("every", 0)
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return ""
+    if not where:
+        return ("" if every else " (it is a run directory whose run saved no checkpoints: its config.toml "
+                "has checkpoint.every = 0 and no checkpoint.dir)")
+    return (f" (it is a run directory: its config.toml saved checkpoints to checkpoint.dir = {where!r}, "
+            f"relative to where that job ran: hpcdp ckpt ls {where})")
+
+
 def resolve(target: str, default_root, *, if_none: str = "train without --resume, or point it at a "
             "step-* directory") -> Path:
     """The checkpoint that ``--resume target`` means (complete, or an error).
@@ -145,15 +169,17 @@ def resolve(target: str, default_root, *, if_none: str = "train without --resume
         if STEP_DIR_RE.fullmatch(root.name) or (root / INDEX_FILE).exists():
             problem = marker_problem(root)
             if problem:
-                raise CheckpointError(f"--resume {target}: this checkpoint must not be loaded: {problem}")
+                raise CheckpointError(f"--resume {target}: this checkpoint must not be loaded: {problem}; "
+                                      f"use an earlier checkpoint (hpcdp ckpt ls {root.parent})")
             return root
         if not list_checkpoints(root) and (root / "checkpoints").is_dir():
             root = root / "checkpoints"
     items = list_checkpoints(root)
     done = [path for _, path, ok in items if ok]
     if not done:
-        what = f"only {len(items)} incomplete one(s)" if items else "none"
-        raise CheckpointError(f"--resume {target}: no complete checkpoint in {root} ({what}); {if_none}")
+        what = (f"{root} holds only {len(items)} incomplete checkpoint(s)" if items
+                else f"{root} holds no step-* checkpoint{run_dir_hint(root)}")
+        raise CheckpointError(f"--resume {target}: no complete checkpoint: {what}; {if_none}")
     problem = marker_problem(done[-1])
     if problem:
         raise CheckpointError(f"--resume {target}: the newest checkpoint {done[-1]} must not be loaded: "
@@ -162,4 +188,4 @@ def resolve(target: str, default_root, *, if_none: str = "train without --resume
 
 
 __all__ = ["tmp_dir", "prepare", "commit", "marker_problem", "list_checkpoints", "latest", "prune",
-           "resolve", "marker_text"]
+           "resolve", "marker_text", "run_dir_hint"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+EARLIER = "use an earlier checkpoint"
+
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written or must not be loaded. The message names
@@ -9,4 +13,22 @@ class CheckpointError(ValueError):
     ``hpcdp`` command prints it as one error line (exit status 2)."""
 
 
-__all__ = ["CheckpointError"]
+@contextmanager
+def damaged_file(where: str):
+    """Reading HDF5 structures inside: any error h5py raises for damaged metadata
+    (HDF5's own checksums, a broken B-tree or heap: ``OSError``, ``KeyError``,
+    ``RuntimeError``, ``ValueError``, ``TypeError``, ``IndexError``...) becomes one
+    :class:`CheckpointError` that names ``where`` (checkpoint, file, object) and says
+    what to do, the same kind of line as a SHA-256 mismatch of the data."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError, AttributeError,
+            OverflowError, MemoryError) as e:
+        text = str(e).strip("'\"") or type(e).__name__
+        raise CheckpointError(f"{where}: HDF5 metadata is damaged ({text}): the file is corrupt; "
+                              f"{EARLIER}") from None
+
+
+__all__ = ["CheckpointError", "damaged_file", "EARLIER"]

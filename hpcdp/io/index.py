@@ -22,12 +22,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from .checksum import block_elements
-from .errors import CheckpointError
+from .errors import CheckpointError, damaged_file
 from .format import FORMAT_NAME, FORMAT_VERSION, INDEX_FILE
-from .h5 import create, group_at, open_read, read_small, write_small
+from .h5 import create, group_at, read_small, write_small
 from .ranges import coverage_problems
 from .shardfile import set_attrs
 
@@ -142,10 +143,18 @@ def _attr(value):
 
 
 def read_index(ckpt_dir) -> Index:
-    """Read and verify ``index.h5`` (checksums, format version)."""
+    """Read and verify ``index.h5`` (checksums, format version); damaged HDF5
+    structures give one CheckpointError naming the file (errors.damaged_file)."""
     path = Path(ckpt_dir) / INDEX_FILE
+    with damaged_file(f"checkpoint {ckpt_dir}: file {INDEX_FILE}"):
+        return _read_index(path)
+
+
+def _read_index(path: Path) -> Index:
     where = str(path)
-    with open_read(path) as f:
+    if not path.is_file():
+        raise CheckpointError(f"{where}: file is missing")
+    with h5py.File(path, "r") as f:
         attrs = {k: _attr(v) for k, v in f.attrs.items()}
         if attrs.get("format") != FORMAT_NAME:
             raise CheckpointError(f"{where}: not an hpcdp checkpoint index (format {attrs.get('format')!r})")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .commit import list_checkpoints, marker_problem
-from .errors import CheckpointError
-from .format import INDEX_FILE, PARAM, STEP_DIR_RE
+from .commit import list_checkpoints, marker_problem, run_dir_hint
+from .errors import EARLIER, CheckpointError, damaged_file
+from .format import FORMAT_NAME, INDEX_FILE, PARAM, STEP_DIR_RE
 from .index import read_index
 from .ranges import coverage_problems
 from .reader import Reader
@@ -26,12 +26,13 @@ def read_tensor(reader, index, tid: int) -> np.ndarray:
 
 
 def verify(ckpt_dir) -> tuple[list[str], int]:
-    """Every check a load makes, on every byte: ``(problems, bytes verified)``.
-    An empty list means the checkpoint is sound."""
+    """Every check a load makes, on every byte: ``(problems, bytes verified)``, one
+    line per problem (a missing or damaged file is named once, not once per tensor
+    it holds). An empty list means the checkpoint is sound."""
     ckpt_dir = Path(ckpt_dir)
     problem = marker_problem(ckpt_dir)
     if problem:
-        return [f"{ckpt_dir}: {problem}"], 0
+        return [f"checkpoint {ckpt_dir}: {problem}; {EARLIER}"], 0
     try:
         index = read_index(ckpt_dir)
     except CheckpointError as e:
@@ -43,12 +44,59 @@ def verify(ckpt_dir) -> tuple[list[str], int]:
         if gap:
             problems.append(f"{ckpt_dir}: tensor {name}: {gap}")
     with Reader(ckpt_dir, index) as reader:
+        bad_files = set()
+        for fi in range(len(index.files)):
+            problem = reader.open_file(fi) or file_header_problem(reader, fi)
+            if problem:
+                problems.append(problem)
+                bad_files.add(fi)
         for tid, name in enumerate(index.tensors):
+            if bad_files.intersection(int(fi) for fi in index.pieces_of(tid)[:, 1]):
+                continue  # its file's problem is already named
             try:
                 read_tensor(reader, index, tid)
             except CheckpointError as e:
                 problems.append(str(e))
         return problems, reader.bytes_read
+
+
+def file_header_problem(reader, fi: int) -> str | None:
+    """What a load never reads but ``verify`` checks: every object and attribute of
+    data file ``fi`` can be read (HDF5 checks its own metadata checksums as it
+    goes) and the file's root attributes agree with the index."""
+    index, h5 = reader.index, reader.h5_file(fi)
+    name = index.files[fi]
+    where = f"checkpoint {reader.dir}: file {name}"
+    want = {"format": FORMAT_NAME, "step": index.step}
+    if index.attrs.get("layout", "split") == "split":
+        want.update(kind="rank", rank=fi, world_size=len(index.files))
+
+    def walk(group, path: str) -> None:  # names each object it opens (visititems would not)
+        with damaged_file(f"{where}, object {path or '/'}"):
+            names = list(group)
+            for key in group.attrs:
+                group.attrs[key]
+        for child in names:
+            at = f"{path}/{child}"
+            with damaged_file(f"{where}, object {at}"):
+                obj = group[child]
+                for key in obj.attrs:
+                    obj.attrs[key]
+            if hasattr(obj, "keys"):  # a group
+                walk(obj, at)
+
+    try:
+        walk(h5, "")
+        with damaged_file(where):
+            found = {k: h5.attrs.get(k) for k in want}
+    except CheckpointError as e:
+        return str(e)
+    for key, value in want.items():  # format always; the others where the writer put them
+        got = found[key].decode() if isinstance(found[key], bytes) else found[key]
+        if (got is None and key == "format") or (got is not None and str(got) != str(value)):
+            return (f"{where}: root attribute {key} is {got!r}, the index says {value!r}: the file is damaged "
+                    f"or not this checkpoint's; {EARLIER}")
+    return None
 
 
 def weights_sha256(ckpt_dir) -> str:
@@ -114,7 +162,7 @@ def checkpoints_in(path) -> list[Path]:
         return [path]
     items = list_checkpoints(path) or list_checkpoints(path / "checkpoints")
     if not items:
-        raise CheckpointError(f"{path}: not a checkpoint and holds no step-* checkpoints")
+        raise CheckpointError(f"{path}: not a checkpoint and holds no step-* checkpoints{run_dir_hint(path)}")
     return [p for _, p, _ in items]
 
 

@@ -18,12 +18,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from .direct import DirectReads, open_direct
-from .errors import CheckpointError
+from .errors import EARLIER, CheckpointError, damaged_file
 from .format import BLOCK_BYTES
-from .h5 import open_read, pread_into
+from .h5 import pread_into
 from .layouts import get_layout
 from .ranges import Span, blocks_covering, intersect
 
@@ -57,12 +58,26 @@ class Reader:
         if size != want:
             how = "truncated" if size < want else "longer than written"
             raise CheckpointError(f"checkpoint {self.dir}: data file {name} has {size} bytes, the index "
-                                  f"says {want}: the file is {how}")
-        h5 = open_read(path)
+                                  f"says {want}: the file is {how}; {EARLIER}")
+        with damaged_file(f"checkpoint {self.dir}: file {name}"):
+            h5 = h5py.File(path, "r")
         fd = os.open(path, os.O_RDONLY)
         self._open_files[fi] = (h5, fd, name)
         self._direct_fds[fi] = open_direct(path, os.O_RDONLY)
         return self._open_files[fi]
+
+    def open_file(self, fi: int) -> str | None:
+        """Open data file number ``fi`` (an index into ``index.files``) and check its
+        size: None if it can be read, else the one line that says why not."""
+        try:
+            self._file(fi)
+        except CheckpointError as e:
+            return str(e)
+        return None
+
+    def h5_file(self, fi: int):
+        """The open h5py file of data file ``fi`` (opened by :meth:`open_file`)."""
+        return self._file(fi)[0]
 
     def close(self) -> None:
         for h5, fd, _ in self._open_files.values():
@@ -98,10 +113,11 @@ class Reader:
 
     def _dataset(self, h5, name: str, tensor: str, piece_off: int):
         path = self.layout.dataset_path(tensor, piece_off)
-        if path not in h5:
-            raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
-                                  f"(tensor {tensor}) although the index says it holds it")
-        return h5[path]
+        with damaged_file(f"checkpoint {self.dir}: file {name}, dataset /{path} (tensor {tensor})"):
+            if path not in h5:
+                raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
+                                      f"(tensor {tensor}) although the index says it holds it; {EARLIER}")
+            return h5[path]
 
     def _read_piece(self, fi, tensor_id, piece_off, piece_size, span: Span, out) -> None:
         h5, fd, name = self._file(fi)
@@ -110,11 +126,12 @@ class Reader:
         ds = self._dataset(h5, name, tensor, piece_off)
         where = f"checkpoint {self.dir}: file {name}, tensor {tensor} (piece at element {piece_off})"
         want_len = self.layout.dataset_len(piece_size, self.index.numel(tensor_id))
-        if ds.dtype != dtype or ds.shape != (want_len,):
-            raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
-                                  f"{dtype} ({want_len},): wrong dtype or shape")
-        block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
-        offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
+        with damaged_file(where):  # the dataset's header, attributes and layout
+            if ds.dtype != dtype or ds.shape != (want_len,):
+                raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
+                                      f"{dtype} ({want_len},): wrong dtype or shape; {EARLIER}")
+            block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
+            offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
         b0, b1 = blocks_covering(span, block)
         checks = []  # (block, lo, hi, future digest): hashing runs while the next block is read
         for b in range(b0, b1):  # one checksum block at a time
@@ -130,7 +147,8 @@ class Reader:
                 else:
                     pread_into(fd, buf, at, self.dir / name)
             else:
-                buf[...] = ds[ds_start + lo:ds_start + hi]
+                with damaged_file(where):
+                    buf[...] = ds[ds_start + lo:ds_start + hi]
             self.bytes_read += buf.nbytes
             checks.append((b, lo, hi, self._hasher.submit(_sha256, buf)))
             if not inside:
@@ -148,14 +166,14 @@ class Reader:
             block = int(ds.attrs["block"])
             digests = np.asarray(ds.attrs["sha256"])
         except KeyError as e:
-            raise CheckpointError(f"{where}: attribute {e} is missing") from None
+            raise CheckpointError(f"{where}: attribute {e} is missing; {EARLIER}") from None
         try:
             digests, start = self.layout.piece_digests(ds, piece_off, piece_size, block, digests, where)
         except KeyError as e:
-            raise CheckpointError(f"{where}: attribute {e} is missing") from None
+            raise CheckpointError(f"{where}: attribute {e} is missing; {EARLIER}") from None
         if digests.shape != ((piece_size + block - 1) // block, 32):
             raise CheckpointError(f"{where}: {digests.shape[0]} block digests for {piece_size} elements "
-                                  f"in blocks of {block}: the checksum attribute is damaged")
+                                  f"in blocks of {block}: the checksum attribute is damaged; {EARLIER}")
         return block, digests, start
 
 

@@ -142,62 +142,79 @@ def _pred_cells(p: dict, width: int = 8) -> str:
 
 
 def plot(result: dict, path: Path) -> str | None:
-    """scale.png: step time (measured, and predicted when a profile was given),
-    efficiency, the efficiency lost to contention vs communication, exposed vs hidden
-    communication."""
+    """scale.png: step time (measured, and predicted when a profile was given) and
+    efficiency of every variant, the efficiency lost to contention vs communication,
+    exposed vs hidden communication. Weak points are filled, strong ones hollow and
+    larger, so the shared one-rank point shows both; legends sit below the panels."""
     plt = pyplot()
     if plt is None:
         return NO_MATPLOTLIB
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 5.8))
     all_ranks = sorted({p["ranks"] for s in ("weak", "strong") for p in result.get(s, [])})
-    for study, marker in (("weak", "o"), ("strong", "s")):
-        pts = [p for p in result.get(study, []) if p["variant"] == "bucketed"]
-        if not pts:
-            continue
-        ks = [p["ranks"] for p in pts]
-        line, = axes[0].plot(ks, [1e3 * p["step_time_s"] for p in pts], marker=marker, ls="",
-                             label=f"{study} measured")
-        if all("pred_step_s" in p for p in pts):
-            axes[0].plot(ks, [1e3 * p["pred_step_s"] for p in pts], ls="--", color=line.get_color(),
-                         label=f"{study} model")
-        axes[1].plot(ks, [100 * p["efficiency"] for p in pts], marker=marker, label=study)
-        if all("pred_efficiency" in p for p in pts):
-            axes[1].plot(ks, [100 * p["pred_efficiency"] for p in pts], ls="--",
-                         color=axes[1].lines[-1].get_color(), label=f"{study} model")
+    variants = list(dict.fromkeys(p["variant"] for s in ("weak", "strong") for p in result.get(s, [])))
+    markers = dict(zip(variants, "osD^v<>"))
+    colors = {v: f"C{i}" for i, v in enumerate(variants)}
+    for study in ("weak", "strong"):
+        for variant in variants:
+            pts = [p for p in result.get(study, []) if p["variant"] == variant]
+            if not pts:
+                continue
+            ks = [p["ranks"] for p in pts]
+            style = (dict(color=colors[variant], marker=markers[variant], ms=6) if study == "weak" else
+                     dict(color=colors[variant], marker=markers[variant], ms=11, mfc="none", mew=1.5))
+            name = f"{study} {variant}"
+            axes[0].plot(ks, [1e3 * p["step_time_s"] for p in pts], ls="", label=f"{name} measured", **style)
+            if all("pred_step_s" in p for p in pts):
+                axes[0].plot(ks, [1e3 * p["pred_step_s"] for p in pts], ls="--" if study == "weak" else ":",
+                             color=colors[variant], label=f"{name} model")
+            axes[1].plot(ks, [100 * p["efficiency"] for p in pts], ls="-" if study == "weak" else ":",
+                         label=name, **style)
+            if all("pred_efficiency" in p for p in pts):
+                axes[1].plot(ks, [100 * p["pred_efficiency"] for p in pts], ls="--", color=colors[variant],
+                             label=f"{name} model")
     base = result.get("baseline", [])
     if base:
         axes[0].plot([b["ranks"] for b in base], [1e3 * b["step_time_s"] for b in base], "x",
-                     color="gray", label="compute-only")
+                     color="gray", ms=8, label="compute-only")
     axes[0].set(xlabel="ranks", ylabel="ms per step", title="step time")
     axes[1].axhline(100, color="k", ls="--", lw=0.8)
     axes[1].set(xlabel="ranks", ylabel="efficiency %", title="scaling efficiency")
-    att = [p for p in result.get("weak", []) if "eff_contention" in p and p["variant"] == "bucketed"]
+    att = [p for p in result.get("weak", []) if p.get("loss_contention") is not None]
     if att:
-        x = range(len(att))
+        import numpy as np
+
+        x = np.arange(len(att))
         cont = [100 * p["loss_contention"] for p in att]
         comm = [100 * p["loss_comm"] for p in att]
-        axes[2].bar(x, cont, label="contention (compute-only slower)")
-        axes[2].bar(x, comm, bottom=cont, label="communication (exposed + CPU)")
-        axes[2].set_xticks(list(x), [f"n={p['ranks']}" for p in att])
-    axes[2].set(ylabel="efficiency points lost", title="weak scaling: where efficiency goes")
+        axes[2].bar(x - 0.2, cont, 0.4, label="contention (compute-only slower than 1 rank)", color="C4")
+        axes[2].bar(x + 0.2, comm, 0.4, label="communication (exposed + CPU)", color="C5")
+        for xi, v in list(zip(x - 0.2, cont)) + list(zip(x + 0.2, comm)):
+            axes[2].annotate(f"{v:+.0f}", (xi, v), ha="center", va="bottom" if v >= 0 else "top", fontsize=8)
+        axes[2].axhline(0, color="k", lw=0.8)
+        axes[2].set_xticks(list(x), [f"{p['variant']} n={p['ranks']}" for p in att], fontsize=8, rotation=30,
+                           ha="right", rotation_mode="anchor")
+        axes[2].margins(y=0.15)
+    axes[2].set(ylabel="efficiency points lost (< 0: gained)", title="weak scaling: where efficiency goes")
     labels, exposed, hidden = [], [], []
     for p in result.get("weak", []):
         if p["ranks"] > 1:
-            labels.append(f"{p['variant']}\nn={p['ranks']}")
+            labels.append(f"{p['variant']} n={p['ranks']}")
             exposed.append(1e3 * p["comm_exposed_s"])
             hidden.append(1e3 * p["comm_hidden_s"])
     if labels:
         x = range(len(labels))
         axes[3].bar(x, exposed, label="exposed")
         axes[3].bar(x, hidden, bottom=exposed, label="hidden behind backward")
-        axes[3].set_xticks(list(x), labels, fontsize=7)
+        axes[3].set_xticks(list(x), labels, fontsize=8, rotation=30, ha="right", rotation_mode="anchor")
+        axes[3].margins(y=0.1)
     axes[3].set(ylabel="ms per step", title="gradient communication (weak)")
     for ax in axes:
+        ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     for ax in axes[:2]:
         ax.set_xticks(all_ranks)
-    fig.suptitle(result.get("title", "hpcdp scale"), fontsize=9)
+    fig.suptitle(result.get("title", "hpcdp scale"), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

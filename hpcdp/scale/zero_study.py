@@ -129,22 +129,25 @@ def _plot_memory(result: dict, path: Path) -> None:
         return
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.6))
+    # the strategies side by side around each N (at N = 1 they hold the same state)
+    shift = {st: 0.07 * (i - (len(STRATEGIES) - 1) / 2) for i, st in enumerate(STRATEGIES)}
     for strategy, color in zip(STRATEGIES, ("C0", "C1", "C2", "C3")):
         pts = [p for p in result["points"] if p["strategy"] == strategy]
-        ks = [p["ranks"] for p in pts]
+        ks = [p["ranks"] + shift[strategy] for p in pts]
         ax.plot(ks, [np.mean(p["formula_bytes"]) / MIB for p in pts], "-", color=color, alpha=0.6,
                 label=f"{strategy} formula")
         ax.plot(ks, [np.mean(p["mem_persistent_bytes"]) / MIB for p in pts], "o", color=color,
                 label=f"{strategy} measured")
-        ax.plot(ks, [np.mean(p["mem_peak_bytes"]) / MIB for p in pts], "x", color=color, alpha=0.7)
-    ax.set_xlabel("ranks N")
-    ax.set_ylabel("model state per rank (MiB); x: peak with working buffers")
-    ax.set_title(f"{result['config']}: {result['params']:,} parameters, {result['dtype']}, "
+        ax.plot(ks, [np.mean(p["mem_peak_bytes"]) / MIB for p in pts], "x", color=color, ms=8,
+                label=f"{strategy} peak (with working buffers)")
+    ax.set_xlabel("ranks N (strategies drawn side by side)")
+    ax.set_ylabel("MiB per rank (rank mean)")
+    ax.set_title(f"{result['config']}: model state per rank, {result['params']:,} parameters, {result['dtype']}, "
                  f"{result['optimizer']}", fontsize=9)
     ax.set_xticks(sorted({p["ranks"] for p in result["points"]}))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

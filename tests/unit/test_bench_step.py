@@ -28,3 +28,12 @@ def test_measure_reports_medians_for_every_contender(monkeypatch):
     assert set(times) == {"hpcdp", "numpy"} and res["torch"] is None
     for t in list(times.values()) + list(res["models"]["gpt"]["times"].values()):
         assert t["repeats"] == 3 and 0 < t["min_s"] <= t["median_s"]
+
+
+def test_the_table_says_why_torch_shows_a_dash():
+    rows = [{"threads": 1, "torch": None, "models": {"mlp": {"times": {
+        "hpcdp": {"median_s": 2e-3, "q1_s": 1e-3, "q3_s": 3e-3}, "numpy": {"median_s": 1e-3, "q1_s": 1e-3,
+                                                                          "q3_s": 1e-3}}}}}]
+    table = bench._table(rows) + bench.torch_note(rows)
+    assert "2.00x" in table and "PyTorch is not installed" in table.splitlines()[-1]
+    assert bench.torch_note([{**rows[0], "torch": "2.13.0"}]) == ""

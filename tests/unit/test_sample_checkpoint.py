@@ -171,11 +171,11 @@ def test_bad_input_is_one_clear_error(tmp_path, corpus):
     _train(cwd, 1, "train.steps=2")
     (cwd / "empty").mkdir()
     proc = _hpcdp(cwd, "sample", "--resume", "empty")
-    assert proc.returncode == 2 and "no complete checkpoint in empty (none)" in proc.stderr
+    assert proc.returncode == 2 and "no complete checkpoint: empty holds no step-* checkpoint" in proc.stderr
     shutil.copytree(cwd / "ck", cwd / "half")
     (cwd / "half" / "step-00000002" / "COMMITTED").unlink()
     proc = _hpcdp(cwd, "sample", "--resume", "half")
-    assert proc.returncode == 2 and "(only 1 incomplete one(s))" in proc.stderr
+    assert proc.returncode == 2 and "half holds only 1 incomplete checkpoint(s)" in proc.stderr
     proc = _hpcdp(cwd, "sample", "--resume", "half/step-00000002")
     assert proc.returncode == 2 and "must not be loaded" in proc.stderr
     assert "no such file" in _hpcdp(cwd, "sample", "--resume", "nowhere").stderr
@@ -184,7 +184,8 @@ def test_bad_input_is_one_clear_error(tmp_path, corpus):
     # the corpus (its tokenizer) is gone: name data.path
     (cwd / "corpus.h5").rename(cwd / "moved.h5")
     proc = _hpcdp(cwd, "sample", "--resume", "ck")
-    assert proc.returncode == 2 and "data.path" in proc.stderr
+    assert proc.returncode == 2 and "--set data.path=" in proc.stderr and "corpus.h5" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert _hpcdp(cwd, "sample", "--resume", "ck", "--set", 'data.path="moved.h5"').returncode == 0
     # sample flags are checked as [sample] keys
     proc = _hpcdp(cwd, "sample", "--resume", "ck", "--set", 'data.path="moved.h5"', "--length", "-1")

@@ -99,3 +99,45 @@ def test_scale_rejects_bad_arguments(tmp_path):
                                *extra], env=env, capture_output=True, text=True, timeout=60,
                               cwd=tmp_path)
         assert proc.returncode != 0 and msg in proc.stderr, proc.stderr
+
+
+def test_the_plots_draw_every_variant_and_both_studies(tmp_path):
+    """scale.png from a study with three weak variants, an efficiency *gained* by
+    contention (a negative loss) and the shared one-rank point; memory.png with four
+    strategies that coincide at N = 1: both render, and every series is drawn."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from hpcdp.scale.report import plot
+    from hpcdp.scale.zero_study import _plot_memory
+
+    def pt(variant, k, t, eff):
+        return {"variant": variant, "ranks": k, "step_time_s": t, "efficiency": eff,
+                "loss_contention": None if k == 1 else -0.2, "loss_comm": None if k == 1 else 0.5,
+                "comm_exposed_s": 0.001 * k, "comm_hidden_s": 0.002 * k}
+    weak = [pt("bucketed", 1, 0.01, 1.0)] + [pt(v, k, 0.012 * k, 0.8 / k) for k in (2, 4)
+                                              for v in ("bucketed", "per_param", "no_overlap")]
+    strong = [pt("bucketed", k, 0.01 / k, 0.9 / k) for k in (1, 2, 4)]
+    drawn = []
+    real_close = plt.close
+
+    def keep(fig):  # look at what was drawn before the figure goes
+        drawn.append([sorted(t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else []))
+                      for ax in fig.axes])
+        real_close(fig)
+    plt.close = keep
+    try:
+        assert plot({"weak": weak, "strong": strong, "baseline": [], "title": "t"}, tmp_path / "scale.png") is None
+        points = [{"strategy": s, "ranks": k, "formula_bytes": [1e6 / k], "mem_persistent_bytes": [1e6 / k],
+                   "mem_peak_bytes": [1.2e6 / k]} for s in ("ddp", "zero1", "zero2", "zero3") for k in (1, 2)]
+        _plot_memory({"points": points, "config": "c", "params": 10, "dtype": "float32", "optimizer": "adamw"},
+                     tmp_path / "memory.png")
+    finally:
+        plt.close = real_close
+    step_time, efficiency, where, _ = drawn[0]
+    for v in ("bucketed", "per_param", "no_overlap"):
+        assert f"weak {v} measured" in step_time and f"weak {v}" in efficiency
+    assert "strong bucketed measured" in step_time
+    assert any("contention" in t for t in where)
+    assert "zero3 peak (with working buffers)" in drawn[1][0]
+    assert (tmp_path / "scale.png").stat().st_size > 0 and (tmp_path / "memory.png").stat().st_size > 0

@@ -79,8 +79,12 @@ def test_prepare_cuts_a_single_file_and_refuses_bad_input(textdir, tmp_path):
 
 def test_cli_data_prepare_and_info(textdir, tmp_path, capsys):
     out = tmp_path / "cli.h5"
+    (textdir / "empty.py").write_text("")  # like an empty __init__.py (and e.py): found, holds no tokens
     assert cli_main(["data", "prepare", "--text", str(textdir), "--glob", "*.py", "--out", str(out)]) == 0
-    assert "vocabulary 256" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    n = int(said.split(" file(s) from")[0])  # what was found, the empty one included
+    assert "vocabulary 256" in said
+    assert f"{n - 2} file(s) (2 empty one(s) left out: no tokens)" in said
     assert cli_main(["data", "info", str(out)]) == 0
     assert "tokenizer = 'byte'" in capsys.readouterr().out
     assert cli_main(["data", "prepare", "--text", str(tmp_path / "nope"), "--out", str(out)]) == 2

@@ -146,7 +146,10 @@ def test_gpt_on_markov_sequences_reports_the_loss_floor(tmp_path):
     summary = run_training(cfg, out=out)
     assert summary["eval"]["loss_floor"] == pytest.approx(1.6671, abs=1e-3)
     assert "loss floor (exact conditional entropy) 1.667" in out.getvalue()
-    assert "(loss floor 1.6671)" in out.getvalue()
+    assert "(loss floor 1.6671, uniform guess 2.7726: " in out.getvalue()  # ln 16: 16 tokens
+    assert "a uniform guess 2.7726" in out.getvalue()
+    loss, floor, uniform = summary["eval"]["loss"], summary["eval"]["loss_floor"], np.log(16)
+    assert f"{100 * (uniform - loss) / (uniform - floor):.0f}% of the way from the uniform guess" in out.getvalue()
     ev = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines() if "eval" in x]
     assert ev[0]["eval"]["n"] == 8 * 32  # 8 test sequences x 32 tokens
 
@@ -154,3 +157,13 @@ def test_gpt_on_markov_sequences_reports_the_loss_floor(tmp_path):
 def test_model_that_does_not_fit_the_data_names_the_key():
     with pytest.raises(ConfigError, match=r"model\.block_size: .* needs >= 32, found 16"):
         run_training(load_config(ROOT / "jobs/gpt_small.toml", ["model.block_size=16", "data.n_samples=16"]))
+
+
+def test_the_memory_line_says_which_ranks_it_lists():
+    from hpcdp.train import memory_line
+
+    ranks = {k: [2**20, 2 * 2**20] for k in ("mem_persistent_bytes", "mem_params_bytes", "mem_grads_bytes",
+                                              "mem_optim_bytes", "mem_peak_bytes", "rss_peak_bytes")}
+    assert "(MiB per rank): model state [1.0, 2.0]" in memory_line(1, ranks)
+    line = memory_line(1, ranks, servers=2)
+    assert "(MiB per worker rank; the 2 server rank(s) are not listed): model state [1.0, 2.0]" in line
