@@ -44,7 +44,10 @@ class CompiledEngine:
         from hpcdp.comm.compiled import kernels
         from hpcdp.comm.compiled.progress import ProgressThread
 
+        from hpcdp.comm.compiled.request import CompiledRingRequest
+
         self.binding = binding
+        self.request = CompiledRingRequest  # imported once, not per call
         self.advance = kernels.advance
         self._sleep = kernels.sleep_us
         self.progress = ProgressThread()
@@ -155,10 +158,8 @@ def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, seg
     if engine_name(ctx) == "compiled":
         engine = compiled_engine()
         if engine is not None and engine.takes(work if work is not None else src, src, op):
-            from hpcdp.comm.compiled.request import CompiledRingRequest
-
             blocking = getattr(_LOCAL, "blocking", False)
-            return CompiledRingRequest(
+            return engine.request(
                 ctx, name, call, ledger, timeout, work=work, src=src, op=op, phases=phases,
                 engine=engine, segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
                 result=result, final_out=final_out,
