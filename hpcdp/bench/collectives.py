@@ -87,6 +87,9 @@ def _parser():
     p.add_argument("--dtype", default="float32")
     p.add_argument("--segment-bytes", default="1M", help="ring segment size (pipelining)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations (0: by size)")
+    p.add_argument("--max-iters", type=int, default=2000,
+                   help="at most this many timed iterations per point when --iters is 0 "
+                        "(by size: about 0.2 s of traffic, 10-2000; default 2000)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5,
                    help="rounds, >= 1; each round times every algorithm in turn, the table shows "
@@ -109,6 +112,8 @@ def check_args(args) -> dict:
         bad(f"--repeats must be >= 1, got {args.repeats}")
     if args.iters < 0 or args.warmup < 0:
         bad(f"--iters and --warmup must be >= 0, got {args.iters} and {args.warmup}")
+    if args.max_iters < 1:
+        bad(f"--max-iters must be >= 1, got {args.max_iters}")
     lo, hi, seg = parse_size(args.min), parse_size(args.max), parse_size(args.segment_bytes)
     if lo < 1 or hi < lo:
         bad(f"--min must be >= 1 and --max >= --min, got --min {args.min} --max {args.max}")
@@ -131,11 +136,11 @@ def check_args(args) -> dict:
             "collectives": collectives}
 
 
-def _iters(nbytes: int, fixed: int) -> int:
+def _iters(nbytes: int, fixed: int, most: int = 2000) -> int:
     if fixed:
         return fixed
-    # about 0.2 s of traffic at ~1 GB/s, between 10 and 2000 iterations
-    return int(min(2000, max(10, (200 << 20) // max(nbytes, 1))))
+    # about 0.2 s of traffic at ~1 GB/s, between 10 and 2000 (at most ``most``) iterations
+    return int(min(2000, most, max(10, (200 << 20) // max(nbytes, 1))))
 
 
 def _time(fn, iters: int, warmup: int, comm) -> float:
@@ -220,7 +225,7 @@ def run(args) -> list[dict]:
                   f"{'busbw_GB/s':>11} {'vs_mpi':>7}")
         for nbytes in sizes:
             fns = _calls(collective, opts["algos"], comm, nbytes, dtype, seg)
-            iters = max(1, _iters(nbytes, args.iters) // args.repeats)
+            iters = max(1, _iters(nbytes, args.iters, args.max_iters) // args.repeats)
             samples = {algo: [] for algo in fns}
             for _ in range(args.repeats):  # interleaved, so load spikes hit every algorithm
                 for algo, fn in fns.items():

@@ -111,6 +111,10 @@ class CommContext:
         self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))
         self.timeout = default_timeout()
         self.cuda_aware = None  # decided lazily by hpcdp.comm.device
+        # hpcdp.comm.compiled: the engine asked for (None: HPCDP_COMM_ENGINE when first
+        # needed) and the compiled ring's plans (shape key -> Plan, with reusable states)
+        self.engine: str | None = None
+        self.compiled_plans: dict = {}
 
     def keep(self, reqs) -> None:
         """Hold control requests (and so their buffers) until they complete."""

@@ -54,6 +54,14 @@ SEGMENT_BYTES = 1 << 20  # hpcdp's ring segment (hpcdp.comm.ring.DEFAULT_SEGMENT
 class Link:
     alpha_s: float           # per message
     beta_s_per_byte: float   # per byte, one direction (links are full duplex)
+    # per byte of a ring step at large messages, fitted from hpcdp's own ring at two
+    # sizes (hpcdp.scale.calibrate.fit_ring_beta: the working buffers, cache effects and
+    # the receive path of the collectives themselves); 0: not measured, beta is used
+    ring_beta_s_per_byte: float = 0.0
+
+    @property
+    def ring_beta(self) -> float:
+        return self.ring_beta_s_per_byte or self.beta_s_per_byte
 
 
 @dataclass
@@ -76,6 +84,7 @@ class Profile:
     description: str = ""
     debug: bool = False              # predict HPCDP_DEBUG=1 runs (fingerprints every call)
     provenance: dict = field(default_factory=dict)  # how it was measured / sources
+    copy_s_per_byte: float = 0.0     # a buffer copy (out-of-place results); 0: not measured
 
     def __post_init__(self):
         if isinstance(self.call_s, (int, float)):
@@ -83,13 +92,14 @@ class Profile:
         if "ring" not in self.call_s or min(self.call_s.values()) < 0:
             raise ValueError(f"profile {self.name}: call_s needs a 'ring' entry, all >= 0 (seconds)")
         for key in ("gamma_s_per_byte", "msg_s", "ctrl_msg_s", "optimizer_s_per_param",
-                    "step_overhead_s"):
+                    "step_overhead_s", "copy_s_per_byte"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"profile {self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
         for kind in ("intra", "inter"):
             link = getattr(self, kind)
-            if not (link.alpha_s >= 0 and link.beta_s_per_byte >= 0):
-                raise ValueError(f"profile {self.name}: [{kind}] alpha_s and beta_s_per_byte must be >= 0")
+            if not (link.alpha_s >= 0 and link.beta_s_per_byte >= 0 and link.ring_beta_s_per_byte >= 0):
+                raise ValueError(f"profile {self.name}: [{kind}] alpha_s, beta_s_per_byte and "
+                                 "ring_beta_s_per_byte must be >= 0")
         if not self.flops_per_s > 0:
             raise ValueError(f"profile {self.name}: flops_per_s must be > 0, got {self.flops_per_s!r}")
         if self.ranks_per_node < 1 or self.nics_per_node < 1:
@@ -219,7 +229,7 @@ def ring_phases_cost(p: Profile, nbytes: int, G: int, kind: str, phases, share: 
     rs_recv = V.ring_bytes(n, G, r, itemsize, ("rs",))[1] if "rs" in phases else 0
     link = getattr(p, kind)
     c = Cost(latency_s=msgs * link.alpha_s,
-             bandwidth_s=max(sent, recv) * link.beta_s_per_byte * share,
+             bandwidth_s=max(sent, recv) * link.ring_beta * share,
              reduce_s=rs_recv * p.gamma_s_per_byte,
              software_s=software_cost(p, call_group or G, "ring", calls) + msgs * p.msg_s)
     setattr(c, kind, (sent, recv))
@@ -235,11 +245,22 @@ def ring_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> C
 
 
 def reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
-    return ring_phases_cost(p, nbytes, t.ranks, _flat_kind(t), ("rs",), itemsize=itemsize)
+    """Out of place (as ``hpcdp bench collectives`` runs it): the reduced chunk is copied
+    from the working buffer to the result at the end (``copy_s_per_byte``)."""
+    c = ring_phases_cost(p, nbytes, t.ranks, _flat_kind(t), ("rs",), itemsize=itemsize)
+    c.reduce_s += _chunk_copy_s(p, nbytes, t.ranks)
+    return c
 
 
 def all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
-    return ring_phases_cost(p, nbytes, t.ranks, _flat_kind(t), ("ag",), itemsize=itemsize)
+    """Out of place: the rank's own chunk is copied into the result first."""
+    c = ring_phases_cost(p, nbytes, t.ranks, _flat_kind(t), ("ag",), itemsize=itemsize)
+    c.reduce_s += _chunk_copy_s(p, nbytes, t.ranks)
+    return c
+
+
+def _chunk_copy_s(p: Profile, nbytes: int, G: int) -> float:
+    return 0.0 if G <= 1 or nbytes <= 0 else -(-nbytes // G) * p.copy_s_per_byte
 
 
 def recursive_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:

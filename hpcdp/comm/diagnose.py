@@ -135,4 +135,6 @@ def _error(ctx, name, seq, timeout, waited, joined, missing, waiting_on, states,
     err = CollectiveTimeout(msg, seq=seq, name=name, missing=missing, waiting_on=waiting_on)
     err.states = {p: describe(fp) for fp, ranks in groups.items() for p in ranks}
     err.waited = waited
+    err.arrived = sorted(states)  # the same on every rank that took part
+    err.joined = joined
     return err

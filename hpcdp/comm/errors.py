@@ -15,7 +15,9 @@ class CollectiveTimeout(CommError):
     rank that took part names the same ones. ``waiting_on`` the ranks whose data
     messages this rank still waits for (local: a ring rank waits on its
     neighbour). The diagnosis also sets ``states`` (rank -> the fingerprint of the
-    collective each answering rank waits in) and ``waited`` (seconds since the
+    collective each answering rank waits in), ``arrived`` (the ranks that answered:
+    the lowest of them reports the job's failure, hpcdp.failure.policy), ``joined``
+    (another rank's deadline passed first) and ``waited`` (seconds since the
     request started). The job should end (``comm.Abort``): the other ranks are
     stuck in the same collective or elsewhere.
     """

@@ -9,10 +9,15 @@ each way: what MPI moves internally is not visible from here.
 
 A training step reports its own bytes with ``snap = ledger.snapshot()`` before
 and ``ledger.delta(snap)`` after (or ``reset()``).
+
+Thread-safe: the compiled engine's progress thread (hpcdp.comm.compiled.progress)
+records the collectives it completes while the training thread records its own and
+reads totals, so every update and every read holds the ledger's lock.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 
@@ -37,27 +42,33 @@ class Ledger:
 
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
+        self._lock = threading.Lock()
 
     def record(self, name: str, sent_bytes: int = 0, recv_bytes: int = 0,
                sent_msgs: int = 0, recv_msgs: int = 0, calls: int = 0) -> None:
         """Add to the totals of ``name``; ``calls`` counts completed collectives."""
         if min(sent_bytes, recv_bytes, sent_msgs, recv_msgs, calls) < 0:
             raise ValueError(f"Ledger.record({name!r}): counts must be >= 0")
-        e = self._entries.setdefault(name, Entry())
-        e.calls += calls
-        e.sent_bytes += int(sent_bytes)
-        e.recv_bytes += int(recv_bytes)
-        e.sent_msgs += int(sent_msgs)
-        e.recv_msgs += int(recv_msgs)
+        with self._lock:
+            e = self._entries.get(name)
+            if e is None:
+                e = self._entries[name] = Entry()
+            e.calls += calls
+            e.sent_bytes += int(sent_bytes)
+            e.recv_bytes += int(recv_bytes)
+            e.sent_msgs += int(sent_msgs)
+            e.recv_msgs += int(recv_msgs)
 
     def totals(self) -> dict[str, dict]:
         """``{name: {calls, sent_bytes, recv_bytes, sent_msgs, recv_msgs}}``."""
-        return {k: e.as_dict() for k, e in self._entries.items()}
+        with self._lock:
+            return {k: e.as_dict() for k, e in self._entries.items()}
 
     def total_bytes(self) -> tuple[int, int]:
         """``(sent, received)`` over all names."""
-        s = sum(e.sent_bytes for e in self._entries.values())
-        r = sum(e.recv_bytes for e in self._entries.values())
+        with self._lock:
+            s = sum(e.sent_bytes for e in self._entries.values())
+            r = sum(e.recv_bytes for e in self._entries.values())
         return s, r
 
     def snapshot(self) -> dict[str, dict]:
@@ -75,7 +86,8 @@ class Ledger:
         return out
 
     def reset(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
     def __repr__(self) -> str:
         return f"Ledger({self.totals()})"

@@ -45,7 +45,14 @@ def pieces(n: int, itemsize: int, max_bytes: int) -> list[tuple[int, int]]:
 
 
 class Request:
-    """Base: subclasses implement ``_progress() -> bool`` (True when finished)."""
+    """Base: subclasses implement ``_progress() -> bool`` (True when finished).
+
+    ``progresses_alone``: True when something other than the caller's ``test()``
+    calls advances the request (the compiled engine's progress thread), so a caller
+    with several requests in flight may block in ``wait()`` on the oldest instead of
+    polling them all (hpcdp.strategies.engine.BucketEngine.drain)."""
+
+    progresses_alone = False
 
     def __init__(self, ctx, name: str, call, ledger, timeout, max_message_bytes=None):
         self.ctx, self.name, self.call, self.ledger = ctx, name, call, ledger

@@ -81,6 +81,9 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                    help="--validate: the collectives only (no training study)")
     p.add_argument("--sizes", default="8:64M",
                    help="--validate: allreduce sizes MIN:MAX (x4 steps)")
+    p.add_argument("--iters", type=int, default=200,
+                   help="--validate: at most this many timed calls per collective point, "
+                        "over all rounds (default 200; the bench's by-size count when lower)")
     p.add_argument("--description", default="", help="--calibrate: one line for the profile")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="LOAD",
                    help="before each round, wait until the 1-minute load average is below "

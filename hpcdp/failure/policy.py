@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 from .setup_outcome import USER_ERRORS, JobError, cause
@@ -32,6 +33,7 @@ from .signals import Interrupted, handling_signals
 
 USAGE_ERROR = 2
 FAILED = 1
+REPORTER_GRACE_S = 5.0  # report_failure: how long a non-reporting rank waits for the abort
 
 
 def note_step(e: BaseException, step: int) -> None:
@@ -88,10 +90,27 @@ def _exit_status(e: BaseException, size: int) -> int:
     return FAILED
 
 
+def reporter(e: BaseException):
+    """The rank that reports a collective timeout the diagnosis ran on several ranks
+    (the lowest that answered it: every one of them holds the same missing ranks), or
+    None for any other failure (each failing rank reports its own)."""
+    arrived = getattr(e, "arrived", None)
+    return min(arrived) if arrived else None
+
+
 def report_failure(e: BaseException) -> int:
     """Print this rank's failure once; with several ranks, end the job (MPI_Abort).
-    Returns the exit status (one rank only: MPI_Abort does not return)."""
+    Returns the exit status (one rank only: MPI_Abort does not return).
+
+    A collective timeout that several ranks diagnosed together is one failure: the
+    lowest rank that answered the diagnosis prints it and aborts; the others wait
+    REPORTER_GRACE_S for that abort to end them and only then print and abort
+    themselves (so a lost node gives one line, and a reporter that died still
+    leaves a line and an end)."""
     rank, size = _world()
+    first = reporter(e)
+    if size > 1 and first is not None and first != rank:
+        time.sleep(REPORTER_GRACE_S)
     if os.environ.get("HPCDP_TRACEBACK") or not _clear(e):
         traceback.print_exception(e)
     step = step_of(e)
@@ -136,4 +155,4 @@ def run_job(fn) -> int:
         return status
 
 
-__all__ = ["run_job", "report_failure", "report_agreed", "note_step", "step_of"]
+__all__ = ["run_job", "report_failure", "report_agreed", "note_step", "step_of", "reporter"]

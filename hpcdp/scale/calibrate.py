@@ -58,6 +58,40 @@ def fit_link(exchange) -> Link:
     return Link(alpha_s=a, beta_s_per_byte=b)
 
 
+def fit_ring_beta(probe: dict, gamma: float, per_msg: float = 0.0) -> float:
+    """Seconds per byte of a large ring step, from the probe's two large ring allreduces
+    at 2 ranks (``ring_large``): between them the per-call cost cancels, the extra
+    messages (1 MiB segments) cost ``per_msg`` each (alpha + msg_s), and the rest is
+    ``S * ring_beta`` (2(N-1)/N of the buffer sent at N = 2) plus the reduction of half
+    the buffer (``gamma``). 0 (not measured: the Sendrecv line's beta is used) without
+    that probe or when the slope is not above the reduction."""
+    from hpcdp.comm import volume as V
+    from hpcdp.comm.cost import SEGMENT_BYTES
+
+    pts = sorted(probe.get("ring_large") or [])
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return 0.0
+    (s1, t1), (s2, t2) = pts[0], pts[-1]
+
+    def msgs(s):
+        return max(V.ring_messages(s // 4, 2, 1, 4, SEGMENT_BYTES, ("rs", "ag")))
+
+    slope = (t2 - t1 - (msgs(s2) - msgs(s1)) * per_msg) / (s2 - s1)
+    return max(0.0, slope - gamma / 2)
+
+
+def measure_copy(nbytes: int = 4 << 20, reps: int = 20) -> float:
+    """Seconds per byte of ``np.copyto`` (an out-of-place collective's result copy)."""
+    a = np.ones(nbytes, np.uint8)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return best / nbytes
+
+
 def fit_software(probe: dict, link: Link, gamma: float) -> dict:
     """``msg_s``, ``call_s`` (ring, recursive) and ``ctrl_msg_s`` from a linkprobe result."""
     _, per_msg = fit_line([m for m, _ in probe["segments"]], [t for _, t in probe["segments"]])
@@ -99,6 +133,10 @@ def refit_small(profile: Profile, max_bytes: int) -> Profile:
     if len(small["exchange"]) < 2:
         raise SystemExit(f"--probe-max {max_bytes}: fewer than 2 probe sizes that small")
     link = fit_link(small["exchange"])
+    if all(sz <= max_bytes for sz, _ in probe.get("ring_large") or [[max_bytes + 1, 0]]):
+        soft = fit_software(small, link, profile.gamma_s_per_byte)
+        link.ring_beta_s_per_byte = fit_ring_beta(probe, profile.gamma_s_per_byte,
+                                                  link.alpha_s + soft["msg_s"])
     soft = fit_software(small, link, profile.gamma_s_per_byte)
     inter = profile.inter if profile.provenance.get("inter_measured") else link
     return replace(profile, name=f"{profile.name}-upto{max_bytes}B", intra=link, inter=inter,
@@ -117,6 +155,9 @@ def fastest_probe(probes: list):
                        for i, (s, _) in enumerate(probes[0]["exchange"])]
     out["segments"] = [[m, min(p["segments"][i][1] for p in probes)]
                        for i, (m, _) in enumerate(probes[0]["segments"])]
+    if all("ring_large" in p for p in probes):
+        out["ring_large"] = [[s, min(p["ring_large"][i][1] for p in probes)]
+                             for i, (s, _) in enumerate(probes[0]["ring_large"])]
     out["calls"] = {k: min(p["calls"][k] for p in probes) for k in probes[0]["calls"]}
     out["token_pair_s"] = min(p["token_pair_s"] for p in probes)
     out["rounds"] = len(probes)
@@ -223,10 +264,14 @@ def run(args) -> Profile:
     link_intra = fit_link(intra["exchange"]) if intra else link_inter
     link_inter = link_inter or link_intra
     gamma = measure_gamma()
+    copy = measure_copy()
     soft = fit_software(intra or inter, link_intra, gamma)
+    for link, probe in ((link_intra, intra or inter), (link_inter, inter or intra)):
+        link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, link.alpha_s + soft["msg_s"])
     opt_s = measure_optimizer(cfg, wl.params)
     print(f"  link: alpha {link_intra.alpha_s * 1e6:.2f} us, beta {1e9 * link_intra.beta_s_per_byte:.3f} "
-          f"ns/B; gamma {1e9 * gamma:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "
+          f"ns/B, ring {1e9 * link_intra.ring_beta:.3f} ns/B; gamma {1e9 * gamma:.3f} ns/B; "
+          f"copy {1e9 * copy:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "
           f"optimizer {opt_s * 1e9:.2f} ns/param", flush=True)
     steps = {b: best[(1, b, "bucketed")] for b in batches}
     comp = fit_compute([[b, t] for b, t in steps.items()], wl.params, wl.flops_per_sample, opt_s)
@@ -242,7 +287,7 @@ def run(args) -> Profile:
         "name": out.stem,
         "description": args.description or f"measured by hpcdp scale --calibrate on {platform.node()}",
         "intra": link_intra.__dict__, "inter": link_inter.__dict__,
-        "gamma_s_per_byte": gamma, "call_s": soft["call_s"], "msg_s": soft["msg_s"],
+        "gamma_s_per_byte": gamma, "copy_s_per_byte": copy, "call_s": soft["call_s"], "msg_s": soft["msg_s"],
         "ctrl_msg_s": soft["ctrl_msg_s"], "flops_per_s": comp["flops_per_s"],
         "optimizer_s_per_param": opt_s, "step_overhead_s": comp["step_overhead_s"],
         "ranks_per_node": args.ranks_per_node or max(cores, max(ranks)), "nics_per_node": 1,
@@ -253,7 +298,8 @@ def run(args) -> Profile:
             "command": "hpcdp scale " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
             "config": str(args.config), "batch": batch,
             "inter_measured": bool(inter), "probes": [p["command"] for p in (intra, inter) if p],
-            **{f"probe_{kind}": {k: p[k] for k in ("exchange", "segments", "calls", "token_pair_s")}
+            **{f"probe_{kind}": {k: p[k] for k in ("exchange", "segments", "calls", "token_pair_s",
+                                                   "ring_large") if k in p}
                for kind, p in (("intra", intra), ("inter", inter)) if p},
             "compute_steps": {str(b): t for b, t in steps.items()},
             "compute_fit": comp["fallback"] or "line over the batch sizes",

@@ -10,12 +10,16 @@ inter-node one), each timed like ``hpcdp bench collectives`` (warmup, barrier, m
 - ``segments``: hpcdp's ring allreduce of one buffer cut into segments of several sizes:
   the slope over the number of messages is the cost of one message in hpcdp's ring
   (link latency + hpcdp's per-message work);
+- ``ring_large``: hpcdp's ring allreduce (out of place, 1 MiB segments, the engine
+  the environment selects) at two large sizes (RING_SIZES, those within
+  ``--max-bytes``): the slope between them is what a large ring step costs per byte,
+  working buffers and cache effects included (hpcdp.scale.calibrate.fit_ring_beta);
 - ``calls``: hpcdp's ring and recursive-doubling allreduce of 8 bytes (per-call cost);
 - ``tokens`` (rank 0 alone): posting one arrival token each way and reaping it, the
   per-peer control cost every hpcdp collective pays.
 
 JSON on rank 0: ``{"meta": ..., "exchange": [[bytes, s]...], "segments": [[messages,
-s]...], "segments_bytes": S, "calls": {"ring": s, "recursive": s}, "token_pair_s": s}``.
+s]...], "segments_bytes": S, "ring_large": [[bytes, s]...], "calls": {"ring": s, "recursive": s}, "token_pair_s": s}``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 EXCHANGE_SIZES = [8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20]
 SEGMENT_BUFFER = 256 << 10
 SEGMENTS = [2048, 8192, 32768, 131072]
+RING_SIZES = [2 << 20, 16 << 20]
 
 
 def _iters(nbytes: int) -> int:
@@ -103,6 +108,15 @@ def run(args) -> dict:
     chunk = SEGMENT_BUFFER // 2
     out["segments"] = [[2 * -(-chunk // seg), times[seg]] for seg in SEGMENTS]
     out["segments_bytes"] = SEGMENT_BUFFER
+
+    ring_sizes = [S for S in RING_SIZES if S <= args.max_bytes]
+    if len(ring_sizes) == 2:
+        bufs = {S: (np.ones(S // 4, np.float32), np.empty(S // 4, np.float32)) for S in ring_sizes}
+        fns = {S: (lambda a=a, b=b: allreduce(a, b, comm=comm, algorithm="ring"))
+               for S, (a, b) in bufs.items()}
+        times = _rounds(fns, {S: max(3, (64 << 20) // S) for S in ring_sizes}, args.rounds, comm)
+        out["ring_large"] = [[S, times[S]] for S in ring_sizes]
+        del bufs, fns
 
     small, res = np.ones(2, np.float32), np.empty(2, np.float32)
     fns = {a: (lambda a=a: allreduce(small, res, comm=comm, algorithm=a)) for a in ("ring", "recursive")}

@@ -5,8 +5,9 @@ Two kinds of points:
 
 - collectives: ``hpcdp bench collectives`` (ring and recursive doubling; hierarchical too
   at rank counts with more than one emulated node, ``--ranks-per-node``) for sizes
-  ``--sizes`` at every rank count of ``--ranks``; measured = the fastest of the
-  interleaved rounds (the statistic the calibration uses);
+  ``--sizes`` at every rank count of ``--ranks``, at most ``--iters`` timed calls per
+  point (default 200, split over the rounds: bounded on a slow link too); measured =
+  the fastest of the interleaved rounds (the statistic the calibration uses);
 - training steps: an ``hpcdp scale`` study of the config (weak and strong, DDP variants,
   compute-only baselines) at ``--ranks``, every point predicted by the same profile.
 
@@ -49,7 +50,7 @@ def _bench(args, n: int, algos: list, out: Path) -> dict:
     cmd = launch_command(args, n) + [sys.executable, "-m", "hpcdp.bench.collectives",
                                      "--algorithms", ",".join(algos), "--min", str(parse_size(lo)),
                                      "--max", str(parse_size(hi)), "--repeats", str(max(5, 2 * args.repeats)),
-                                     "--json", str(path)]
+                                     "--max-iters", str(getattr(args, "iters", 200)), "--json", str(path)]
     env = child_env()
     if args.ranks_per_node:
         env["HPCDP_RANKS_PER_NODE"] = str(min(n, args.ranks_per_node))

@@ -75,6 +75,10 @@ class DDP(ReplicatedCheckpoint, Strategy):
         # (with a gradient codec: on views of its payload, set_grad_codec).
         self._views = [flat.grad[b.offset:b.offset + b.size] for b in self.plan.buckets]
         self._hcomm = hcomm
+        # "auto" buckets on the compiled ring when that engine is on: its progress thread
+        # moves them during backward (hpcdp.comm.compiled.overlap_algorithm)
+        from hpcdp.comm.compiled import overlap_algorithm
+        self._algorithm = overlap_algorithm(self.comm, self.cfg.algorithm)
         self.engine = BucketEngine(self.plan, self._launch, name="DDP")
         if world.size > 1:
             if self.debug:
@@ -91,7 +95,7 @@ class DDP(ReplicatedCheckpoint, Strategy):
             bk = self.plan.buckets[b]
             if self._encode_at_launch:
                 self._payload.fold(bk.offset, bk.size)
-        return self._hcomm.iallreduce(self._views[b], comm=self.comm, op="sum", algorithm=self.cfg.algorithm,
+        return self._hcomm.iallreduce(self._views[b], comm=self.comm, op="sum", algorithm=self._algorithm,
                                       ledger=self.ledger, timeout=self.timeout)
 
     # -- the gradient codec (hpcdp/strategies/codec.py) ------------------------------

@@ -101,14 +101,24 @@ class BucketEngine:
             self.progress()
 
     def drain(self) -> None:
-        """Poll every request in flight until all are done (busy-wait: the ring only
-        moves inside test() calls). Polling all of them, not waiting on the oldest,
-        keeps every bucket's ring moving. If none completes for the request's
-        timeout, the oldest request's expire() raises CollectiveTimeout naming the
-        ranks that never arrived (the same on every rank) and the time waited."""
+        """Block until every request in flight is done. A request that progresses on
+        its own (``progresses_alone``: the compiled engine's progress thread) is
+        waited on, oldest first: its ``wait()`` drives it to the end in compiled code
+        and raises the diagnosis' CollectiveTimeout after its timeout. Otherwise poll
+        every request in flight (busy-wait: the Python ring only moves inside test()
+        calls; polling all of them, not waiting on the oldest, keeps every bucket's
+        ring moving). If none completes for the request's timeout, the oldest
+        request's expire() raises CollectiveTimeout naming the ranks that never
+        arrived (the same on every rank) and the time waited."""
         deadline = None
         idle = 0
         while self._inflight:
+            oldest = self._inflight[0][1]
+            if getattr(oldest, "progresses_alone", False):
+                oldest.wait()
+                self.progress()
+                idle, deadline = 0, None
+                continue
             n = len(self._inflight)
             self.progress()
             if len(self._inflight) < n:

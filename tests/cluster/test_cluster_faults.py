@@ -71,6 +71,8 @@ def _judge(cluster, started, t_fault):
     lost = [ln for ln in out.splitlines()
             if re.match(r"hpcdp: error: rank [01] of 4 at step \d+: .*(rank|ranks \[?)[^\]]*\b[23]\b", ln)]
     assert lost, "no hpcdp line names the lost ranks 2, 3\n" + out[-6000:]
+    said = [ln for ln in out.splitlines() if re.match(r"hpcdp: error: rank [01] of 4\b", ln)]
+    assert len(said) == 1, "the reachable ranks should say it once:\n" + "\n".join(said)
     assert took <= TIMEOUT + BOUND, f"{took:.1f}s from the fault to mpiexec's exit (bound {TIMEOUT + BOUND:g}s)"
     assert not job.leftovers, f"processes of the job left running: {job.leftovers}"
     # nothing left inside the nodes either (the cut-off node's proxy and ranks): within the bound

@@ -181,3 +181,35 @@ def test_done_when_the_caller_wakes_without_a_poll(comm, how):
         assert np.array_equal(full, want)
     finally:
         set_engine(comm, "python")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_states_are_reused_and_buckets_progress_alone(comm):
+    """Repeated calls of one shape reuse one plan's state (reset in compiled code, same
+    results every time); non-blocking requests progress alone (so DDP's drain waits on
+    the oldest), and auto picks the compiled ring for overlapped buckets."""
+    from hpcdp.comm.compiled import overlap_algorithm
+    from hpcdp.comm.context import get_context
+
+    set_engine(comm, "compiled")
+    N = comm.Get_size()
+    try:
+        assert overlap_algorithm(comm, "auto") == "ring"
+        assert overlap_algorithm(comm, "native") == "native"
+        ledger = Ledger()
+        for i in range(5):
+            x = np.full(1000, float(i + comm.Get_rank()), np.float64)
+            allreduce(x, comm=comm, algorithm="ring", ledger=ledger, segment_bytes=1024)
+            assert np.array_equal(x, np.full(1000, float(N * i + N * (N - 1) // 2)))
+        plans = [p for k, p in get_context(comm).compiled_plans.items() if k[0] == 1000
+                 and k[4] == "d"]
+        assert len(plans) == 1 and len(plans[0].free) == 1  # one state, back after each call
+        reqs = [iallreduce(np.ones(1 << 16, np.float32), comm=comm, algorithm="ring",
+                           ledger=ledger) for _ in range(3)]
+        assert all(r.progresses_alone or r.done for r in reqs)
+        for r in reqs:
+            r.wait()
+        assert ledger.totals()["allreduce"]["calls"] == 8
+    finally:
+        set_engine(comm, "python")
+    assert overlap_algorithm(comm, "auto") == "auto"

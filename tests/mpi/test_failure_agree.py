@@ -73,6 +73,32 @@ def test_a_wait_past_its_deadline_names_the_rank_that_never_sent():
     COMM.Barrier()
 
 
+@pytest.mark.mpi(min_size=3)
+def test_a_wait_past_its_deadline_names_every_rank_still_owed():
+    """The metrics flush's wait (rank 0 receives from every worker): the last rank's
+    message came in time, every other worker's is named, not only the first."""
+    peers = list(range(1, SIZE))
+    bufs = np.zeros(SIZE)
+    late = peers[:-1]
+    if RANK == 0:
+        reqs = [COMM.Irecv(bufs[p:p + 1], source=p, tag=4243) for p in peers]
+        reqs[-1].Wait()
+        with pytest.raises(DeadlineExceeded) as e:
+            wait(reqs, 0.5, "the rows", sources=peers)
+        assert e.value.missing == late
+        want = "rank 1" if len(late) == 1 else f"ranks 1-{late[-1]}"
+        assert f"for the rows: still waiting for {want} " in str(e.value)
+        COMM.Barrier()
+        MPI.Request.Waitall(reqs)
+    else:
+        if RANK == SIZE - 1:
+            COMM.Send(np.ones(1), dest=0, tag=4243)
+        COMM.Barrier()
+        if RANK != SIZE - 1:
+            COMM.Send(np.ones(1), dest=0, tag=4243)
+    COMM.Barrier()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_broadcast_with_deadline_copies_the_root():
     buf = np.full(5, float(RANK))

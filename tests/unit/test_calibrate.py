@@ -120,3 +120,29 @@ def test_refit_on_small_messages_uses_only_them():
         C.refit_small(p, 8)
     with pytest.raises(SystemExit, match="no recorded probe"):
         C.refit_small(CM.load_profile("example-cluster"), 256 << 10)
+
+
+def test_ring_slope_from_the_rings_own_timings_prices_large_messages():
+    """The large-message slope is fitted from hpcdp's ring at two sizes (not the Sendrecv
+    line): ring timings the model generates with a known ring_beta fit back to it, the
+    model then prices large rings with it, and a profile without it keeps beta."""
+    truth = dict(name="truth", intra={"alpha_s": 4e-6, "beta_s_per_byte": 1e-10,
+                                      "ring_beta_s_per_byte": 4e-10},
+                 gamma_s_per_byte=2e-10, call_s={"ring": 5e-5}, msg_s=1e-5, ctrl_msg_s=0.0,
+                 flops_per_s=1e10, optimizer_s_per_param=0.0, copy_s_per_byte=1e-10)
+    p = CM.profile_from_dict(truth)
+    t2 = CM.Topology(1, 2)
+    sizes = (2 << 20, 16 << 20)
+    probe = {"ring_large": [[s, CM.ring_allreduce(p, s, t2).total_s] for s in sizes]}
+    per_msg = p.intra.alpha_s + p.msg_s
+    assert C.fit_ring_beta(probe, p.gamma_s_per_byte, per_msg) == pytest.approx(4e-10, rel=1e-6)
+    assert C.fit_ring_beta({}, 1e-10) == 0.0
+    assert C.fit_ring_beta({"ring_large": [[1 << 20, 2e-3], [8 << 20, 1e-3]]}, 1e-10) == 0.0
+    plain = CM.profile_from_dict({**truth, "intra": {"alpha_s": 4e-6, "beta_s_per_byte": 1e-10}})
+    big = 64 << 20
+    assert CM.ring_allreduce(p, big, t2).bandwidth_s == pytest.approx(4 * CM.ring_allreduce(
+        plain, big, t2).bandwidth_s)
+    # out of place: the result chunk's copy
+    rs = CM.reduce_scatter(p, big, t2)
+    assert rs.reduce_s == pytest.approx((big // 2) * p.gamma_s_per_byte + (big // 2) * 1e-10)
+    assert C.measure_copy(1 << 16, 3) > 0

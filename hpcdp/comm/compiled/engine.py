@@ -44,10 +44,10 @@ class CompiledEngine:
         from hpcdp.comm.compiled import kernels
         from hpcdp.comm.compiled.progress import ProgressThread
 
-        from hpcdp.comm.context import BufferPool
+        from hpcdp.comm.compiled.request import CompiledRingRequest
 
         self.binding = binding
-        self.pool, self.pool_lock = BufferPool(), threading.Lock()  # scratch (request.py)
+        self.request = CompiledRingRequest  # imported once, not per call
         self.advance = kernels.advance
         self._sleep = kernels.sleep_us
         self.progress = ProgressThread()
@@ -110,9 +110,9 @@ def forget() -> None:
 
 def engine_name(ctx) -> str:
     """The engine this communicator's context asked for (``set_engine`` or the env)."""
-    name = ctx.__dict__.get("engine")
+    name = ctx.engine
     if name is None:
-        name = ctx.__dict__["engine"] = default_engine()
+        name = ctx.engine = default_engine()
     return name
 
 
@@ -124,7 +124,7 @@ def set_engine(comm, name: str) -> None:
 
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
-    get_context(comm).__dict__["engine"] = name
+    get_context(comm).engine = name
 
 
 def active_engine(comm) -> str:
@@ -138,6 +138,18 @@ def active_engine(comm) -> str:
     return "python"
 
 
+def overlap_algorithm(comm, algorithm: str) -> str:
+    """The algorithm for non-blocking collectives that should progress while the
+    caller computes (DDP's gradient buckets): "auto" becomes "ring" when ``comm``'s
+    ring runs on the compiled engine, whose progress thread advances it (MPI's own
+    non-blocking collective, auto's pick below its crossover, moves only when
+    polled); anything else, or "auto" with a machine profile (HPCDP_PROFILE: the cost
+    model picks), is returned as given."""
+    if algorithm != "auto" or os.environ.get("HPCDP_PROFILE", "").strip():
+        return algorithm
+    return "ring" if active_engine(comm) == "compiled" else algorithm
+
+
 def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, segment_bytes,
                  max_message_bytes=None, result=None, final_out=None, background=True):
     """A ring collective on the context's engine (module docstring). ``final_out``
@@ -146,14 +158,13 @@ def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, seg
     if engine_name(ctx) == "compiled":
         engine = compiled_engine()
         if engine is not None and engine.takes(work if work is not None else src, src, op):
-            from hpcdp.comm.compiled.request import CompiledRingRequest
-
-            return CompiledRingRequest(
+            blocking = getattr(_LOCAL, "blocking", False)
+            return engine.request(
                 ctx, name, call, ledger, timeout, work=work, src=src, op=op, phases=phases,
                 engine=engine, segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
                 result=result, final_out=final_out,
-                background=background and engine.binding.multiple
-                and not getattr(_LOCAL, "blocking", False))
+                background=background and engine.binding.multiple and not blocking,
+                defer=blocking)
     req = RingRequest(ctx, name, call, ledger, timeout, work=work, src=src, op=op,
                       phases=phases, segment_bytes=segment_bytes,
                       max_message_bytes=max_message_bytes, result=result)

@@ -52,8 +52,14 @@ P_N, P_T, P_S, P_SEG, P_ITEM, P_LEFT, P_RIGHT, P_LAST_RS, P_OP, P_MEAN, P_INT, \
     P_MC, P_STATUS_TAG, P_HSIZE, P_ANY, P_BACKOFF, \
     O_ST, O_STEPS, O_OFF, O_SIZE, O_NSEG, O_RST, O_SST, O_COPY, O_RMETA, O_SMETA, \
     O_RNEXT, O_SNEXT, O_END, \
-    F_ISEND, F_IRECV, F_TESTSOME, F_IPROBE, F_CLOCK, F_USLEEP, F_YIELD, P_HALF = range(37)
-P_LEN = 37
+    F_ISEND, F_IRECV, F_TESTSOME, F_IPROBE, F_CLOCK, F_USLEEP, F_YIELD, P_HALF, \
+    P_FRESH, P_TAGBASE, P_NULL = range(40)
+P_LEN = 40
+# A state is reused call after call (hpcdp.comm.compiled.request.State): ``I`` holds
+# the live part [0, L) (L = P[O_END]) and the plan's template after it [L, 2L). The
+# caller sets P_FRESH and the call's tag base (P_TAGBASE) in the live part; the next
+# ``advance`` then resets the live part from the template, writes the tags and sets
+# every request handle to MPI_REQUEST_NULL (P_NULL) inside compiled code.
 # after the 2*T*S request handles, H holds the handles of the data communicator, the
 # control communicator and MPI_BYTE (H's dtype is the ABI's handle width)
 H_COMM, H_CTRL, H_BYTE = 0, 1, 2
@@ -306,11 +312,29 @@ def _pass(P, hv, steps, off, size, nseg, work, src, tmp, div, st, recv_st, send_
     return moved
 
 @njit(nogil=True, cache=True)
+def _reset(I, H):
+    """A fresh call on a reused state (the comment at P_FRESH)."""
+    L = I[O_END]
+    base = I[P_TAGBASE]
+    for i in range(L):
+        I[i] = I[L + i]
+    T, S = I[P_T], I[P_S]
+    o = I[O_STEPS]
+    for t in range(T):
+        I[o + 4 * t + 3] = base + t
+    null = I[P_NULL]
+    for j in range(2 * T * S):
+        H[j] = null
+
+
+@njit(nogil=True, cache=True)
 def advance(mode, deadline, I, H, work, src, tmp, div, X, stat):
     """See the module docstring (modes and return codes). ``H``: the receive
     then the send request handles (T*S each); ``X`` (int32): Testsome's
     indices, then its count / Iprobe's flag in the last slot."""
     P = I[:P_LEN]
+    if P[P_FRESH] != 0:
+        _reset(I, H)
     T, S, N = P[P_T], P[P_S], P[P_N]
     TS = T * S
     st = I[P[O_ST]:P[O_ST] + ST_LEN]

@@ -9,9 +9,14 @@ computes. A per-request lock makes exactly one thread advance it at a time;
 ``wait()`` asks the progress thread to hand over (``ST_STOP``) and then drives
 the request itself at full speed.
 
-Plans (the chunk/segment layout and the dependency rules of hpcdp.comm.ring) are
-built once per (length, world, rank, segment, phases, in-place) and cached on the
-communicator's context; a call copies the plan's template into fresh state.
+Plans (the chunk/segment layout and the dependency rules of hpcdp.comm.ring, the op
+and the dtype) are built once per (length, segment, phases, in-place, dtype, op) and
+cached on the communicator's context (``CommContext.compiled_plans``). A call takes a
+reusable :class:`State` of its plan (its arrays, scratch and lock) and sets two
+scalars; compiled code resets the state from the plan's template at the first pass,
+and the state goes back to the plan when the request completes. A blocking call
+makes no pass before ``wait()``, which then runs the whole collective in one
+compiled call.
 """
 
 from __future__ import annotations
@@ -31,13 +36,17 @@ from hpcdp.shard import shard_bounds
 COPY = 1
 BACKOFF_US = 256  # the progress thread's longest sleep between fruitless passes
 _MAX_PLANS = 256
+_KEEP_STATES = 4  # states kept per plan (requests of one shape in flight at once)
 
 
 class Plan:
-    """The per-shape part of a compiled ring (see module docstring)."""
+    """The per-shape part of a compiled ring (see module docstring): the layout, the
+    dependency rules, the op and the dtype, written once into a template; and a free
+    list of :class:`State` objects that calls reuse."""
 
-    def __init__(self, ctx, n, seg, phases, same, itemsize, engine):
+    def __init__(self, ctx, n, seg, phases, same, dtype, op, own_work, engine):
         N, r = ctx.size, ctx.rank
+        itemsize = dtype.itemsize
         bounds = shard_bounds(n, N)
         off = np.array([o for o, _ in bounds], dtype=np.int64)
         size = np.array([s for _, s in bounds], dtype=np.int64)
@@ -52,6 +61,9 @@ class Plan:
         self.T, self.S = T, S
         self.mc = int(size.max()) if N else 0
         self.has_rs = "rs" in phases and N > 1 and self.mc > 0
+        self.n, self.dtype, self.own_work = n, dtype, own_work
+        self.N = N
+        self.step_space, self.seq_mod = ctx.step_space, ctx.seq_mod
         sec = {}
         pos = K.P_LEN
         for name, length in (("st", K.ST_LEN), ("steps", 4 * T), ("off", N), ("size", N),
@@ -70,6 +82,12 @@ class Plan:
         self.handle_values = [b.handle(ctx.data), b.handle(ctx.ctrl), b.handle(MPI.BYTE)]
         P[K.P_STATUS_TAG], P[K.P_HSIZE], P[K.P_ANY] = ctx.status_tag, b.handle_size, b.any_source
         P[K.P_BACKOFF] = BACKOFF_US
+        P[K.P_NULL] = b.request_null
+        if op is not None:
+            P[K.P_OP] = engine.op_code(op)
+            P[K.P_MEAN] = int(op.is_mean)
+        P[K.P_INT] = int(dtype.kind in "iu")
+        P[K.P_HALF] = int(dtype == np.float16)
         for key, slot in (("st", K.O_ST), ("steps", K.O_STEPS), ("off", K.O_OFF),
                           ("size", K.O_SIZE), ("nseg", K.O_NSEG), ("rst", K.O_RST),
                           ("sst", K.O_SST), ("copy", K.O_COPY), ("rmeta", K.O_RMETA),
@@ -105,30 +123,64 @@ class Plan:
         st[K.ST_LEFT_RECV] = sum(int(nseg[rc]) for _, rc, _ in steps)
         st[K.ST_LEFT_SEND] = sum(int(nseg[sc]) for sc, _, _ in steps)
         self.template = I
-        self.tag_slice = slice(sec["steps"][0] + 3, sec["steps"][1], 4)
+        self.st_slice = slice(sec["st"][0], sec["st"][1])
         self.handles = 2 * T * S
         self.handle_dtype = b.handle_dtype
-        self.request_null = b.request_null
         self.status_bytes = K.TEST_WINDOW * b.status_size
+        self.warm = False  # a call ran: compiled code exists for this dtype (request.__init__)
+        self.free: list = []  # States between calls (taken by callers, given back on completion)
 
-    def state(self, ctx, seq):
-        I = self.template.copy()
-        I[self.tag_slice] = (seq % ctx.seq_mod) * ctx.step_space + np.arange(self.T)
-        H = np.full(self.handles + 3, self.request_null, dtype=self.handle_dtype)
-        H[self.handles:] = self.handle_values  # K.H_COMM, K.H_CTRL, K.H_BYTE
-        X = np.zeros(K.TEST_WINDOW + 1, dtype=np.int32)
-        stat = np.zeros(self.status_bytes, dtype=np.uint8)
-        return I, H, X, stat
+    def take(self) -> State:
+        """A state for one call: a reused one (reset by compiled code at its first
+        pass, kernels.P_FRESH) or a new one."""
+        try:
+            state = self.free.pop()
+        except IndexError:
+            state = State(self)
+        return state
+
+    def give(self, state: State) -> None:
+        if len(self.free) < _KEEP_STATES:
+            self.free.append(state)
 
 
-def plan_for(ctx, engine, n, seg, phases, same, itemsize) -> Plan:
-    cache = ctx.__dict__.setdefault("compiled_plans", {})
-    key = (n, seg, phases, same, itemsize)
+class State:
+    """One call's live arrays, kept for the next call with the same plan: ``I`` (live
+    part + the plan's template, kernels.P_FRESH), the request handles ``H``, the
+    Testsome/Iprobe outputs ``X`` and ``stat``, the reduce scratch ``tmp`` (two chunk
+    slots), the mean's divisor ``div``, the out-of-place reduce-scatter's working
+    buffer and the lock that lets one thread at a time advance it."""
+
+    __slots__ = ("I", "H", "X", "stat", "tmp", "div", "work", "st", "lock", "P")
+
+    def __init__(self, plan: Plan):
+        L = plan.template.size
+        self.I = np.concatenate([plan.template, plan.template])
+        self.P = self.I[:K.P_LEN]
+        self.H = np.empty(plan.handles + 3, dtype=plan.handle_dtype)
+        self.H[plan.handles:] = plan.handle_values  # K.H_COMM, K.H_CTRL, K.H_BYTE
+        self.X = np.zeros(K.TEST_WINDOW + 1, dtype=np.int32)
+        self.stat = np.zeros(plan.status_bytes, dtype=np.uint8)
+        dt = plan.dtype
+        self.tmp = np.empty(2 * plan.mc if plan.has_rs else 0, dtype=dt)
+        self.div = np.full(1, plan.N, dtype=dt)
+        self.work = np.empty(plan.n, dtype=dt) if plan.own_work else None
+        if dt == np.float16:  # computed on the bits (hpcdp.comm.compiled.kernels)
+            self.tmp, self.div = self.tmp.view(np.uint16), self.div.view(np.uint16)
+        self.st = self.I[plan.st_slice]
+        self.lock = threading.Lock()
+        assert self.I.size == 2 * L
+
+
+def plan_for(ctx, engine, n, seg, phases, same, dtype, op, own_work) -> Plan:
+    """The cached plan of one (communicator, size, segment, phases, dtype, op) shape."""
+    cache = ctx.compiled_plans
+    key = (n, seg, phases, same, dtype.char, None if op is None else op.name, own_work)
     plan = cache.get(key)
     if plan is None:
         if len(cache) >= _MAX_PLANS:
             cache.clear()
-        plan = cache[key] = Plan(ctx, n, seg, tuple(phases), same, itemsize, engine)
+        plan = cache[key] = Plan(ctx, n, seg, phases, same, dtype, op, own_work, engine)
     return plan
 
 
@@ -138,63 +190,53 @@ class CompiledRingRequest(Request):
 
     def __init__(self, ctx, name, call, ledger, timeout, *, work, src, op, phases, engine,
                  segment_bytes, max_message_bytes=None, result=None, final_out=None,
-                 background=True):
+                 background=True, defer=False):
         super().__init__(ctx, name, call, ledger, timeout, max_message_bytes)
         self.engine = engine
-        self._own_scratch: list = []
-        if work is None:  # out-of-place reduce-scatter: chunks pass through a pooled scratch
-            work = self.scratch(src.size, src.dtype)
-        itemsize = work.dtype.itemsize
+        dtype = src.dtype
         seg_bytes = self.max_bytes if segment_bytes is None else min(int(segment_bytes),
                                                                     self.max_bytes)
         if seg_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1 (or None for whole chunks), got "
                              f"{segment_bytes}")
-        seg = max(1, seg_bytes // itemsize)
-        plan = plan_for(ctx, engine, work.size, seg, tuple(phases), src is work, itemsize)
+        seg = max(1, seg_bytes // dtype.itemsize)
+        own_work = work is None  # out-of-place reduce-scatter: chunks pass through the state's buffer
+        plan = plan_for(ctx, engine, src.size, seg, phases, src is work, dtype, op, own_work)
+        self.plan = plan
+        self.state = state = plan.take()
+        if own_work:
+            work = state.work
         self.work, self.src, self.result = work, src, result
         self._final_copy = None
         if final_out is not None:
             out, off, size = final_out
             self._final_copy = (out, work[off:off + size])
-        tmp = self.scratch(2 * plan.mc, work.dtype) if plan.has_rs else work[:0]
-        self.I, self.H, self.X, self.stat = plan.state(ctx, self.seq)
-        P = self.I[:K.P_LEN]
-        if op is not None:
-            P[K.P_OP] = engine.op_code(op)
-            P[K.P_MEAN] = int(op.is_mean)
-        P[K.P_INT] = int(work.dtype.kind in "iu")
-        self.div = np.full(1, ctx.size, dtype=work.dtype)
-        self.tmp = tmp
-        self.views = (work, src, tmp)
-        if work.dtype == np.float16:  # computed on the bits (hpcdp.comm.compiled.kernels)
-            P[K.P_HALF] = 1
-            self.views = (work.view(np.uint16), src.view(np.uint16), tmp.view(np.uint16))
-            self.div = self.div.view(np.uint16)
-        self.st = self.I[P[K.O_ST]:P[K.O_ST] + K.ST_LEN]
+        if dtype == np.float16:
+            self.views = (work.view(np.uint16), src.view(np.uint16))
+        else:
+            self.views = (work, src)
+        P = state.P
+        P[K.P_TAGBASE] = (self.seq % plan.seq_mod) * plan.step_space
+        P[K.P_FRESH] = 1
+        self.st = state.st
+        self.lock = state.lock
         self.left = (ctx.rank - 1) % ctx.size
-        self.lock = threading.Lock()
-        self._code = self._advance(K.ONCE, 0.0)
-        if self._code == K.DONE:
+        if defer and plan.warm:  # a blocking call: wait() makes the first pass (one compiled call)
+            return
+        code = self._advance(K.ONCE, 0.0)  # the plan's first call compiles (outside any deadline)
+        plan.warm = True
+        if code == K.DONE:
             self._finish()
         elif background:
+            self.progresses_alone = True
             engine.progress.submit(self)
-
-    def scratch(self, n: int, dtype) -> np.ndarray:
-        """Pooled scratch from the engine's own pool (under its lock): the progress
-        thread may complete this request and return the scratch while the training
-        thread takes buffers from the communicator's pool, which has no lock."""
-        dtype = np.dtype(dtype)
-        with self.engine.pool_lock:
-            raw = self.engine.pool.get(n * dtype.itemsize)
-        self._own_scratch.append(raw)
-        return raw[:n * dtype.itemsize].view(dtype)
 
     # -- the compiled calls ----------------------------------------------------
     def _advance(self, mode, deadline):
-        work, src, tmp = self.views
-        code = self.engine.advance(mode, deadline, self.I, self.H, work, src, tmp, self.div,
-                                   self.X, self.stat)
+        s = self.state
+        work, src = self.views
+        code = self.engine.advance(mode, deadline, s.I, s.H, work, src, s.tmp, s.div, s.X,
+                                   s.stat)
         if code == K.FAILED:
             self._failed()
         return code
@@ -220,10 +262,7 @@ class CompiledRingRequest(Request):
             dst, src = self._final_copy
             dst[...] = src
         self._complete()
-        with self.engine.pool_lock:
-            for raw in self._own_scratch:
-                self.engine.pool.put(raw)
-        self._own_scratch = []
+        self.plan.give(self.state)
 
     def background_pass(self, deadline) -> int:
         """The progress thread's turn (holding the lock): advance until done, the
