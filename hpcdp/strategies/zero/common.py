@@ -24,7 +24,7 @@ from hpcdp.ownership import group_shard, owned_ranges
 from hpcdp.strategies.base import Strategy
 from hpcdp.strategies.engine import ledger_bytes
 from hpcdp.strategies.zero.groups import group_ranges
-from hpcdp.strategies.zero.hybrid import node_groups, shard_layout, state_ranks
+from hpcdp.strategies.zero.hybrid import link_kind_bytes, node_groups, shard_layout, state_ranks
 
 
 class ZeroStrategy(ShardedCheckpoint, Strategy):
@@ -279,6 +279,8 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
 
     def step_stats(self) -> dict:
         out = self.engine.stats()
+        if self.groups is not None and self.ledger is not None:  # hybrid: bytes per link kind
+            out.update(link_kind_bytes(self.ledger.delta(self._snap)))
         figures, self._snap = ledger_bytes(self.ledger, self._snap, ("reduce_scatter",))
         out.update(figures)
         out.update(self.clip_stats())

@@ -215,6 +215,17 @@ class HybridReduce:
         sub.expire()
 
 
+def link_kind_bytes(delta: dict) -> dict:
+    """``intra_bytes_sent`` / ``inter_bytes_sent`` of a ledger delta (names ending in
+    ``.intra`` / ``.inter``): a step's figures (metrics.jsonl)."""
+    out = {"intra_bytes_sent": 0.0, "inter_bytes_sent": 0.0}
+    for name, d in delta.items():
+        kind = name.rpartition(".")[2]
+        if kind in ("intra", "inter"):
+            out[f"{kind}_bytes_sent"] += float(d["sent_bytes"])
+    return out
+
+
 def hybrid_step_bytes(stage: int, group_sizes, nodes: int, per_node: int, node: int,
                       local_rank: int, itemsize: int, micro_batches: int = 1) -> dict[str, tuple[int, int]]:
     """Per link kind, ``(sent, received)`` bytes of one hybrid ZeRO step on this rank
@@ -240,4 +251,4 @@ def hybrid_step_bytes(stage: int, group_sizes, nodes: int, per_node: int, node: 
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-__all__ = ["SHARD_CHOICES", "node_groups", "shard_layout", "state_ranks", "NodeGroups", "HybridReduce", "hybrid_step_bytes"]
+__all__ = ["SHARD_CHOICES", "node_groups", "shard_layout", "state_ranks", "link_kind_bytes", "NodeGroups", "HybridReduce", "hybrid_step_bytes"]
