@@ -143,7 +143,9 @@ def memory_table(result: dict) -> str:
                      f"{100 * dev:>7.2f}% {np.mean(p['mem_peak_bytes']) / MIB:>9.3f} "
                      f"{np.mean(p['mem_working_peak_bytes']) / MIB:>8.3f} "
                      f"{np.mean(p['rss_peak_bytes']) / MIB:>8.1f}"
-                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
+                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else "")
+                     + (f"  (sharded over {p['shard_ranks']} ranks per node)"
+                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else ""))
     return "\n".join(lines)
 
 
@@ -206,7 +208,9 @@ def step_study(args, ranks: list[int]) -> dict:
         lines.append(f"{p['strategy']:<8} {p['ranks']:>5} {1e3 * p['step_time_s']:>9.2f} {p['vs_ddp']:>6.2f} "
                      f"{p['bytes_sent'] / 1e3:>13.1f} {1e3 * p['comm_exposed_s']:>11.2f} "
                      f"{1e3 * p['gather_wait_s']:>15.2f}"
-                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
+                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else "")
+                     + (f"  (sharded over {p['shard_ranks']} ranks per node)"
+                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else ""))
     table = "\n".join(lines)
     (out / "zero_step.txt").write_text(table + "\n")
     print(table)

@@ -83,9 +83,10 @@ class NodeGroups:
         try:
             h = hierarchy(ctx, timeout)
         except ValueError as err:  # uneven nodes: every rank raises it (an Allreduce decided)
+            detail = str(err).removeprefix("hierarchical allreduce: ").split("; it needs")[0]
             raise ConfigError(
-                f'parallel.zero.shard = "node" needs the same number of ranks on every node: {err}; '
-                'or use parallel.zero.shard = "world"') from None
+                f'parallel.zero.shard = "node" needs the same number of ranks on every node ({detail}): '
+                f'place ranks evenly, set {RANKS_PER_NODE_ENV}, or use parallel.zero.shard = "world"') from None
         self.nodes, self.per_node = h.nodes, h.per_node
         self.node, self.local_rank, self.source = h.node, h.local_rank, h.source
         # Own duplicates: nothing else (a hierarchical allreduce on ZeRO's communicator)

@@ -141,8 +141,9 @@ def test_hybrid_sharding_follows_one_rank_on_the_real_nodes(monkeypatch):
         from hpcdp.nn import build_model
         from hpcdp.optim import SGD
         model = build_model(GPT, dtype="float64", seed=7)
-        with pytest.raises(ConfigError, match='shard = "node" needs the same number of ranks on every '
-                                              'node.*parallel.zero.shard = "world"'):
+        with pytest.raises(ConfigError, match=r'shard = "node" needs the same number of ranks on every '
+                                              r'node \(nodes have between 1 and 2 ranks.*\): place ranks evenly, '
+                                              r'set HPCDP_RANKS_PER_NODE, or use parallel.zero.shard = "world"'):
             s.setup(model.flat, SGD(lr=0.1, dtype="float64"), _world())
         return
     batches = (8, 8)
