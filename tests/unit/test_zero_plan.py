@@ -147,3 +147,27 @@ def test_hybrid_inter_node_bytes_against_zero3s_flat_ring():
     # at 2 nodes x 2 ranks the job total meets 1/L as well: 2 Psi against 4.5 Psi
     flat = sum(zero_step_bytes(3, sizes, 4, r, 4)[0] for r in (1, 3))
     assert sum(hybrid_step_bytes(3, sizes, 2, 2, r // 2, r % 2, 4)["inter"][0] for r in range(4)) <= flat / 2
+
+
+def test_the_cluster_measurement_script_predicts_hybrid_and_flat_inter_node_bytes():
+    """jobs/zero_hybrid_cluster.py's prediction column: per node and step, ZeRO-3's flat
+    ring sends 3 (N-1)/N Psi across at 2 nodes x 2 ranks, hybrid 2 (M-1)/M Psi; a
+    250 Mbit/s link makes both slower, the flat ring more."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ROOT = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(ROOT / "jobs"))
+    try:
+        import zero_hybrid_cluster as z
+    finally:
+        sys.path.pop(0)
+    psi4 = 805_632 * 4
+    fast = {lay: z.predict(lay, "none", 4) for lay in ("flat", "hybrid")}
+    slow = {lay: z.predict(lay, "250mbit", 4) for lay in ("flat", "hybrid")}
+    assert fast["flat"]["inter"] == 3 * 3 / 4 * psi4 and fast["hybrid"]["inter"] == psi4
+    assert slow["flat"]["step_ms"] - fast["flat"]["step_ms"] > slow["hybrid"]["step_ms"] - fast["hybrid"]["step_ms"] > 0
+    out = subprocess.run([sys.executable, str(ROOT / "jobs/zero_hybrid_cluster.py"), "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "--rates" in out.stdout
