@@ -1,6 +1,6 @@
 """Hybrid sharding (``parallel.zero.shard = "node"``): ZeRO's state sharded over the
 ranks of one node and replicated across nodes (FSDP's HYBRID_SHARD, DeepSpeed's
-ZeRO++ hpZ for the parameters), so the slow inter-node link carries only an
+MiCS with one node per group), so the slow inter-node link carries only an
 allreduce of one node's shard.
 
 With ``M`` nodes of ``L`` ranks, local rank ``l`` on node ``m`` (nodes found as the
