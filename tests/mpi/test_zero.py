@@ -405,3 +405,19 @@ def test_a_node_size_that_does_not_divide_the_world_is_a_clear_error(monkeypatch
     with pytest.raises(ConfigError, match=rf"{RANKS_PER_NODE_ENV}={world.size + 1} does not divide the "
                                           rf"{world.size} ranks.*parallel.zero.shard = \"world\""):
         zero(1, shard="node").setup(model.flat, SGD(lr=0.1, dtype="float64"), world)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_hybrid_with_mpi_collectives_for_small_groups_gives_the_same_weights(stage, nodes):
+    """algorithm = "auto" in the node and across: MPI's own collectives for small groups
+    (the lean path) record under the same link-kind names."""
+    world, M, L = nodes
+    strat = zero(stage, bucket_mb=SMALL, algorithm="auto", shard="node")
+    got, _, _ = train(GPT, strat, world, accum=2, optim="adamw", batches=(8, 8, 8))
+    assert_close(got, ref(GPT, "adamw", (8, 8, 8)), 1e-12)
+    names = set(strat.ledger.totals())
+    assert not names & {"reduce_scatter", "all_gather", "allreduce"}
+    if L > 1:
+        assert {"reduce_scatter.intra", "all_gather.intra"} <= names
+    if M > 1:
+        assert "reduce_scatter.inter" in names

@@ -106,8 +106,8 @@ class NodeGroups:
 
     def all_gather(self, buf, *, ledger, algorithm, timeout):
         from hpcdp.comm import iall_gather
-        return _Recorded(iall_gather(buf, comm=self.node_comm, ledger=None, algorithm=algorithm,
-                                     timeout=timeout), ledger, "all_gather.intra")
+        return iall_gather(buf, comm=self.node_comm, ledger=_kind(ledger, "all_gather.intra"),
+                           algorithm=algorithm, timeout=timeout)
 
     def free(self) -> None:
         for c in (self.node_comm, self.cross_comm):
@@ -115,34 +115,20 @@ class NodeGroups:
         self.node_comm = self.cross_comm = None
 
 
-class _Recorded:
-    """A request whose bytes go to the ledger under a link-kind name on completion."""
+class _LinkKind:
+    """A ledger view that files every record under one link-kind name
+    (``reduce_scatter.intra``, ...), whatever the collective calls itself; any request
+    (hpcdp's rings, MPI's own through the lean path) records through it."""
 
-    def __init__(self, req, ledger, name):
-        self.req, self.ledger, self.name = req, ledger, name
-        self.timeout = req.timeout
-        self.recorded = False
+    def __init__(self, ledger, name: str):
+        self.ledger, self.name = ledger, name
 
-    def test(self) -> bool:
-        if not self.req.test():
-            return False
-        if not self.recorded:
-            self.recorded = True
-            _record(self.ledger, self.name, self.req)
-        return True
-
-    def wait(self, timeout: float | None = None):
-        self.req.wait(timeout)
-        self.test()
-        return self.req.result
-
-    def expire(self):
-        self.req.expire()
+    def record(self, _name, *counts, **kw) -> None:
+        self.ledger.record(self.name, *counts, **kw)
 
 
-def _record(ledger, name, req) -> None:
-    if ledger is not None:
-        ledger.record(name, req.sent_bytes, req.recv_bytes, req.sent_msgs, req.recv_msgs, calls=1)
+def _kind(ledger, name):
+    return None if ledger is None else _LinkKind(ledger, name)
 
 
 class HybridReduce:
@@ -156,7 +142,8 @@ class HybridReduce:
         self.g, self.buf, self.ledger = groups, buf, ledger
         self.algorithm, self.timeout_arg = algorithm, timeout
         self.off, self.size = shard_range(int(buf.shape[0]), groups.per_node, groups.local_rank)
-        self.sub = ireduce_scatter(buf, comm=groups.node_comm, op="sum", ledger=None,
+        self.sub = ireduce_scatter(buf, comm=groups.node_comm, op="sum",
+                                   ledger=_kind(ledger, "reduce_scatter.intra"),
                                    algorithm=algorithm, timeout=timeout)
         self.timeout = self.sub.timeout
         self.phase, self.finished = 0, False
@@ -173,12 +160,11 @@ class HybridReduce:
                 g.turn += 1
                 from hpcdp.comm import iallreduce
                 chunk = self.buf[self.off:self.off + self.size]
-                self.sub = iallreduce(chunk, comm=g.cross_comm, op="sum", ledger=None,
+                self.sub = iallreduce(chunk, comm=g.cross_comm, op="sum",
+                                      ledger=_kind(self.ledger, "reduce_scatter.inter"),
                                       algorithm=self.algorithm, timeout=self.timeout_arg)
             if not self.sub.test():
                 return
-            _record(self.ledger, "reduce_scatter.intra" if self.phase == 0 else "reduce_scatter.inter",
-                    self.sub)
             if self.phase == 1 or g.nodes == 1:
                 if self.phase == 0:
                     g.turn += 1  # the cross phase of a one-node world is empty
