@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,8 @@ def run(layout: str, steps: int, out: Path, batch: int) -> dict:
            "--set", "parallel.zero.stage=3", "--set", f"parallel.zero.shard={LAYOUTS[layout]}",
            "--set", f"train.steps={steps}", "--set", "run.log_every=1", "--set", f"train.global_batch={batch}",
            "--set", f'run.out_dir="{out}"']
+    if out.exists():  # a run directory holds one run: this point's last one goes
+        shutil.rmtree(out)
     before = veth_bytes(prefix, 2)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode:
