@@ -158,6 +158,11 @@ class ZeroConfig:
 
     stage: Literal[1, 2, 3] = 1
     """1: optimizer state sharded; 2: also gradients; 3: also parameters."""
+    shard: Literal["world", "node"] = "world"
+    """The sharding group. "world": the state is sharded over every rank. "node" (hybrid
+    sharding): sharded over the ranks of one node (MPI.COMM_TYPE_SHARED, or blocks of
+    HPCDP_RANKS_PER_NODE ranks) and replicated across nodes; gradients are reduce-scattered
+    in the node and each shard allreduced across nodes, all-gathers stay in the node."""
     bucket_mb: float = 25.0
     """Stages 1 and 2: MiB per reduce-scatter group (whole units, merged up to this
     size; a larger unit is a group of its own). Stage 3 gathers unit by unit."""
@@ -182,6 +187,7 @@ class ZeroConfig:
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ConfigError(f"{s}.prefetch: {self.prefetch!r} is out of range; allowed [0, inf) "
                               "(units gathered ahead of use; 0: none)")
+        _choices(f"{s}.shard", self.shard, ("world", "node"))
 
 
 # -- registry --------------------------------------------------------------------------

@@ -8,6 +8,12 @@ for fp32 and AdamW it is DDP's 16 Psi, ZeRO-1's 4 Psi + 4 Psi + 8 Psi / N, ZeRO-
 covers the persistent model state only (parameters, gradients, optimizer state);
 the working set (buckets, gathered units) and activations come on top, so the check
 refuses only what cannot fit even without them.
+
+Hybrid sharding (``parallel.zero.shard = "node"``) shards over the ``L`` ranks of a
+node: the same formulas with ``L`` in place of N (``world_size = L``, ``rank`` = the
+node-local rank). :func:`mixed_state_bytes` adds the 16-bit terms (parameters and
+gradients in 16 bits, fp32 master copy and optimizer moments; the ZeRO paper's
+(2 + 2 + K) Psi).
 """
 
 from __future__ import annotations
@@ -32,6 +38,27 @@ def state_bytes(stage: int, groups, world_size: int, rank: int, itemsize: int, s
     for kind in ("params", "grads", "optim"):
         n = total(owned_ranges(kind, stage, groups, world_size, rank)) * itemsize
         out[kind] = n * slots if kind == "optim" else n
+    out["total"] = out["params"] + out["grads"] + out["optim"]
+    return out
+
+
+def mixed_state_bytes(stage: int, groups, world_size: int, rank: int, slots: int, *,
+                      half: int = 2, master: int = 4) -> dict:
+    """Bytes of model state ``rank`` holds with mixed precision (the ZeRO paper's
+    accounting): parameters and gradients in 16 bits (``half`` bytes each), and the
+    optimizer's state in fp32: a master copy of the parameters plus ``slots`` moments
+    (``master`` bytes each; K = 4 + 4 slots = 12 with Adam). The optimizer state
+    (master copy included) is sharded from stage 1, gradients from 2, parameters at 3,
+    as :func:`state_bytes`; with ``groups = [(0, Psi)]`` and N dividing Psi that is
+    (2 + 2 + K) Psi for DDP, 2 Psi + 2 Psi + K Psi / N at stage 1, 2 Psi + (2 + K) Psi / N
+    at stage 2 and (2 + 2 + K) Psi / N at stage 3. For hybrid sharding
+    (``parallel.zero.shard = "node"``) pass the ranks per node and the node-local rank.
+    hpcdp itself trains in one dtype (:func:`state_bytes`); this is the prediction
+    for a 16-bit run with fp32 master state."""
+    out = {}
+    for kind in ("params", "grads", "optim"):
+        n = total(owned_ranges(kind, stage, groups, world_size, rank))
+        out[kind] = n * master * (1 + slots) if kind == "optim" else n * half
     out["total"] = out["params"] + out["grads"] + out["optim"]
     return out
 
@@ -64,4 +91,4 @@ def check_fits(world, need_per_rank: int, *, strategy: str, hint: str = "") -> N
         f"refused before allocating anything. {hint}".rstrip())
 
 
-__all__ = ["optim_slots", "state_bytes", "available_bytes", "check_fits", "GIB"]
+__all__ = ["optim_slots", "state_bytes", "mixed_state_bytes", "available_bytes", "check_fits", "GIB"]

@@ -359,8 +359,11 @@ def check_state_fits(cfg, strategy, flat, world) -> None:
 
 
 def strategy_ranks(strategy, world) -> int:
-    """How many ranks share the sharded state (ZeRO: all of them)."""
-    return world.size if getattr(strategy, "stage", 0) else 1
+    """How many ranks share the sharded state (ZeRO: all of them, or one node's with
+    ``parallel.zero.shard = "node"``)."""
+    if not getattr(strategy, "stage", 0):
+        return 1
+    return strategy.state_ranks(world) if hasattr(strategy, "state_ranks") else world.size
 
 
 def memory_line(step: int, ranks: dict, servers: int = 0) -> str:

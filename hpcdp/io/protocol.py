@@ -107,6 +107,20 @@ def owned_pieces(buffer: str, ranges, store) -> list[Piece]:
     return [p for p in out if p.size > 0]
 
 
+def replica_part(pieces, replica: int, replicas: int) -> list[Piece]:
+    """The part of each piece that replica ``replica`` of ``replicas`` (ranks holding the
+    same shard) writes: ``shard_range`` of the piece, so the replicas together write
+    every element once."""
+    if replicas == 1:
+        return pieces
+    out = []
+    for p in pieces:
+        o, n = shard_range(p.size, replicas, replica)
+        if n:
+            out.append(Piece(p.buffer, p.offset + o, p.array[o:o + n]))
+    return out
+
+
 class ShardedCheckpoint:
     """The four protocol methods for a strategy that says what it holds with
     ``owned_ranges(kind)`` (ZeRO; ``hpcdp.ownership``). Optimizer state: the owned
@@ -134,7 +148,14 @@ class ShardedCheckpoint:
             params = [Piece(PARAM, off, self.flat.data[off:off + n])] if n else []
         else:
             params = owned_pieces(PARAM, self.owned_ranges("params"), self.param_shard())
-        return params + self._optim_pieces()
+        if not self._params_replicated():  # shards replicated across nodes: a part each
+            params = replica_part(params, *self.checkpoint_replica())
+        return params + replica_part(self._optim_pieces(), *self.checkpoint_replica())
+
+    def checkpoint_replica(self) -> tuple[int, int]:
+        """(this rank's replica index, replicas) of its shard: hybrid sharding keeps one
+        replica per node, and each writes its part of every piece; else (0, 1)."""
+        return 0, 1
 
     def checkpoint_targets(self) -> list[Piece]:
         if self._params_replicated():

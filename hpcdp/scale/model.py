@@ -157,6 +157,8 @@ def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
     (nodes of ``per_node`` ranks, default the profile's)."""
     t = Topology.of(N, per_node or p.ranks_per_node)
     s = wl.itemsize
+    if strategy in HYBRID:
+        return hybrid_step(p, wl, strategy, t, batch_per_rank)
     if strategy == "ddp":
         t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, t.per_node)
         used, costs, total = [], [], Cost()
@@ -205,6 +207,42 @@ def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
                     comm, exposed, total.link_bytes, _inter_node(total, t, 1),
                     _memory(wl, N, stage), "ring" if N > 1 else "-")
     raise ValueError(f"cost model: unknown strategy {strategy!r}; choose ddp, ps, zero1, zero2, zero3")
+
+
+HYBRID = ("hybrid1", "hybrid2", "hybrid3")
+
+
+def hybrid_step(p: Profile, wl: Workload, strategy: str, t: Topology, batch_per_rank: float) -> Step:
+    """ZeRO stage 1-3 with hybrid sharding (``parallel.zero.shard = "node"``): state
+    sharded over the node's L ranks; per unit a ring reduce-scatter in the node, then a
+    ring allreduce of the rank's 1/L chunk across the M nodes (L such rings share the
+    node's NICs), all-gathers in the node (hpcdp.strategies.zero.hybrid). The same
+    schedule as the flat stages otherwise."""
+    from hpcdp.comm.cost import ring_phases_cost
+
+    stage, s = int(strategy[-1]), wl.itemsize
+    L, M, N = t.per_node, t.nodes, t.ranks
+    share = max(1.0, L / p.nics_per_node)
+    t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, L, 1.0 / L)
+    rs = [ring_phases_cost(p, size * s, L, "intra", ("rs",), itemsize=s)
+          + ring_phases_cost(p, -(-size // L) * s, M, "inter", ("rs", "ag"), share, s)
+          for size in wl.buckets]
+    ag = [ring_phases_cost(p, size * s, L, "intra", ("ag",), itemsize=s) for size in wl.buckets]
+    gathers = 2 if stage == 3 else 1
+    total = Cost()
+    for c in rs + ag * gathers:
+        total = total + c
+    rs_t, ag_t = [c.total_s for c in rs], [c.total_s for c in ag]
+    if stage < 3:
+        exposed = (_exposed(p, t_b, _ready_in_backward(wl, t_b), rs_t)
+                   + _exposed(p, t_f, [0.0] * len(ag_t), ag_t))
+    else:
+        exposed = (_exposed(p, t_f, [0.0] * len(ag_t), ag_t)
+                   + _exposed(p, t_b, _ready_in_backward(wl, t_b), [a + r for a, r in zip(ag_t, rs_t)]))
+    comm = sum(rs_t) + gathers * sum(ag_t)
+    return Step(strategy, N, batch_per_rank, t_f + t_b + t_o + exposed, t_f + t_b + t_o, comm, exposed,
+                total.link_bytes, _inter_node(total, t, L), _memory(wl, L, stage),
+                "ring/node" if N > 1 else "-")
 
 
 def predicted_efficiency(base: Step, point: Step, study: str = "weak") -> float:
@@ -266,6 +304,6 @@ def ps_keeps_up_until(p: Profile, wl: Workload, batch_per_rank: float, servers: 
     return last, first
 
 
-__all__ = ["Workload", "Step", "workload_from_config", "step", "predicted_efficiency",
+__all__ = ["Workload", "Step", "workload_from_config", "step", "hybrid_step", "HYBRID", "predicted_efficiency",
            "compute_times", "scheduled_exposed", "ring_latency_crossover",
            "hierarchical_crossover", "ps_keeps_up_until", "flops_per_sample"]

@@ -49,12 +49,12 @@ def _strategies(text: str):
             out.append((name, "ddp", {"algorithm": name[4:]}))
         elif name.startswith("ps") and name[2:].isdigit() and int(name[2:]) >= 1:
             out.append((name, "ps", {"servers": int(name[2:])}))
-        elif name in ("zero1", "zero2", "zero3"):
+        elif name in ("zero1", "zero2", "zero3", "hybrid1", "hybrid2", "hybrid3"):
             out.append((name, name, {}))
         else:
             raise SystemExit(f"hpcdp scale --predict: --strategies: {name!r}; choose from "
                              "ddp-ring, ddp-recursive, ddp-hierarchical, ddp-auto, psK (K servers), "
-                             "zero1, zero2, zero3")
+                             "zero1, zero2, zero3, hybrid1, hybrid2, hybrid3 (ZeRO sharded in the node)")
     return out
 
 

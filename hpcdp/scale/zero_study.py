@@ -7,7 +7,8 @@ train`` child job (a few steps), whose metrics.jsonl gives each rank's model sta
 counted by the backend's tagged allocations (parameters, gradients, optimizer state),
 the peak including the working buffers, and the peak RSS. Beside each measured figure:
 the formula (:func:`hpcdp.memcheck.state_bytes`, the ownership rule for one group: with
-fp32 and AdamW 16 Psi, 4 Psi + 4 Psi + 8 Psi / N, 4 Psi + 12 Psi / N, 16 Psi / N).
+fp32 and AdamW 16 Psi, 4 Psi + 4 Psi + 8 Psi / N, 4 Psi + 12 Psi / N, 16 Psi / N; with
+``--set parallel.zero.shard='"node"'`` hybrid sharding, L = ranks per node in place of N).
 Outputs: memory.json, memory.txt (the table), memory.png (model state per rank vs N,
 measured points on the formula lines).
 
@@ -41,14 +42,25 @@ MEM_KEYS = ("mem_params_bytes", "mem_grads_bytes", "mem_optim_bytes", "mem_persi
 MIB = float(1 << 20)
 
 
-def _child(args, strategy: str, k: int, out: Path) -> dict:
-    """One ``hpcdp train`` job through scale.run_point, with the strategy's overrides."""
+def _child(args, strategy: str, k: int, out: Path, ranks_per_node: int | None = None) -> dict:
+    """One ``hpcdp train`` job through scale.run_point, with the strategy's overrides
+    (and ``HPCDP_RANKS_PER_NODE`` for it when given: hybrid sharding's nodes)."""
+    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
     from hpcdp.scale import study as scale
 
     sub = copy.copy(args)
     sub.set = list(args.set or []) + STRATEGIES[strategy]
     batch = args.batch or _cfg(args).train.global_batch
-    point = scale.run_point(sub, k, batch, "bucketed", out / strategy)
+    before = os.environ.get(RANKS_PER_NODE_ENV)
+    if ranks_per_node is not None:
+        os.environ[RANKS_PER_NODE_ENV] = str(ranks_per_node)
+    try:
+        point = scale.run_point(sub, k, batch, "bucketed", out / strategy)
+    finally:
+        if before is None:
+            os.environ.pop(RANKS_PER_NODE_ENV, None)
+        else:
+            os.environ[RANKS_PER_NODE_ENV] = before
     rows = [json.loads(x) for x in (out / strategy / f"bucketed-n{k}-b{batch}" / "metrics.jsonl")
             .read_text().splitlines()]
     steps = [r for r in rows if "step" in r]
@@ -63,6 +75,19 @@ def _child(args, strategy: str, k: int, out: Path) -> dict:
 def _cfg(args):
     from hpcdp.config import load_config
     return load_config(args.config, args.set or [])
+
+
+def shard_ranks(cfg, strategy: str, k: int) -> int:
+    """Ranks the state is sharded over at ``k`` ranks: all of them, or with
+    ``--set parallel.zero.shard='"node"'`` (hybrid sharding) one node's: L =
+    HPCDP_RANKS_PER_NODE, else all ``k`` (the children run on this one machine); a
+    ``k`` that L does not divide (the one-rank baseline) runs on nodes of gcd(L, k)."""
+    if STAGE[strategy] == 0 or getattr(cfg.parallel.sub("zero"), "shard", "world") != "node":
+        return k
+    import math
+
+    from hpcdp.comm.hierarchical import ranks_per_node_override
+    return math.gcd(ranks_per_node_override() or k, k)
 
 
 def _oversubscribed(k: int) -> bool:
@@ -82,9 +107,12 @@ def memory_study(args, ranks: list[int]) -> dict:
     points = []
     for k in ranks:
         for strategy in STRATEGIES:
-            p = _child(args, strategy, k, out)
-            p["formula_bytes"] = [state_bytes(STAGE[strategy], [(0, psi)], k, r, itemsize, slots)["total"]
+            L = shard_ranks(cfg, strategy, k)
+            hybrid = STAGE[strategy] and getattr(cfg.parallel.sub("zero"), "shard", "world") == "node"
+            p = _child(args, strategy, k, out, ranks_per_node=L if hybrid else None)
+            p["formula_bytes"] = [state_bytes(STAGE[strategy], [(0, psi)], L, r % L, itemsize, slots)["total"]
                                   for r in range(k)]
+            p["shard_ranks"] = L
             points.append(p)
             print(f"  {strategy:<6} n={k}: model state {np.mean(p['mem_persistent_bytes']) / MIB:8.2f} MiB "
                   f"per rank (formula {np.mean(p['formula_bytes']) / MIB:8.2f}), peak "
@@ -115,7 +143,9 @@ def memory_table(result: dict) -> str:
                      f"{100 * dev:>7.2f}% {np.mean(p['mem_peak_bytes']) / MIB:>9.3f} "
                      f"{np.mean(p['mem_working_peak_bytes']) / MIB:>8.3f} "
                      f"{np.mean(p['rss_peak_bytes']) / MIB:>8.1f}"
-                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
+                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else "")
+                     + (f"  (sharded over {p['shard_ranks']} ranks per node)"
+                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else ""))
     return "\n".join(lines)
 
 
@@ -178,7 +208,9 @@ def step_study(args, ranks: list[int]) -> dict:
         lines.append(f"{p['strategy']:<8} {p['ranks']:>5} {1e3 * p['step_time_s']:>9.2f} {p['vs_ddp']:>6.2f} "
                      f"{p['bytes_sent'] / 1e3:>13.1f} {1e3 * p['comm_exposed_s']:>11.2f} "
                      f"{1e3 * p['gather_wait_s']:>15.2f}"
-                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
+                     + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else "")
+                     + (f"  (sharded over {p['shard_ranks']} ranks per node)"
+                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else ""))
     table = "\n".join(lines)
     (out / "zero_step.txt").write_text(table + "\n")
     print(table)

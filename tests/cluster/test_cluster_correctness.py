@@ -1,6 +1,6 @@
 """Correctness across nodes of the emulated cluster: tests/cluster/jobs/check_correctness.py
-(every collective and algorithm against MPI's; DDP, ZeRO 1-3 and the parameter server
-against one rank; exact mode's weight hash) runs as one real mpiexec job per node layout.
+(every collective and algorithm against MPI's; DDP, ZeRO 1-3, hybrid ZeRO-3 and the
+parameter server against one rank; exact mode's weight hash) runs as one real mpiexec job per node layout.
 Uneven layouts (2 + 1, 3 x 1) run the collectives and the strategies; the exact-mode
 hashes (a one-rank reference run first) only on 2 x 2."""
 

@@ -50,6 +50,10 @@ STRATEGIES = {
     "zero1": {"strategy": "zero", "zero": {"stage": 1, "bucket_mb": 0.001}},
     "zero2": {"strategy": "zero", "zero": {"stage": 2, "bucket_mb": 0.001}},
     "zero3": {"strategy": "zero", "zero": {"stage": 3}},
+    # hybrid sharding: nodes of HPCDP_RANKS_PER_NODE ranks (the tests set it)
+    "hybrid1": {"strategy": "zero", "zero": {"stage": 1, "bucket_mb": 0.001, "shard": "node"}},
+    "hybrid2": {"strategy": "zero", "zero": {"stage": 2, "bucket_mb": 0.001, "shard": "node"}},
+    "hybrid3": {"strategy": "zero", "zero": {"stage": 3, "shard": "node"}},
 }
 
 

@@ -35,6 +35,11 @@ PAIRS = [
     (3, "zero1", 4, "zero3"),
     (4, "zero2", 1, "none"),
     (1, "none", 2, "zero2"),
+    # hybrid sharding (2 ranks per node: 2 nodes x 2 at 4 ranks, 1 node at 2) <-> plain ZeRO, DDP
+    (4, "hybrid3", 3, "zero1"),
+    (3, "zero3", 4, "hybrid2"),
+    (2, "ddp", 4, "hybrid3"),
+    (4, "hybrid1", 2, "ddp"),
 ]
 
 
@@ -43,14 +48,22 @@ def _only_on(size: int) -> None:
         pytest.skip(f"this case runs on {size} ranks")
 
 
+def _nodes_of_two(monkeypatch, *strategies) -> None:
+    """Hybrid sharding's nodes: blocks of 2 ranks (HPCDP_RANKS_PER_NODE)."""
+    if any(s.startswith("hybrid") for s in strategies):
+        from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+        monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
+
+
 def _step_dir(root, step):
     return root / f"step-{step:08d}"
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,a,m,b", PAIRS, ids=[f"{a}{n}-to-{b}{m}" for n, a, m, b in PAIRS])
-def test_restore_on_other_ranks_and_strategy(n, a, m, b):
+def test_restore_on_other_ranks_and_strategy(n, a, m, b, monkeypatch):
     _only_on(max(n, m))
+    _nodes_of_two(monkeypatch, a, b)
     from hpcdp.io.checkpointer import Checkpointer
 
     tmp = shared_dir()
@@ -106,14 +119,16 @@ SAME = [
     (3, "ddp", "gpt", False),
     (2, "zero3", "gpt", False),
     (3, "zero2", "mlp", True),        # asynchronous save of shards
+    (4, "hybrid3", "gpt", False),     # 2 nodes x 2: each replica writes its half of a shard
 ]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,strategy,model,asynchronous", SAME,
                          ids=[f"{s}{n}-{m}{'-async' if a else ''}" for n, s, m, a in SAME])
-def test_resume_at_same_ranks_is_bit_for_bit(n, strategy, model, asynchronous):
+def test_resume_at_same_ranks_is_bit_for_bit(n, strategy, model, asynchronous, monkeypatch):
     _only_on(n)
+    _nodes_of_two(monkeypatch, strategy)
     from hpcdp.io.inspect import weights_sha256
 
     tmp = shared_dir()

@@ -325,3 +325,99 @@ def test_mpi_collectives_for_small_groups_give_the_same_weights(stage):
     got, _, _ = train(GPT, zero(stage, bucket_mb=SMALL, algorithm="auto"), _world(), accum=2,
                       optim="adamw", batches=(8, 8, 8))
     assert_close(got, ref(GPT, "adamw", (8, 8, 8)), 1e-12)
+
+
+# -- hybrid sharding (parallel.zero.shard = "node") ------------------------------------
+# HPCDP_RANKS_PER_NODE emulates nodes on one machine: 2 per node where the world size is
+# even (4 ranks: 2 nodes x 2), else 1 (every rank a node: the state fully replicated).
+
+@pytest.fixture
+def nodes(monkeypatch):
+    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+    world = _world()
+    per = 2 if world.size % 2 == 0 else 1
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, str(per))
+    return world, world.size // per, per
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hybrid_equals_one_rank_and_ddp_and_its_ledger_the_formula(stage, nodes):
+    from hpcdp.strategies.zero.hybrid import hybrid_step_bytes
+
+    world, M, L = nodes
+    batches = (10, 10, 7)
+    strat = zero(stage, bucket_mb=SMALL, prefetch=1, shard="node")
+    got, stats, flat = train(GPT, strat, world, accum=2, optim="adamw", batches=batches)
+    assert (strat.shard_size, strat.shard_rank) == (L, world.rank % L)
+    assert_close(got, ref(GPT, "adamw", batches), 1e-12)
+    want, _, _ = train(GPT, ddp(bucket_mb=SMALL), world, accum=2, optim="adamw", batches=batches)
+    assert_close(got, want, 1e-12)
+    # bytes per link kind, exactly the formula (every step)
+    sizes = [b.size for b in strat.plan.buckets]
+    expect = hybrid_step_bytes(stage, sizes, M, L, world.rank // L, world.rank % L, 8, micro_batches=2)
+    led = strat.ledger.totals()
+    steps = len(batches)
+    for kind, names in (("intra", ("reduce_scatter.intra", "all_gather.intra")),
+                        ("inter", ("reduce_scatter.inter",))):
+        sent = sum(led.get(n, {}).get("sent_bytes", 0) for n in names)
+        recv = sum(led.get(n, {}).get("recv_bytes", 0) for n in names)
+        assert (sent, recv) == (steps * expect[kind][0], steps * expect[kind][1]), kind
+    assert "reduce_scatter" not in led and "all_gather" not in led  # every byte has its link kind
+    for s in stats:
+        assert s["bytes_sent"] == expect["intra"][0] + expect["inter"][0]
+
+
+def test_shard_world_is_the_default_bit_for_bit():
+    batches = (8, 8, 8)
+    a, _, _ = train(GPT, zero(3, bucket_mb=SMALL), _world(), accum=2, optim="adamw", batches=batches)
+    b, _, _ = train(GPT, zero(3, bucket_mb=SMALL, shard="world"), _world(), accum=2, optim="adamw",
+                    batches=batches)
+    assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_hybrid_memory_divides_by_ranks_per_node_exactly(stage, nodes):
+    from hpcdp.memcheck import state_bytes
+    from hpcdp.strategies.zero.groups import group_ranges
+
+    world, M, L = nodes
+    strat = zero(stage, bucket_mb=0.05, prefetch=1, shard="node")
+    live, _, flat = _mem_run(strat, world, stage)
+    exact = state_bytes(stage, group_ranges(strat.plan), L, world.rank % L, 4, 2)
+    assert (live["params"], live["grads"], live["optim"]) == (exact["params"], exact["grads"], exact["optim"])
+    assert strat.state_ranks(world) == L
+    psi = flat.numel
+    formula = {1: 8 * psi + 8 * psi / L, 3: 16 * psi / L}[stage]
+    assert abs(live["params"] + live["grads"] + live["optim"] - formula) <= 0.05 * formula
+
+
+def test_a_node_size_that_does_not_divide_the_world_is_a_clear_error(monkeypatch):
+    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+    from hpcdp.config_error import ConfigError
+    from hpcdp.nn import build_model
+    from hpcdp.optim import SGD
+
+    world = _world()
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, str(world.size + 1))
+    model = build_model(MLP, dtype="float64", seed=7)
+    if world.size == 1:
+        pytest.skip("every node size but 1 is larger than one rank; 1 divides it")
+    with pytest.raises(ConfigError, match=rf"{RANKS_PER_NODE_ENV}={world.size + 1} does not divide the "
+                                          rf"{world.size} ranks.*parallel.zero.shard = \"world\""):
+        zero(1, shard="node").setup(model.flat, SGD(lr=0.1, dtype="float64"), world)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_hybrid_with_mpi_collectives_for_small_groups_gives_the_same_weights(stage, nodes):
+    """algorithm = "auto" in the node and across: MPI's own collectives for small groups
+    (the lean path) record under the same link-kind names."""
+    world, M, L = nodes
+    strat = zero(stage, bucket_mb=SMALL, algorithm="auto", shard="node")
+    got, _, _ = train(GPT, strat, world, accum=2, optim="adamw", batches=(8, 8, 8))
+    assert_close(got, ref(GPT, "adamw", (8, 8, 8)), 1e-12)
+    names = set(strat.ledger.totals())
+    assert not names & {"reduce_scatter", "all_gather", "allreduce"}
+    if L > 1:
+        assert {"reduce_scatter.intra", "all_gather.intra"} <= names
+    if M > 1:
+        assert "reduce_scatter.inter" in names

@@ -83,3 +83,91 @@ def test_zero_bytes_with_micro_batches():
     assert zero_step_bytes(1, sizes, N, r, b, micro_batches=3)[0] == sent(1, 1)
     assert zero_step_bytes(2, sizes, N, r, b, micro_batches=3)[0] == sent(3, 1)
     assert zero_step_bytes(3, sizes, N, r, b, micro_batches=3)[0] == sent(3, 6)
+
+
+def test_the_zero_papers_figure_1_mixed_precision_adam_arithmetic():
+    """Rajbhandari et al. (2020), Figure 1: Psi = 7.5 B, N = 64, K = 12 (fp32 master
+    copy, Adam's m and v) with 16-bit parameters and gradients: 120, 31.4, 16.6 and
+    1.9 GB per rank for DDP and stages 1, 2, 3."""
+    from hpcdp.memcheck import mixed_state_bytes
+
+    psi, N, g = 7_500_000_000, 64, [(0, 7_500_000_000)]
+    gb = [mixed_state_bytes(s, g, N, 0, 2)["total"] / 1e9 for s in (0, 1, 2, 3)]
+    assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
+    # the exact terms: (2 + 2 + K) Psi, 2 Psi + 2 Psi + K Psi / N, 2 Psi + (2 + K) Psi / N, 16 Psi / N
+    k = 12
+    assert mixed_state_bytes(0, g, N, 0, 2)["total"] == (2 + 2 + k) * psi
+    assert mixed_state_bytes(1, g, N, 0, 2)["total"] == 4 * psi + k * psi / N
+    assert mixed_state_bytes(2, g, N, 0, 2)["total"] == 2 * psi + (2 + k) * psi / N
+    assert mixed_state_bytes(3, g, N, 0, 2)["total"] == (2 + 2 + k) * psi / N
+    # the optimizer state (master copy and moments) is what stage 1 shards
+    assert mixed_state_bytes(1, g, N, 0, 2)["optim"] == k * psi / N
+    # SGD with momentum: K = 8; without: K = 4 (the master copy alone)
+    assert mixed_state_bytes(0, g, N, 0, 1)["total"] == 12 * psi
+    assert mixed_state_bytes(3, g, N, 0, 0)["total"] == 8 * psi / N
+    # the full-precision formulas stay the default (fp32: 16 Psi, 4 + 4 + 8 / N, ...)
+    assert state_bytes(1, g, N, 0, 4, 2)["total"] == 8 * psi + 8 * psi / N
+
+
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (4, 8), (1, 4), (3, 1)])
+def test_hybrid_state_divides_by_ranks_per_node(nodes, per_node):
+    """Hybrid sharding: the ownership rule over the node's L ranks, the same on every
+    node (the state is replicated across nodes)."""
+    psi = 4 * 3 * 5 * 7 * 16
+    g = [(0, psi)]
+    L = per_node
+    for stage, want in ((1, 8 * psi + 8 * psi // L), (2, 4 * psi + 12 * psi // L), (3, 16 * psi // L)):
+        assert state_bytes(stage, g, L, 0, 4, 2)["total"] == want
+
+
+def test_hybrid_inter_node_bytes_against_zero3s_flat_ring():
+    """Hybrid's bytes per link kind (its ledger's formula) against the flat ring's
+    ZeRO-3 on the same node-ordered ranks, where only a rank whose ring successor is
+    on the next node sends across. Per rank (each rank's own link): the busiest
+    hybrid rank moves at most 1/L of the busiest flat rank's inter-node bytes
+    (2(M-1)/(M L) against 3(N-1)/N of Psi). Per job (a node's links shared by its
+    ranks): hybrid moves 2(M-1) Psi across, the flat ring M 3(N-1)/N Psi: less, but
+    not 1/L (the flat ring crosses only M times)."""
+    from hpcdp.comm.volume import zero_step_bytes
+    from hpcdp.strategies.zero.hybrid import hybrid_step_bytes
+
+    sizes = [1000, 357, 64]
+    psi = sum(sizes) * 4
+    for M, L in ((2, 2), (4, 8), (8, 4), (2, 16)):
+        N = M * L
+        flat = [zero_step_bytes(3, sizes, N, r, 4)[0] if (r + 1) % L == 0 else 0 for r in range(N)]
+        per = [hybrid_step_bytes(3, sizes, M, L, r // L, r % L, 4) for r in range(N)]
+        hyb = [p["inter"][0] for p in per]
+        assert max(hyb) <= max(flat) / L
+        for kind in ("intra", "inter"):  # sent equals received over the job, per link kind
+            assert sum(p[kind][0] for p in per) == sum(p[kind][1] for p in per)
+        assert sum(hyb) == 2 * (M - 1) * psi  # every shard allreduced across nodes once
+        assert abs(sum(flat) - M * 3 * (N - 1) / N * psi) <= 3 * M * N * 4  # uneven chunks
+        assert sum(hyb) < sum(flat)
+    # at 2 nodes x 2 ranks the job total meets 1/L as well: 2 Psi against 4.5 Psi
+    flat = sum(zero_step_bytes(3, sizes, 4, r, 4)[0] for r in (1, 3))
+    assert sum(hybrid_step_bytes(3, sizes, 2, 2, r // 2, r % 2, 4)["inter"][0] for r in range(4)) <= flat / 2
+
+
+def test_the_cluster_measurement_script_predicts_hybrid_and_flat_inter_node_bytes():
+    """jobs/zero_hybrid_cluster.py's prediction column: per node and step, ZeRO-3's flat
+    ring sends 3 (N-1)/N Psi across at 2 nodes x 2 ranks, hybrid 2 (M-1)/M Psi; a
+    250 Mbit/s link makes both slower, the flat ring more."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ROOT = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(ROOT / "jobs"))
+    try:
+        import zero_hybrid_cluster as z
+    finally:
+        sys.path.pop(0)
+    psi4 = 805_632 * 4
+    fast = {lay: z.predict(lay, "none", 4) for lay in ("flat", "hybrid")}
+    slow = {lay: z.predict(lay, "250mbit", 4) for lay in ("flat", "hybrid")}
+    assert fast["flat"]["inter"] == 3 * 3 / 4 * psi4 and fast["hybrid"]["inter"] == psi4
+    assert slow["flat"]["step_ms"] - fast["flat"]["step_ms"] > slow["hybrid"]["step_ms"] - fast["hybrid"]["step_ms"] > 0
+    out = subprocess.run([sys.executable, str(ROOT / "jobs/zero_hybrid_cluster.py"), "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "--rates" in out.stdout

@@ -6,6 +6,8 @@ moved stay at (stages 1, 2) or near (stage 3: 1.5x) DDP's. See docs/zero.md.
 - stage2.py: also gradients (4 Psi + 12 Psi / N);
 - stage3.py: also parameters, gathered unit by unit (16 Psi / N);
 - common.py: what they share; groups.py: which ranges one collective runs on;
+  hybrid.py: hybrid sharding (``shard = "node"``: sharded in the node, replicated
+  across nodes);
   order.py: stage 3's check that every rank runs the same units.
 
 Who owns what is :func:`hpcdp.ownership.owned_ranges` (each group sharded on its own

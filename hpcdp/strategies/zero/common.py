@@ -24,6 +24,7 @@ from hpcdp.ownership import group_shard, owned_ranges
 from hpcdp.strategies.base import Strategy
 from hpcdp.strategies.engine import ledger_bytes
 from hpcdp.strategies.zero.groups import group_ranges
+from hpcdp.strategies.zero.hybrid import link_kind_bytes, node_groups, shard_layout, state_ranks
 
 
 class ZeroStrategy(ShardedCheckpoint, Strategy):
@@ -60,10 +61,13 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         if self.debug and self.comm is not None:
             hcomm.set_debug(self.comm, True)
         self.plan = plan
+        # The sharding group (hybrid.py): the world, or this rank's node.
+        self.groups = node_groups(self.cfg, self.comm, self.timeout)
+        self.shard_size, self.shard_rank = shard_layout(self.groups, world)
         self.mine, self.local, pos = {}, {}, 0
         for off, size in group_ranges(plan):
             b = next(bk.index for bk in plan.buckets if bk.offset == off)
-            self.mine[b] = group_shard((off, size), world.size, world.rank)
+            self.mine[b] = group_shard((off, size), self.shard_size, self.shard_rank)
             self.local[b] = pos
             pos += self.mine[b][1]
         self.shard_numel = pos
@@ -104,11 +108,17 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
     # -- collectives -----------------------------------------------------------------
     def _reduce_scatter(self, buf):
         """In place: this rank's chunk of ``buf`` (a group) is summed over ranks."""
+        if self.groups is not None:
+            return self.groups.reduce_scatter(buf, ledger=self.ledger, algorithm=self.cfg.algorithm,
+                                              timeout=self.timeout)
         return self.hcomm.ireduce_scatter(buf, comm=self.comm, op="sum", ledger=self.ledger,
                                           algorithm=self.cfg.algorithm, timeout=self.timeout)
 
     def _all_gather(self, buf):
         """In place: ``buf`` (a group, this rank's chunk in position) gets every chunk."""
+        if self.groups is not None:
+            return self.groups.all_gather(buf, ledger=self.ledger, algorithm=self.cfg.algorithm,
+                                          timeout=self.timeout)
         return self.hcomm.iall_gather(buf, comm=self.comm, ledger=self.ledger,
                                       algorithm=self.cfg.algorithm, timeout=self.timeout)
 
@@ -222,11 +232,11 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         exact_norm = getattr(self.grad_codec, "sum_squares", None) if max_norm else None
         if exact_norm is not None:  # the codec's norm: the same for any split over ranks
             host = [g if isinstance(g, np.ndarray) else be.to_numpy(g) for g in grads]
-            ss = exact_norm(host, self.comm if self.dp_size > 1 else None, self.flat.numel)
+            ss = exact_norm(host, self.shard_comm if self.shard_size > 1 else None, self.flat.numel)
         else:
             ss = sum_squares(be, grads)
-            if self.dp_size > 1:
-                ss = allreduce_sum(self.comm)(ss)
+            if self.shard_size > 1:
+                ss = allreduce_sum(self.shard_comm)(ss)
         norm = math.sqrt(ss) if ss >= 0 else float("nan")
         if max_norm:
             self.grad_norm = norm
@@ -247,7 +257,21 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
 
     # -- the seam ---------------------------------------------------------------------
     def owned_ranges(self, kind: str) -> list[tuple[int, int]]:
-        return owned_ranges(kind, self.stage, group_ranges(self.plan), self.dp_size, self.dp_rank)
+        return owned_ranges(kind, self.stage, group_ranges(self.plan), self.shard_size, self.shard_rank)
+
+    @property
+    def shard_comm(self):
+        """The communicator over which the state is sharded (the world or the node)."""
+        return self.groups.node_comm if self.groups is not None else self.comm
+
+    def checkpoint_replica(self) -> tuple[int, int]:
+        """(this rank's replica, replicas) of its shard: hybrid's node index and node
+        count (each replica writes its part of the shard), else (0, 1)."""
+        return (self.groups.node, self.groups.nodes) if self.groups is not None else (0, 1)
+
+    def state_ranks(self, world) -> int:
+        """Ranks the state is sharded over, known before setup (memcheck)."""
+        return state_ranks(self.cfg, world)
 
     # Seconds this step spent blocked on parameter all-gathers (stages 1, 2: after the
     # update; stage 3: before a unit's forward or backward, minus what prefetch hid).
@@ -255,6 +279,8 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
 
     def step_stats(self) -> dict:
         out = self.engine.stats()
+        if self.groups is not None and self.ledger is not None:  # hybrid: bytes per link kind
+            out.update(link_kind_bytes(self.ledger.delta(self._snap)))
         figures, self._snap = ledger_bytes(self.ledger, self._snap, ("reduce_scatter",))
         out.update(figures)
         out.update(self.clip_stats())
@@ -276,6 +302,9 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         if self.engine is not None:
             self.engine.close()
             self.engine = None  # it holds bound methods of self: no cycle left behind
+        if getattr(self, "groups", None) is not None:
+            self.groups.free()
+            self.groups = None
         if self.comm is not None:
             self.comm.Free()
             self.comm = None

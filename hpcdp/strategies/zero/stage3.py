@@ -242,7 +242,7 @@ class ZeroStage3(ZeroStrategy):
         for b, bk in enumerate(self.plan.buckets):
             buf = self.backend.empty((bk.size,), self.flat.dtype)
             self.backend.copy_(self._chunk_view(buf, b), self._shard_of(self.pshard, b))
-            self.hcomm.all_gather(buf, comm=self.comm, timeout=self.timeout)
+            self.hcomm.all_gather(buf, comm=self.shard_comm, timeout=self.timeout)
             out[bk.offset:bk.offset + bk.size] = self.backend.to_numpy(buf)
         return out
 
@@ -252,6 +252,9 @@ class ZeroStage3(ZeroStrategy):
             if self.comm is not None:  # every rank raised UnitOrderMismatch and closes alike
                 self.comm.Free()
                 self.comm = None
+            if self.groups is not None:
+                self.groups.free()
+                self.groups = None
             return
         for b, req in enumerate(getattr(self, "_preq", ())):
             if req is not None and not getattr(self, "_abandoned", False):

@@ -126,6 +126,35 @@ def test_training_follows_one_rank(strategy, monkeypatch):
         assert_close(got, reference(GPT, optim="adamw", batches=batches), 1e-12)
 
 
+def test_hybrid_sharding_follows_one_rank_on_the_real_nodes(monkeypatch):
+    """parallel.zero.shard = "node" on the nodes MPI finds (COMM_TYPE_SHARED, no
+    HPCDP_RANKS_PER_NODE): ZeRO-3 sharded in the node, replicated across; uneven
+    layouts are refused on every rank, naming the fix."""
+    from test_ddp import GPT, _world, assert_close, reference, train
+    from test_zero import SMALL, zero
+
+    from hpcdp.config_error import ConfigError
+
+    monkeypatch.delenv("HPCDP_RANKS_PER_NODE", raising=False)
+    s = zero(3, bucket_mb=SMALL, prefetch=1, shard="node")
+    if not EVEN:
+        from hpcdp.nn import build_model
+        from hpcdp.optim import SGD
+        model = build_model(GPT, dtype="float64", seed=7)
+        with pytest.raises(ConfigError, match=r'shard = "node" needs the same number of ranks on every '
+                                              r'node \(nodes have between 1 and 2 ranks.*\): place ranks evenly, '
+                                              r'set HPCDP_RANKS_PER_NODE, or use parallel.zero.shard = "world"'):
+            s.setup(model.flat, SGD(lr=0.1, dtype="float64"), _world())
+        return
+    batches = (8, 8)
+    got, _, _ = train(GPT, s, _world(), optim="adamw", batches=batches)
+    assert_close(got, reference(GPT, optim="adamw", batches=batches), 1e-12)
+    assert (s.shard_size, s.shard_rank) == (LAYOUT[0], MPI.COMM_WORLD.Get_rank() % LAYOUT[0])
+    led = s.ledger.totals()
+    if len(LAYOUT) > 1:  # bytes crossed nodes only in the shard's allreduce
+        assert led["reduce_scatter.inter"]["sent_bytes"] > 0
+
+
 def _ps_layouts():
     """(servers, colocated): a dedicated server on the last node (its workers elsewhere),
     and one server per rank (every node serves a shard)."""
