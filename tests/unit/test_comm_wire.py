@@ -32,7 +32,30 @@ def test_bfloat16_rounds_to_nearest_even_and_widens_exactly():
     assert np.isnan(back[4]) and np.isnan(back[5])
 
 
-def test_float16_is_numpys_cast():
+def test_float16_is_numpys_cast_bit_for_bit():
+    from hpcdp.comm.wire_kernels import f16_narrow, f16_widen
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every binary16 word
+    back = np.empty(every.size, np.uint32)
+    f16_widen(every, back)
+    h = every.view(np.float16)
+    nan = np.isnan(h)
+    assert np.array_equal(back[~nan], h[~nan].astype(np.float32).view(np.uint32))
+    assert np.isnan(back.view(np.float32)[nan]).all()
+    rng = np.random.default_rng(1)
+    bits = rng.integers(0, 1 << 32, 200000, dtype=np.uint64).astype(np.uint32)
+    near = (rng.standard_normal(200000) * np.exp(rng.uniform(-20, 12, 200000))).astype(np.float32)
+    ties = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 2 ** -25, 3 * 2 ** -25, 65520, 65519.99,
+                     1.5 * 2 ** -24, 2 ** -14 * (1 - 2 ** -11)], np.float32)
+    for x in (bits.view(np.float32), near, ties):
+        x = x[~np.isnan(x) | ((x.view(np.uint32) & 0x400000) != 0)]  # quiet NaNs only
+        got = np.empty(x.size, np.uint16)
+        f16_narrow(x.view(np.uint32), got)
+        with np.errstate(over="ignore", invalid="ignore"):
+            assert np.array_equal(got, x.astype(np.float16).view(np.uint16))
+
+
+def test_float16_wire_round_trip():
     w = wire_format("float16", np.float32)
     x = np.array([1.0, 65504.0, 70000.0, 1e-8, 0.1, -2.5], np.float32)
     words = np.empty(x.size, w.dtype)
