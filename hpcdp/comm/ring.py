@@ -86,8 +86,9 @@ class RingRequest(Request):
         self.last_rs = (N - 2) if "rs" in phases else -1
         self.mc = max(size for _, size in self.bounds) if self.bounds else 0
         self.tmp = None
-        if "rs" in phases and N > 1 and self.mc > 0:
-            self.tmp = self._scratch_like(work, 2 * self.mc)
+        if "rs" in phases and N > 1 and self.mc > 0:  # (a 16-bit wire: 16-bit slots)
+            self.tmp = self._scratch_like(work, 2 * self.mc) if wire is None else \
+                self.scratch(2 * self.mc, wire.dtype)
         if wire is not None:  # 16-bit messages, float32 sums (module docstring)
             self._wire_scratch(phases, N)
         self.tags = [ctx.tag(self.seq, t) for t in range(T)]
@@ -121,7 +122,6 @@ class RingRequest(Request):
     def _wire_scratch(self, phases, N) -> None:
         n, wd = self.work.size, self.wire.dtype
         if self.tmp is not None:
-            self.tmp = self.scratch(2 * self.mc, wd)
             self.w32 = self.scratch(min(self.seg, self.mc), np.float32)
         self.wrs = self.scratch(n, wd) if "rs" in phases and N > 1 else None
         self.wag = self.scratch(n, wd) if "ag" in phases and N > 1 else None
