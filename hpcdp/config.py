@@ -304,6 +304,11 @@ def _check_exact_train(train) -> None:
 def _check_exact_config(cfg) -> None:
     """Across sections: strategies that cannot be exact."""
     strategy = cfg.parallel.strategy
+    wire = getattr(cfg.parallel.sub(strategy), "comm_dtype", "float32")
+    if wire != "float32":
+        raise ConfigError(f"parallel.{strategy}.comm_dtype: {wire!r} cannot be exact (exact mode sums "
+                          "int64 fixed-point gradients; a 16-bit wire rounds them); use "
+                          f"parallel.{strategy}.comm_dtype = \"float32\" or train.reproducible = 'fast'")
     if strategy == "ps":
         ps = cfg.parallel.sub("ps")
         if ps is not None and getattr(ps, "mode", "sync") == "async":
@@ -495,6 +500,11 @@ class Config:
             raise ConfigError(f"data.kind: {self.data.kind!r} needs model.kind = 'gpt'")
         if self.train.reproducible == "exact":
             _check_exact_config(self)
+        wire = getattr(self.parallel.sub(), "comm_dtype", "float32")
+        if wire != "float32" and self.run.dtype != "float32":
+            raise ConfigError(f"parallel.{self.parallel.strategy}.comm_dtype: {wire!r} carries float32 "
+                              f"gradients; run.dtype is {self.run.dtype!r}: set run.dtype = \"float32\" "
+                              f"or parallel.{self.parallel.strategy}.comm_dtype = \"float32\"")
 
     def to_dict(self) -> dict:
         return {name: _section_to_dict(getattr(self, name)) for name in SECTIONS}

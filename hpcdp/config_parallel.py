@@ -39,6 +39,20 @@ def literal_values(tp) -> tuple:
 AllreduceAlgorithm = Literal["ring", "auto", "recursive", "native", "hierarchical"]
 """hpcdp.comm.auto's allreduce names (listed here so parsing does not import comm)."""
 
+CommDtype = Literal["float32", "float16", "bfloat16"]
+"""What gradient (and ZeRO-3 parameter) messages carry: hpcdp.comm.wire.WIRE_DTYPES."""
+WIRE_ALGORITHMS = ("ring", "auto")
+"""Algorithms that carry a 16-bit wire ("auto" then runs the ring): hpcdp.comm.wire."""
+
+
+def _check_comm_dtype(s: str, comm_dtype, algorithm) -> None:
+    _choices(f"{s}.comm_dtype", comm_dtype, literal_values(CommDtype))
+    if comm_dtype != "float32" and algorithm not in WIRE_ALGORITHMS:
+        raise ConfigError(f"{s}.comm_dtype = {comm_dtype!r} needs {s}.algorithm = \"ring\" or \"auto\" "
+                          f"(got {algorithm!r}): only the ring adds 16-bit messages in float32 "
+                          f"(MPI's own collectives would sum in 16 bits); set {s}.comm_dtype = "
+                          "\"float32\" to keep that algorithm")
+
 
 @dataclass(kw_only=True)
 class DDPConfig:
@@ -57,10 +71,16 @@ class DDPConfig:
     """Compare a parameter hash across ranks every K steps (0: off)."""
     algorithm: AllreduceAlgorithm = "ring"
     """Allreduce algorithm of hpcdp.comm."""
+    comm_dtype: CommDtype = "float32"
+    """What the gradient allreduce's messages carry: "float32" (the gradients' own bytes),
+    or "float16" / "bfloat16": half the bytes, sums still accumulated in float32 inside
+    the ring (hpcdp.comm.wire says where rounding happens); needs algorithm "ring" or
+    "auto" (which then runs the ring) and a float32 run."""
 
     def __post_init__(self):
         s = "parallel.ddp"
         _choices(f"{s}.algorithm", self.algorithm, literal_values(AllreduceAlgorithm))
+        _check_comm_dtype(s, self.comm_dtype, self.algorithm)
         if not self.bucket_mb > 0:
             raise ConfigError(
                 f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a bucket must be > 0 MiB "
@@ -176,10 +196,16 @@ class ZeroConfig:
     ring chunk and the bytes are docs/zero.md's formula exactly; "auto" hands groups
     below comm's crossover to MPI's own collectives (lower latency for small units; the
     ledger then records the bytes handed to MPI)."""
+    comm_dtype: CommDtype = "float32"
+    """What the gradient reduce-scatters (and stage 3's parameter all-gathers) carry:
+    "float32", or "float16" / "bfloat16": half the bytes, sums accumulated in float32
+    inside the ring, master weights and optimizer state float32 on their owner
+    (docs/zero.md); needs algorithm "ring" or "auto" (then the ring) and a float32 run."""
 
     def __post_init__(self):
         s = "parallel.zero"
         _choices(f"{s}.algorithm", self.algorithm, ("ring", "auto", "native"))
+        _check_comm_dtype(s, self.comm_dtype, self.algorithm)
         _choices(f"{s}.stage", self.stage, (1, 2, 3))
         if not self.bucket_mb > 0:
             raise ConfigError(f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a group must "
@@ -196,6 +222,6 @@ PARALLEL_OPTIONS: dict[str, type] = {"ddp": DDPConfig, "ps": PSConfig, "zero": Z
 """Strategy name -> its options dataclass (``[parallel.<name>]``)."""
 
 
-__all__ = ["DDPConfig", "PSConfig", "ZeroConfig", "PARALLEL_OPTIONS", "MIB",
+__all__ = ["DDPConfig", "PSConfig", "ZeroConfig", "PARALLEL_OPTIONS", "MIB", "CommDtype",
            "parse_staleness", "check_stale_lr", "literal_values",
            "UNBOUNDED_SPELLINGS", "STALE_LR_RULES"]

@@ -15,6 +15,11 @@ hpcdp.comm.device). ``recvbuf=None`` or ``recvbuf is sendbuf`` means in place.
 
 Each returns the result array; the ``i*`` variants return a request with
 ``test()`` / ``wait()`` (``wait`` returns the result).
+
+``wire="float16"`` or ``"bfloat16"`` (float32 buffers only; default ``None`` =
+``"float32"``, the buffers' own bytes): the messages carry 16-bit values while the
+sums are accumulated in float32; the ring runs it ("auto" picks the ring, other
+algorithms are refused). hpcdp.comm.wire says where rounding happens.
 """
 
 from __future__ import annotations
@@ -114,6 +119,23 @@ def _byte_order(algo, algorithm, dtype, what):
     return "ring"
 
 
+def _wire(wire, buf, algorithm, what):
+    """(the 16-bit hpcdp.comm.wire.Wire or None, the algorithm that carries it)."""
+    if wire is None or wire == "float32":
+        return None, algorithm
+    from hpcdp.comm.wire import wire_algorithm, wire_format
+    w = wire_format(wire, getattr(buf, "dtype", None), what)
+    return w, wire_algorithm(w, algorithm, what)
+
+
+def _staged_wire(staged, w, what):
+    if staged is None and w is not None:
+        raise ValueError(f"{what}: a {w.name} wire converts on the host; with CUDA-aware MPI the "
+                         "device buffers go to MPI directly: use wire='float32' or set "
+                         "HPCDP_CUDA_AWARE=0 (host staging)")
+    return staged
+
+
 def _lean(algo, op, max_message_bytes, nbytes, buf) -> bool:
     """MPI's own collective through hpcdp.comm.fast: host buffer, built-in op,
     one message (the general native path cuts messages and runs user ops)."""
@@ -124,16 +146,17 @@ def _lean(algo, op, max_message_bytes, nbytes, buf) -> bool:
 # -- allreduce -----------------------------------------------------------------
 
 def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
-               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None, wire=None):
     """Start an allreduce; returns a request (``test()`` / ``wait()``)."""
-    if max_message_bytes is None:
+    w, algorithm = _wire(wire, sendbuf, algorithm, "allreduce")
+    if max_message_bytes is None and w is None:
         req = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
         if req is not None:
             return req
     if not _host(sendbuf, recvbuf):
         kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                      timeout=timeout, max_message_bytes=max_message_bytes)
-        staged = _staged(iallreduce, sendbuf, recvbuf, comm, kwargs)
+                      timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
+        staged = _staged_wire(_staged(iallreduce, sendbuf, recvbuf, comm, kwargs), w, "allreduce")
         if staged is not None:
             return staged
     ctx = get_context(comm)
@@ -159,6 +182,10 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
         return DoneRequest(ctx, "allreduce", call, ledger, result)
     if _lean(algo, op, max_message_bytes, nbytes, work):
         return fast.allreduce(ctx, call, src, work, result, op, ledger, timeout)
+    if w is not None:  # the ring with 16-bit messages (hpcdp.comm.wire)
+        return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
+                            phases=("rs", "ag"), segment_bytes=segment_bytes,
+                            max_message_bytes=max_message_bytes, result=result, wire=w)
     # the algorithm's registered start (hpcdp.comm.algorithms: one line per algorithm)
     return get_algorithm("allreduce", algo).start(ctx, call, ledger, timeout, src=src, work=work,
                                                   result=result, op=op, segment_bytes=segment_bytes,
@@ -171,30 +198,33 @@ def _device_scratch(ctx, like):
 
 
 def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
-              segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+              segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None, wire=None):
     """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (or in place); returns it."""
-    if max_message_bytes is None:
+    if max_message_bytes is None and (wire is None or wire == "float32"):
         out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
         if out is not None:
             return out
     return blocking_call(iallreduce, sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm,
                          ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
-                         max_message_bytes=max_message_bytes).wait()
+                         max_message_bytes=max_message_bytes, wire=wire).wait()
 
 
 # -- reduce-scatter ------------------------------------------------------------
 
 def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
-                    segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+                    segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None,
+                    wire=None):
     """Start a reduce-scatter; ``wait()`` returns this rank's reduced chunk."""
-    if max_message_bytes is None:
+    w, algorithm = _wire(wire, sendbuf, algorithm, "reduce_scatter")
+    if max_message_bytes is None and w is None:
         req = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
         if req is not None:
             return req
     if not _host(sendbuf, recvbuf):
         kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                      timeout=timeout, max_message_bytes=max_message_bytes)
-        staged = _staged(ireduce_scatter, sendbuf, recvbuf, comm, kwargs)
+                      timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
+        staged = _staged_wire(_staged(ireduce_scatter, sendbuf, recvbuf, comm, kwargs), w,
+                              "reduce_scatter")
         if staged is not None:
             return staged
     ctx = get_context(comm)
@@ -241,38 +271,40 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
     if in_place:
         return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
                             op=op, phases=("rs",), segment_bytes=segment_bytes,
-                            max_message_bytes=max_message_bytes, result=result)
+                            max_message_bytes=max_message_bytes, result=result, wire=w)
     return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=None,
                         src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
                         max_message_bytes=max_message_bytes, result=result,
-                        final_out=(out, off, size))
+                        final_out=(out, off, size), wire=w)
 
 
 def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
-                   segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+                   segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None,
+                   wire=None):
     """This rank's chunk (``shard_range``) of the reduction over all ranks."""
-    if max_message_bytes is None:
+    if max_message_bytes is None and (wire is None or wire == "float32"):
         out = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
         if out is not None:
             return out
     return blocking_call(ireduce_scatter, sendbuf, recvbuf, comm=comm, op=op,
                          algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                         timeout=timeout, max_message_bytes=max_message_bytes).wait()
+                         timeout=timeout, max_message_bytes=max_message_bytes, wire=wire).wait()
 
 
 # -- all-gather ----------------------------------------------------------------
 
 def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
-                segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+                segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None, wire=None):
     """Start an all-gather; ``wait()`` returns the full buffer."""
-    if max_message_bytes is None:
+    w, algorithm = _wire(wire, sendbuf, algorithm, "all_gather")
+    if max_message_bytes is None and w is None:
         req = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout)
         if req is not None:
             return req
     if not _host(sendbuf, recvbuf):
         kwargs = dict(algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                      timeout=timeout, max_message_bytes=max_message_bytes)
-        staged = _staged(iall_gather, sendbuf, recvbuf, comm, kwargs)
+                      timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
+        staged = _staged_wire(_staged(iall_gather, sendbuf, recvbuf, comm, kwargs), w, "all_gather")
         if staged is not None:
             return staged
     ctx = get_context(comm)
@@ -312,16 +344,16 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         return DoneRequest(ctx, "all_gather", call, ledger, result)
     return ring_request(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
                         op=None, phases=("ag",), segment_bytes=segment_bytes,
-                        max_message_bytes=max_message_bytes, result=result)
+                        max_message_bytes=max_message_bytes, result=result, wire=w)
 
 
 def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
-               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None):
+               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None, wire=None):
     """Every rank's chunk, concatenated in rank order (``shard_range`` positions)."""
-    if max_message_bytes is None:
+    if max_message_bytes is None and (wire is None or wire == "float32"):
         out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
         if out is not None:
             return out
     return blocking_call(iall_gather, sendbuf, recvbuf, comm=comm, algorithm=algorithm,
                          ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
-                         max_message_bytes=max_message_bytes).wait()
+                         max_message_bytes=max_message_bytes, wire=wire).wait()

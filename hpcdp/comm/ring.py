@@ -24,6 +24,13 @@ scratch memory is ``2 * ceil(n/N)`` elements, not ``n``. Messages of one step
 share one tag and are posted in segment order on both sides (MPI keeps order per
 sender and tag), steps have distinct tags, and concurrent requests distinct
 tag ranges (sequence numbers).
+
+16-bit wire (``wire``, hpcdp.comm.wire): the buffers stay float32 and only the
+messages are 16-bit. Received reduce-scatter segments land in a 16-bit scratch, are
+widened into a float32 segment and reduced in float32; what is sent is narrowed
+into a 16-bit mirror of the buffer first (one for the reduce-scatter's sends, one
+that all-gather messages are received into and forwarded from). hpcdp.comm.wire
+says where rounding happens.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ class RingRequest(Request):
 
     def __init__(self, ctx, name, call, ledger, timeout, *, work, src, op, phases,
                  segment_bytes=DEFAULT_SEGMENT_BYTES, max_message_bytes=None,
-                 result=None, final_copy=None):
+                 result=None, final_copy=None, wire=None):
         super().__init__(ctx, name, call, ledger, timeout, max_message_bytes)
         N, r = ctx.size, ctx.rank
         if work is None:  # out-of-place reduce-scatter: chunks pass through a pooled scratch
@@ -61,7 +68,8 @@ class RingRequest(Request):
         self.work, self.src, self.op, self.N = work, src, op, N
         self.result, self._final_copy = result, final_copy
         self.left, self.right = (r - 1) % N, (r + 1) % N
-        itemsize = work.dtype.itemsize
+        self.wire = wire
+        itemsize = work.dtype.itemsize if wire is None else wire.itemsize
         seg_bytes = self.max_bytes if segment_bytes is None else min(int(segment_bytes), self.max_bytes)
         if seg_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1 (or None for whole chunks), got {segment_bytes}")
@@ -78,8 +86,11 @@ class RingRequest(Request):
         self.last_rs = (N - 2) if "rs" in phases else -1
         self.mc = max(size for _, size in self.bounds) if self.bounds else 0
         self.tmp = None
-        if "rs" in phases and N > 1 and self.mc > 0:
-            self.tmp = self._scratch_like(work, 2 * self.mc)
+        if "rs" in phases and N > 1 and self.mc > 0:  # (a 16-bit wire: 16-bit slots)
+            self.tmp = self._scratch_like(work, 2 * self.mc) if wire is None else \
+                self.scratch(2 * self.mc, wire.dtype)
+        if wire is not None:  # 16-bit messages, float32 sums (module docstring)
+            self._wire_scratch(phases, N)
         self.tags = [ctx.tag(self.seq, t) for t in range(T)]
         self.send_next, self.send_ready = [0] * T, [set() for _ in range(T)]
         self.recv_next, self.recv_ok = [0] * T, [set() for _ in range(T)]
@@ -108,6 +119,24 @@ class RingRequest(Request):
                     else:
                         self.copy_after[(ts, k)] = t
 
+    def _wire_scratch(self, phases, N) -> None:
+        n, wd = self.work.size, self.wire.dtype
+        if self.tmp is not None:
+            self.w32 = self.scratch(min(self.seg, self.mc), np.float32)
+        self.wrs = self.scratch(n, wd) if "rs" in phases and N > 1 else None
+        self.wag = self.scratch(n, wd) if "ag" in phases and N > 1 else None
+
+    def _wire_send(self, t, lo, hi):
+        """The 16-bit words of this send (narrowed now where they are not yet)."""
+        sc, _, kind = self.steps[t]
+        if kind == REDUCE:
+            if t == 0:  # later steps: narrowed when the segment was reduced (_on_recv)
+                self.wire.narrow(self.src[lo:hi], self.wrs[lo:hi])
+            return self.wrs[lo:hi]
+        if sc == self.ctx.rank:  # all-gather of the own chunk: everyone gets the same bits
+            self.wire.round_trip(self.work[lo:hi], self.wag[lo:hi])
+        return self.wag[lo:hi]
+
     def _scratch_like(self, like, n):
         if isinstance(like, np.ndarray):
             return self.scratch(n, like.dtype)
@@ -128,10 +157,11 @@ class RingRequest(Request):
             kk = self.send_next[t]
             ready.discard(kk)
             lo, hi = self._seg(sc, kk)
-            self.sends.append(self.ctx.data.Isend(mpi_buffer(buf[lo:hi]), self.right, self.tags[t]))
+            msg = buf[lo:hi] if self.wire is None else self._wire_send(t, lo, hi)
+            self.sends.append(self.ctx.data.Isend(mpi_buffer(msg), self.right, self.tags[t]))
             self.send_meta.append((t, kk))
             self.sends_open += 1
-            self.sent_bytes += (hi - lo) * buf.dtype.itemsize
+            self.sent_bytes += (hi - lo) * msg.dtype.itemsize
             self.sent_msgs += 1
             self.send_next[t] += 1
 
@@ -157,12 +187,12 @@ class RingRequest(Request):
                     base = (t % 2) * self.mc + kk * self.seg
                     target = self.tmp[base:base + hi - lo]
                 else:
-                    target = self.work[lo:hi]
+                    target = self.work[lo:hi] if self.wire is None else self.wag[lo:hi]
                 req = self.ctx.data.Irecv(mpi_buffer(target), self.left, self.tags[t])
                 self.recvs.append(req)
                 self.recv_meta.append((t, kk))
                 self._recv_src[id(req)] = (req, self.left)
-                self.recv_bytes += (hi - lo) * self.work.dtype.itemsize
+                self.recv_bytes += (hi - lo) * target.dtype.itemsize
                 self.recv_msgs += 1
                 self.recv_next[t] += 1
 
@@ -172,12 +202,21 @@ class RingRequest(Request):
             lo, hi = self._seg(rc, k)
             base = (t % 2) * self.mc + k * self.seg
             out = self.work[lo:hi]
-            self.op.reduce(out, self.tmp[base:base + hi - lo], self.src[lo:hi])
+            got = self.tmp[base:base + hi - lo]
+            if self.wire is not None:  # widen exactly, add in float32
+                self.wire.widen(got, self.w32[:hi - lo])
+                got = self.w32[:hi - lo]
+            self.op.reduce(out, got, self.src[lo:hi])
             if t == self.last_rs:
                 self.op.finalize(out, self.N)
+            elif self.wire is not None:  # the float32 partial sum, narrowed to be forwarded
+                self.wire.narrow(out, self.wrs[lo:hi])
             t2 = t + 2
             if t2 < len(self.steps) and self.steps[t2][2] == REDUCE and k < self.nseg[self.steps[t2][1]]:
                 self._allow_recv(t2, k)
+        elif self.wire is not None:  # an all-gather segment: widen into place
+            lo, hi = self._seg(rc, k)
+            self.wire.widen(self.wag[lo:hi], self.work[lo:hi])
         if t + 1 < len(self.steps):
             self._ready_send(t + 1, k)
         self.left_recv -= 1

@@ -18,6 +18,8 @@ Three ways to move the gradients (for comparison, see docs/ddp.md):
   has ended (``finish_gradients``), i.e. communication is fully exposed.
 
 Each bucket is reduced IN PLACE on its view of ``flat.grad``: no copies.
+``comm_dtype = "float16" | "bfloat16"``: the allreduce's messages are 16-bit, the
+sums float32 (hpcdp.comm.wire); every replica gets the same rounded gradient.
 
 The hooks, launch-when-ready, progress and drain are the bucket engine
 (engine.py), shared with ZeRO; DDP gives it the collective (``iallreduce``).
@@ -96,7 +98,7 @@ class DDP(ReplicatedCheckpoint, Strategy):
             if self._encode_at_launch:
                 self._payload.fold(bk.offset, bk.size)
         return self._hcomm.iallreduce(self._views[b], comm=self.comm, op="sum", algorithm=self._algorithm,
-                                      ledger=self.ledger, timeout=self.timeout)
+                                      ledger=self.ledger, timeout=self.timeout, wire=self.cfg.comm_dtype)
 
     # -- the gradient codec (hpcdp/strategies/codec.py) ------------------------------
     def set_grad_codec(self, codec) -> None:

@@ -97,6 +97,34 @@ def test_parameters_straddle_shard_boundaries(stage):
         assert any(u.size % world.size for u in model.flat.units)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+def test_16bit_wire_is_close_to_the_float32_wire_with_half_the_bytes(stage, wire):
+    """comm_dtype: the reduce-scatters (and stage 3's unit gathers) carry 16-bit values;
+    master weights and Adam state stay float32. Tolerance: test_ddp.WIRE_RTOL."""
+    from test_ddp import WIRE_RTOL
+
+    world = _world()
+    kw = dict(accum=2, optim="sgd", dtype="float32", batches=(8, 8, 8))
+    want, s32, _ = train(GPT, zero(stage, bucket_mb=SMALL / 2), world, **kw)
+    strat = zero(stage, bucket_mb=SMALL / 2, comm_dtype=wire)
+    got, s16, _ = train(GPT, strat, world, **kw)
+    state = strat.optimizer.state_arrays()  # Adam's moments: float32, this rank's shard only
+    assert state and all(np.dtype(a.dtype) == np.float32 and a.size == strat.shard_numel
+                         for a in state.values())
+    if world.size == 1:
+        assert np.array_equal(got, want)
+        return
+    assert not np.array_equal(got, want)
+    assert_close(got, want, WIRE_RTOL[wire] * (2 if stage == 3 else 1))
+    for a, b in zip(s16, s32):
+        assert 2 * a["grad_bytes_sent"] == b["grad_bytes_sent"] > 0
+        gathers = (b["bytes_sent"] - b["grad_bytes_sent"], a["bytes_sent"] - a["grad_bytes_sent"])
+        # stage 3 gathers units on the wire (working copies); stages 1-2 gather the master
+        # replica after the update in float32
+        assert gathers[1] * (2 if stage == 3 else 1) == gathers[0]
+
+
 # -- bytes -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stage,accum", [(1, 1), (1, 3), (2, 1), (2, 3), (3, 1), (3, 2)])

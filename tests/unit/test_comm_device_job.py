@@ -43,6 +43,22 @@ def _job(mode):
     full = cuda.device_array(n, np.float32)
     all_gather(cuda.to_device(want[off:off + size]), full, comm=comm)
     np.testing.assert_array_equal(full.copy_to_host(), want)
+    # a 16-bit wire converts on the host: staged, the same bits as a host call; with
+    # CUDA-aware MPI refused with one line (small integers: exact in 16 bits either way)
+    for wire in ("bfloat16", "float16"):
+        d = cuda.to_device(host)
+        if mode == "staged":
+            got = allreduce(d, comm=comm, wire=wire, segment_bytes=512)
+            np.testing.assert_array_equal(got.copy_to_host(), allreduce(host.copy(), comm=comm, wire=wire))
+            chunk = reduce_scatter(cuda.to_device(host), comm=comm, wire=wire)
+            np.testing.assert_array_equal(chunk.copy_to_host(), want[off:off + size])
+        else:
+            try:
+                allreduce(d, comm=comm, wire=wire)
+            except ValueError as e:
+                assert "converts on the host" in str(e), e
+            else:
+                raise AssertionError("a 16-bit wire with CUDA-aware MPI was not refused")
     print(f"rank {r} device {mode} ok", flush=True)
 
 

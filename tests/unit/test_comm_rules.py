@@ -154,6 +154,11 @@ def test_the_config_names_exactly_the_registered_algorithms():
     assert set(literal_values(AllreduceAlgorithm)) == set(names("allreduce"))
     zero = set(literal_values(typing.get_type_hints(ZeroConfig)["algorithm"]))
     assert zero <= set(names("reduce_scatter")) & set(names("all_gather"))
+    from hpcdp.comm.wire import WIRE_ALGORITHMS, WIRE_DTYPES
+    from hpcdp.config_parallel import WIRE_ALGORITHMS as CONFIG_WIRE_ALGORITHMS, CommDtype
+
+    assert literal_values(CommDtype) == WIRE_DTYPES
+    assert set(CONFIG_WIRE_ALGORITHMS) == {"auto", *WIRE_ALGORITHMS}
 
 
 def test_a_registered_algorithm_is_known_to_auto_volume_and_the_cost_model():

@@ -44,8 +44,22 @@ def test_a_file_that_names_no_strategy_gets_none(tmp_path):
     ({"model": {"kind": "gpt"}}, r"data\.kind: 'digits' is a classification set; model\.kind = 'gpt'"),
     ({"parallel": {"nosuch": {"a": 1}}}, r"parallel\.nosuch: unknown key; parallel accepts strategy"),
     ({"comm": {"timeout": -1}}, r"comm\.timeout: -1\.0 is out of range"),
+    ({"parallel": {"strategy": "ddp", "ddp": {"comm_dtype": "int8"}}},
+     r"parallel\.ddp\.comm_dtype: 'int8' is not allowed; choose one of 'float32', 'float16', 'bfloat16'"),
+    ({"parallel": {"strategy": "ddp", "ddp": {"comm_dtype": "bfloat16", "algorithm": "native"}}},
+     r"parallel\.ddp\.comm_dtype = 'bfloat16' needs parallel\.ddp\.algorithm = \"ring\" or \"auto\" "
+     r"\(got 'native'\)"),
+    ({"parallel": {"strategy": "zero", "zero": {"comm_dtype": "float16", "algorithm": "native"}}},
+     r"parallel\.zero\.comm_dtype = 'float16' needs parallel\.zero\.algorithm = \"ring\" or \"auto\""),
+    ({"train": {"reproducible": "exact"}, "parallel": {"strategy": "ddp", "ddp": {"comm_dtype": "bfloat16"}}},
+     r"parallel\.ddp\.comm_dtype: 'bfloat16' cannot be exact"),
+    ({"train": {"reproducible": "exact"}, "parallel": {"strategy": "zero", "zero": {"comm_dtype": "float16"}}},
+     r"parallel\.zero\.comm_dtype: 'float16' cannot be exact"),
+    ({"run": {"dtype": "float64"}, "parallel": {"strategy": "zero", "zero": {"comm_dtype": "bfloat16"}}},
+     r"parallel\.zero\.comm_dtype: 'bfloat16' carries float32 gradients; run\.dtype is 'float64'"),
 ])
 def test_bad_values_and_keys_name_the_dotted_key(raw, message):
+    """(Also: the 16-bit wire's refusals, comm_dtype, at config time.)"""
     with pytest.raises(ConfigError, match=message):
         config_from_dict(raw)
 
@@ -169,3 +183,12 @@ def test_literal_choices_name_the_key_and_the_allowed_values():
     with pytest.raises(ConfigError, match=r"parallel\.ps\.mode: 'eventually' is not allowed; "
                                           r"choose one of 'sync', 'async'"):
         load_config(None, ["parallel.strategy=ps", "parallel.ps.mode=eventually"])
+
+
+def test_a_16bit_wire_is_accepted_on_the_ring_and_auto():
+    for strategy in ("ddp", "zero"):
+        for algorithm in ("ring", "auto"):
+            cfg = config_from_dict({"parallel": {"strategy": strategy, strategy: {
+                "comm_dtype": "bfloat16", "algorithm": algorithm}}})
+            assert cfg.parallel.sub().comm_dtype == "bfloat16"
+    assert load_config(None).parallel.sub().comm_dtype == "float32"  # today's wire by default

@@ -9,6 +9,8 @@ max, min) and a dtype compiled code handles (8- to 64-bit integers, float16,
 float32, float64); any other call (a callable op, long double, a device array) runs on the
 Python ring, as does everything when the MPI library cannot be bound
 (hpcdp.comm.compiled.binding): then one line in the log says why, once per process.
+A 16-bit wire (hpcdp.comm.wire) runs on the Python ring too (its per-segment
+conversion is not in the compiled state machine): one log line, once per process.
 
 :func:`ring_request` is the one hook the collectives call where they used to build
 hpcdp.comm.ring.RingRequest.
@@ -151,11 +153,16 @@ def overlap_algorithm(comm, algorithm: str) -> str:
 
 
 def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, segment_bytes,
-                 max_message_bytes=None, result=None, final_out=None, background=True):
+                 max_message_bytes=None, result=None, final_out=None, background=True, wire=None):
     """A ring collective on the context's engine (module docstring). ``final_out``
     ``(out, off, size)``: an out-of-place reduce-scatter copies ``work[off:off+size]``
-    (its scratch) to ``out`` on completion."""
-    if engine_name(ctx) == "compiled":
+    (its scratch) to ``out`` on completion. ``wire``: a 16-bit hpcdp.comm.wire.Wire
+    (the Python ring only)."""
+    if wire is not None and engine_name(ctx) == "compiled" and not _STATE.get("wire_told"):
+        _STATE["wire_told"] = True
+        log.warning("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
+                    "collectives run on the Python ring", wire.name)
+    if engine_name(ctx) == "compiled" and wire is None:
         engine = compiled_engine()
         if engine is not None and engine.takes(work if work is not None else src, src, op):
             blocking = getattr(_LOCAL, "blocking", False)
@@ -167,7 +174,7 @@ def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, seg
                 defer=blocking)
     req = RingRequest(ctx, name, call, ledger, timeout, work=work, src=src, op=op,
                       phases=phases, segment_bytes=segment_bytes,
-                      max_message_bytes=max_message_bytes, result=result)
+                      max_message_bytes=max_message_bytes, result=result, wire=wire)
     if final_out is not None:
         out, off, size = final_out
         req._final_copy = (out, req.work[off:off + size])

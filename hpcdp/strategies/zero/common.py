@@ -106,13 +106,19 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         return sorted(self.mine, key=lambda b: self.mine[b][0])
 
     # -- collectives -----------------------------------------------------------------
+    # comm_dtype (hpcdp.comm.wire): gradient reduce-scatters carry it at every stage;
+    # parameter all-gathers only where the gathered copy is a working copy (stage 3's
+    # units), never where it is the replica's master (stages 1, 2 after the update).
+    params_on_wire = False
+
     def _reduce_scatter(self, buf):
         """In place: this rank's chunk of ``buf`` (a group) is summed over ranks."""
         if self.groups is not None:
             return self.groups.reduce_scatter(buf, ledger=self.ledger, algorithm=self.cfg.algorithm,
                                               timeout=self.timeout)
         return self.hcomm.ireduce_scatter(buf, comm=self.comm, op="sum", ledger=self.ledger,
-                                          algorithm=self.cfg.algorithm, timeout=self.timeout)
+                                          algorithm=self.cfg.algorithm, timeout=self.timeout,
+                                          wire=self.cfg.comm_dtype)
 
     def _all_gather(self, buf):
         """In place: ``buf`` (a group, this rank's chunk in position) gets every chunk."""
@@ -120,7 +126,8 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
             return self.groups.all_gather(buf, ledger=self.ledger, algorithm=self.cfg.algorithm,
                                           timeout=self.timeout)
         return self.hcomm.iall_gather(buf, comm=self.comm, ledger=self.ledger,
-                                      algorithm=self.cfg.algorithm, timeout=self.timeout)
+                                      algorithm=self.cfg.algorithm, timeout=self.timeout,
+                                      wire=self.cfg.comm_dtype if self.params_on_wire else None)
 
     def _gather_groups_in_place(self, full) -> None:
         """All-gather every group of the full buffer ``full`` (stages 1/2 after the

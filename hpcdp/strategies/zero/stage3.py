@@ -49,6 +49,7 @@ from hpcdp.strategies.zero.order import BACKWARD, END, FORWARD, UnitOrderMismatc
 class ZeroStage3(ZeroStrategy):
     stage = 3
     full_storage = ()
+    params_on_wire = True  # a unit's gather is a working copy: comm_dtype applies (common.py)
 
     def setup(self, flat, optimizer, world) -> None:
         self.flat = flat
