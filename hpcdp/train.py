@@ -220,13 +220,19 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         with watchdog(cfg.comm.timeout, "splitting off the workers' communicator"):
             comm = world.comm.Split(0 if strategy.is_worker else MPI.UNDEFINED, world.rank)
     if not strategy.is_worker:
+        # A dedicated server: restores with the workers (--resume), then serves; the
+        # workers' save requests reach it through the PS protocol (ckpt.save on it).
         try:
-            strategy.serve()
+            ckpt.restore()
+            strategy.serve(on_save=lambda at, wait: ckpt.save(at, wait=wait))
+            ckpt.close()
             strategy.close()
         except BaseException as e:
             release(strategy, e, None)  # failing: drop requests, wait for no peer
             raise
-        return {"run_dir": run_dir, "role": "server"}
+        finally:
+            ckpt.close(abandon=True)
+        return {"run_dir": run_dir, "role": "server", "checkpoint": str(ckpt.saved_path or "") or None}
 
     writer_rank = comm.Get_rank() == 0
     gather = StepGather(comm, timeout=cfg.comm.timeout)

@@ -22,6 +22,7 @@
 - writerproc.py  the asynchronous save's writer process (off the training GIL)
 - inspect.py     verify, export, digests, summaries (`hpcdp ckpt`, hpcdp/commands/ckpt.py)
 - errors.py      CheckpointError; damaged_file: h5py's errors on damaged files as one line
+- probe.py       an untrusted file's metadata walked in a child process first (a crash -> one line)
 - lock.py        one writing job per checkpoint.dir (job, host, pid; stale locks taken over)
 - checkpointer.py  what train.py calls
 - weights.py     a checkpoint's weights into a model built from its config, one process

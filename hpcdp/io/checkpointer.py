@@ -55,7 +55,8 @@ class Checkpointer:
         what = "the other ranks to set up checkpointing"
         self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
         if self.enabled and self.c.on_signal:
-            self.stop = GracefulStop(idup(world.comm, self.timeout, what), timeout=self.timeout)
+            self.stop = GracefulStop(self._workers_comm(idup(world.comm, self.timeout, what)),
+                                     timeout=self.timeout)
         if self.c.asynchronous:
             from .background import BackgroundSaver
             from .hostbuf import HostBuffers
@@ -67,6 +68,20 @@ class Checkpointer:
                 self.writer = WriterProcess(self.buffers)
                 if self.enabled:
                     self.writer.start()
+
+    def _workers_comm(self, comm):
+        """The stop decision is made every step by the ranks that run steps: with
+        dedicated parameter servers (``strategy.is_worker`` False there), a
+        communicator of the workers only; a server keeps the signal handlers (so a
+        signal does not kill it) and learns of the stop from the workers' save
+        request and their done. None on a server."""
+        from mpi4py import MPI
+
+        if comm.allreduce(int(not self.strategy.is_worker)) == 0:
+            return comm
+        sub = comm.Split(0 if self.strategy.is_worker else MPI.UNDEFINED, comm.Get_rank())
+        comm.Free()
+        return sub if self.strategy.is_worker else None
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
@@ -176,6 +191,9 @@ class Checkpointer:
             self._collect_background(wait=True)
         t0 = time.perf_counter()
         asynchronous = self.background is not None and not wait
+        begin = getattr(self.strategy, "checkpoint_begin", None)
+        if begin is not None:  # e.g. PS workers ask the dedicated servers to save too
+            begin(step, wait)
         pieces = self.strategy.checkpoint_pieces()
         snap = take_snapshot(pieces, self.flat.layout, self.flat.backend, copy=False)
         if asynchronous:  # the one copy: into the reusable, page-aligned buffers
@@ -188,8 +206,10 @@ class Checkpointer:
             # asynchronous save (it would wait here for the slowest rank)
             rank_arrays = rank_scalar_arrays(self.comm, scalars, timeout=self.timeout)
             attrs, state, arrays = self._state(step, rank_arrays)
+            # a background save hashes on the cores training leaves free (one is training's)
+            threads = max(1, self.threads - 1) if asynchronous else self.threads
             return SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays, layout=self.c.layout,
-                           keep=self.c.keep, threads=self.threads, writer=writer)
+                           keep=self.c.keep, threads=threads, writer=writer)
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
@@ -228,7 +248,7 @@ class Checkpointer:
                 self.buffers = None
             if self.stop is not None:
                 self.stop.close(wait=not abandon)
-                if not abandon:
+                if not abandon and self.stop.comm is not None:
                     self.stop.comm.Free()
                 self.stop = None
             if self.comm is not None and not abandon:

@@ -7,7 +7,8 @@ previous checkpoint still loads. Points: ``ckpt-mid-write`` (half of a rank's
 pieces written; it kills the process that writes the file: under an asynchronous
 save with ``checkpoint.writer = "process"`` that is the rank's writer process), ``ckpt-before-index`` (every rank file is written, rank 0 about to
 write the index), ``ckpt-before-marker`` (renamed into place, marker not yet
-written). Unset (the normal case), a failpoint costs one dictionary lookup.
+written), ``ckpt-probe@0:0`` (the metadata walk's child process of probe.py, at its
+first object). Unset (the normal case), a failpoint costs one dictionary lookup.
 """
 
 from __future__ import annotations

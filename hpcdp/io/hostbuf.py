@@ -57,7 +57,7 @@ class HostBuffers:
         returns the copy (its pieces view the mapping) and their byte offsets."""
         offs = self.layout(snap)
         total = offs[-1] + _aligned(snap.pieces[-1].data.nbytes) if snap.pieces else 0
-        self._ensure(total)
+        self._ensure(max(total, 1))  # a rank with nothing to write still has a mapping (the writer's base)
         out = []
         for p, off in zip(snap.pieces, offs):
             view = self.array[off:off + p.data.nbytes].view(p.data.dtype)

@@ -15,6 +15,7 @@ from .commit import list_checkpoints, marker_problem, run_dir_hint
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import FORMAT_NAME, INDEX_FILE, PARAM, STEP_DIR_RE
 from .index import read_index
+from .probe import walk
 from .ranges import coverage_problems
 from .reader import Reader
 
@@ -71,22 +72,8 @@ def file_header_problem(reader, fi: int) -> str | None:
     if index.attrs.get("layout", "split") == "split":
         want.update(kind="rank", rank=fi, world_size=len(index.files))
 
-    def walk(group, path: str) -> None:  # names each object it opens (visititems would not)
-        with damaged_file(f"{where}, object {path or '/'}"):
-            names = list(group)
-            for key in group.attrs:
-                group.attrs[key]
-        for child in names:
-            at = f"{path}/{child}"
-            with damaged_file(f"{where}, object {at}"):
-                obj = group[child]
-                for key in obj.attrs:
-                    obj.attrs[key]
-            if hasattr(obj, "keys"):  # a group
-                walk(obj, at)
-
     try:
-        walk(h5, "")
+        walk(h5, where)
         with damaged_file(where):
             found = {k: h5.attrs.get(k) for k in want}
     except CheckpointError as e:

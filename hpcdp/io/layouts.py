@@ -15,6 +15,9 @@ methods, plus one line in ``LAYOUTS`` (and its name in the config's allowed valu
         -> (the piece's block digests, its first element in the dataset)
     separate_writer                     # optional, True: a rank's file needs no MPI, so
                                         # the asynchronous save's writer process may write it
+    probe_first                         # optional, True: readers walk a file's metadata in a
+                                        # child process before opening it (probe.py: a damaged
+                                        # file may crash the HDF5 build that reads this layout)
 
 Layouts: ``split`` (hpcdp/io/shardfile.py: one file per writing rank, one dataset
 per piece) and ``shared`` (hpcdp/io/shared.py: one file written collectively with

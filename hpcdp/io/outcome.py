@@ -35,11 +35,16 @@ def allreduce_gently(buf: np.ndarray, comm, op: str, timeout: float) -> np.ndarr
     if threading.current_thread() is threading.main_thread():
         req.wait(timeout=timeout)
         return buf
+    # Each poll takes the GIL from training (hpcdp.comm progresses in Python): back off
+    # from 0.2 ms to 5 ms between polls, so a long wait costs training ~200 wake-ups a
+    # second, not 5000 (a background save does not need sub-millisecond latency).
     deadline = time.monotonic() + timeout
+    pause = 2e-4
     while not req.test():
         if time.monotonic() > deadline:
             req.wait(timeout=1e-3)  # raises CollectiveTimeout naming the missing ranks
-        time.sleep(2e-4)
+        time.sleep(pause)
+        pause = min(5e-3, pause * 1.5)
     return buf
 
 

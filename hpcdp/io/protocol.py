@@ -17,6 +17,11 @@ array (host or device) that holds it on this rank. Four methods, on every strate
     checkpoint_scalars()   -> dict     this rank's plain numbers worth keeping
                                        (optimizer step count, PS server version).
 
+Optional: ``checkpoint_check()`` (refuse a configuration up front, on every rank)
+and ``checkpoint_begin(step, wait)`` (called first in every save, on every rank: a
+parameter server's workers wait for their updates there and ask the dedicated
+server ranks, which run no steps, to join the save).
+
 The helpers below implement them for replicated strategies (none, ddp, PS with
 worker-side update: rank r of N writes ``shard_range(numel, N, r)`` of each buffer
 and restores whole buffers) and for strategies that hold shards described by

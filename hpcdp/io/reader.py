@@ -59,6 +59,9 @@ class Reader:
             how = "truncated" if size < want else "longer than written"
             raise CheckpointError(f"checkpoint {self.dir}: data file {name} has {size} bytes, the index "
                                   f"says {want}: the file is {how}; {EARLIER}")
+        if getattr(self.layout, "probe_first", False):  # a crash there becomes the line
+            from .probe import check_in_child
+            check_in_child(path, f"checkpoint {self.dir}: file {name}")
         with damaged_file(f"checkpoint {self.dir}: file {name}"):
             h5 = h5py.File(path, "r")
         fd = os.open(path, os.O_RDONLY)

@@ -104,6 +104,7 @@ class SharedLayout:
     """``checkpoint.layout = "shared"``: one file, every rank's hyperslabs (hpcdp/io/layouts.py)."""
 
     name = "shared"
+    probe_first = True   # Debian's parallel HDF5 1.10.8 can segfault on a damaged file (probe.py)
 
     def check_available(self) -> None:
         check_available()

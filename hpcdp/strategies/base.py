@@ -8,7 +8,7 @@ step is always :func:`hpcdp.step.train_step`::
 
     strategy.setup(flat, optimizer, world)          # once, before step 1
     if not strategy.is_worker:                       # dedicated server rank
-        strategy.serve(); return
+        strategy.serve(on_save=...); return          # (restores first; saves on request)
     for each step:                                   # hpcdp.step.train_step
         strategy.zero_grad()                         # the strategy owns grad storage
         for micro in range(accum):
@@ -71,8 +71,9 @@ class Strategy(ABC):
     # ZeRO stage of the state this strategy shards (0: a full replica).
     stage: int = 0
 
-    def serve(self) -> None:
-        """Run the server loop on a rank that is not a worker (until workers finish)."""
+    def serve(self, on_save=None) -> None:
+        """Run the server loop on a rank that is not a worker (until workers finish);
+        ``on_save(step, wait)``: the run's checkpointer, for the workers' save requests."""
         raise NotImplementedError(f"strategy {self.name!r} has no server role")
 
     @abstractmethod

@@ -46,6 +46,12 @@ STRATEGIES = {
     "ps1": {"strategy": "ps", "ps": {"servers": 1, "mode": "sync"}},
     "ps_worker": {"strategy": "ps", "ps": {"servers": 2, "update": "worker"}},
     "ps_async": {"strategy": "ps", "ps": {"servers": 2, "mode": "async", "staleness": 0}},
+    # dedicated server ranks (the last S ranks only serve; saves reach them by SAVE)
+    "ps_ded": {"strategy": "ps", "ps": {"servers": 1, "colocated": False, "mode": "sync"}},
+    "ps_ded_async": {"strategy": "ps", "ps": {"servers": 2, "colocated": False, "mode": "async",
+                                              "staleness": 0}},  # the async engine, deterministic
+    "ps_ded_worker": {"strategy": "ps", "ps": {"servers": 1, "colocated": False, "mode": "async",
+                                               "staleness": 0, "update": "worker"}},
     # small groups: a rank owns several ranges (one per group), as on a real model
     "zero1": {"strategy": "zero", "zero": {"stage": 1, "bucket_mb": 0.001}},
     "zero2": {"strategy": "zero", "zero": {"stage": 2, "bucket_mb": 0.001}},

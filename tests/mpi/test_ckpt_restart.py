@@ -40,6 +40,12 @@ PAIRS = [
     (3, "zero3", 4, "hybrid2"),
     (2, "ddp", 4, "hybrid3"),
     (4, "hybrid1", 2, "ddp"),
+    # dedicated parameter servers: an asynchronous run resumed as ZeRO and
+    # as PS with other worker/server counts; DDP/ZeRO resumed as PS with servers
+    (3, "ps_ded_async", 2, "zero3"),
+    (4, "ps_ded_async", 3, "ps_ded_worker"),
+    (2, "zero1", 4, "ps_ded"),
+    (3, "ddp", 2, "ps_ded_worker"),
 ]
 
 
@@ -94,6 +100,8 @@ def test_restore_on_other_ranks_and_strategy(n, a, m, b, monkeypatch):
                 assert opt.steps == HALF
             finally:
                 ck.close()
+                if not strategy.is_worker:  # a dedicated server: until the workers say done
+                    strategy.serve()
                 strategy.close()
 
         # 2. the next steps equal a run that never stopped, at M ranks under b
@@ -120,6 +128,8 @@ SAME = [
     (2, "zero3", "gpt", False),
     (3, "zero2", "mlp", True),        # asynchronous save of shards
     (4, "hybrid3", "gpt", False),     # 2 nodes x 2: each replica writes its half of a shard
+    (3, "ps_ded", "mlp", True),       # a dedicated server's shard saved in the background
+    (3, "ps_ded_worker", "mlp", False),
 ]
 
 
@@ -151,15 +161,30 @@ def test_resume_at_same_ranks_is_bit_for_bit(n, strategy, model, asynchronous, m
 
 
 @pytest.mark.mpi
-def test_dedicated_parameter_servers_are_refused_on_every_rank():
-    _only_on(2)
-    from hpcdp.io.errors import CheckpointError
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync-save", "async-save"])
+def test_dedicated_servers_write_their_shards_and_versions(asynchronous):
+    """Asynchronous PS, 2 workers and 1 dedicated server (staleness 1): the server
+    writes the parameters and the whole optimizer state from its own file, the workers
+    nothing; its version at each save equals the updates pushed (no update in flight:
+    staleness 0 at the boundary); both checkpoints are listed."""
+    _only_on(3)
+    from hpcdp.io.commit import list_checkpoints
+    from hpcdp.io.index import read_index
 
     tmp = shared_dir()
     try:
-        w = group(2)
-        cfg = config("ps1", tmp / "run", steps=2, every=1, parallel__ps={"servers": 1, "colocated": False})
-        with pytest.raises(CheckpointError, match="parallel.ps.colocated = false are not supported"):
-            train(cfg, w)
+        ps = {"servers": 1, "colocated": False, "mode": "async", "staleness": 1}
+        out = train(config("ps_ded_async", tmp / "run", steps=4, ckpt_dir=tmp / "ck", every=2, parallel__ps=ps,
+                           checkpoint__asynchronous=asynchronous), group(3))
+        MPI.COMM_WORLD.Barrier()
+        assert [(step, done) for step, _, done in list_checkpoints(tmp / "ck")] == [(2, True), (4, True)]
+        for step in (2, 4):
+            index = read_index(_step_dir(tmp / "ck", step))
+            assert list(index.arrays["rank_ps_server"]) == [-1, -1, 0]
+            assert list(index.arrays["rank_ps_version"]) == [-1, -1, step]
+            files = {int(f) for f in index.pieces[:, 1]}
+            assert files == {index.files.index("rank-00002.h5")}, index.files
+            assert int(index.state["optimizer_steps"]) == step
+        assert out.get("role") == ("server" if MPI.COMM_WORLD.Get_rank() == 2 else None)
     finally:
         remove(tmp)

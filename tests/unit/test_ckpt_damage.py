@@ -227,3 +227,32 @@ def test_damaged_metadata_is_one_line_in_every_command(tmp_path, capsys):
     assert "rank-00000.h5" in proc.stderr and EARLIER in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     path.write_bytes(data)
+
+
+def test_the_metadata_walk_in_a_child_process_turns_a_crash_into_one_line(ckpt, monkeypatch):
+    """probe.py (the shared layout's readers call it first): a sound file passes, a
+    damage h5py reports comes back as its line, a child that dies (here killed at its
+    first object, as a segfaulting HDF5 would die) is one line naming file and object."""
+    from hpcdp.io.errors import CheckpointError
+    from hpcdp.io.failpoint import ENV
+    from hpcdp.io.probe import check_in_child
+
+    path = ckpt / "rank-00001.h5"
+    where = f"checkpoint {ckpt}: file {path.name}"
+    check_in_child(path, where)
+    monkeypatch.setenv(ENV, "ckpt-probe@0:0")
+    data = path.read_bytes()
+    try:
+        path.write_bytes(data + b"\0")  # another (size, mtime): probed again
+        with pytest.raises(CheckpointError) as e:
+            check_in_child(path, where)
+        line = str(e.value)
+        assert "\n" not in line and line.startswith(f"{where}, object /: HDF5 crashed") and "SIGKILL" in line
+        assert line.endswith(EARLIER)
+        monkeypatch.delenv(ENV)
+        path.write_bytes(data[:2000])  # cut: h5py's own error, as the child's line
+        with pytest.raises(CheckpointError) as e:
+            check_in_child(path, where)
+        assert str(e.value).startswith(where) and EARLIER in str(e.value) and "\n" not in str(e.value)
+    finally:
+        path.write_bytes(data)

@@ -113,3 +113,37 @@ def test_hpcdp_train_does_not_run_a_planted_module(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "hpcdp: error: parallel.ps.aggregate: module 'evil_agg_q' would be imported from" in proc.stderr
     assert not (tmp_path / "IMPORTED").exists()
+
+
+def test_a_dedicated_servers_save_requests_save_once_all_workers_agree():
+    """SaveRequests (hpcdp/strategies/ps/checkpoint.py): the last worker's SAVE of a
+    step boundary runs the checkpointer once; different steps, a server that applied
+    other updates than were pushed, or no checkpointer: one clear error."""
+    import pytest
+
+    from hpcdp.io.errors import CheckpointError
+    from hpcdp.strategies.ps.checkpoint import SaveRequests
+
+    calls = []
+    req = SaveRequests("server 0", [0, 1, 2])
+    req.on_save = lambda step, wait: calls.append((step, wait))
+    req.add(0, 10, 10, False, applied=10)
+    req.add(2, 10, 10, True, applied=10)
+    assert calls == []
+    req.add(1, 10, 10, False, applied=10)
+    assert calls == [(10, True)]          # any worker's wait flag makes it a blocking save
+    req.add(0, 20, 20, False, applied=20)
+    req.add(1, 20, 20, False, applied=20)
+    req.add(2, 20, 20, False, applied=20)
+    assert calls == [(10, True), (20, False)]
+    req.add(0, 30, 30, False, applied=30)
+    req.add(1, 31, 31, False, applied=30)
+    with pytest.raises(CheckpointError, match=r"server 0: the workers asked for checkpoints of different steps \[30, 31\]"):
+        req.add(2, 30, 30, False, applied=30)
+    for w in (0, 1):
+        req.add(w, 40, 40, False, applied=39)
+    with pytest.raises(CheckpointError, match="asked for after 40 updates, but this server applied 39"):
+        req.add(2, 40, 40, False, applied=39)
+    lone = SaveRequests("sync PS server 1", [0])
+    with pytest.raises(CheckpointError, match="this server rank has no checkpointer"):
+        lone.add(0, 5, 5, False, applied=5)

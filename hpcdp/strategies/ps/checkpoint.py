@@ -9,11 +9,20 @@
 - ``mode = "async"``: before its pieces are taken a worker waits until every update
   it pushed is applied and installed (every shard at version = its step count), so
   all workers and servers hold the same state; then training goes on.
+- Dedicated servers (``colocated = false``) do not run the training loop; the save
+  reaches them through the PS protocol. At the step boundary every worker first
+  waits as above, then sends a ``SAVE`` header (``transport.py``: training step,
+  updates pushed, wait) to every dedicated server, and enters the save. A server
+  takes the headers of its stream in order, so the request follows the worker's last
+  push; when every worker's request is in (``SaveRequests``) and it has applied
+  exactly the updates they pushed, it calls the run's checkpointer (``on_save``,
+  given to ``ParameterServer.serve``) right there, before any later update: its
+  pieces (shard and optimizer state) go into the same checkpoint through the same
+  collective save, so the commit is unchanged (listed only when complete). A
+  resumed run's server restores before it serves (the same collective load).
 
 The server versions are kept as per-rank scalars (``ps_server``, ``ps_version``); a
 resumed run counts versions from zero again, relative to the resumed step.
-Dedicated server ranks (``colocated = false``) do not run the training loop, so they
-cannot take part in a save yet: that configuration is refused up front.
 """
 
 from __future__ import annotations
@@ -25,11 +34,50 @@ from hpcdp.io.protocol import (
 )
 
 
+class SaveRequests:
+    """A dedicated server's checkpoint requests: one ``SAVE`` per worker of the same
+    step boundary; the last one runs ``on_save(step, wait)`` (the run's checkpointer,
+    set by ``ParameterServer.serve``) after checking that every worker asked for the
+    same step and that this server applied exactly the updates they pushed."""
+
+    def __init__(self, who: str, workers):
+        self.who, self.workers = who, tuple(workers)
+        self.pending: dict = {}
+        self.on_save = None
+
+    def add(self, w: int, step: int, pushed: int, wait: bool, *, applied: int) -> None:
+        self.pending[w] = (step, pushed, wait)
+        if len(self.pending) < len(self.workers):
+            return
+        reqs, self.pending = self.pending, {}
+        steps = sorted({r[0] for r in reqs.values()})
+        counts = sorted({r[1] for r in reqs.values()})
+        if len(steps) > 1 or len(counts) > 1:
+            raise CheckpointError(f"{self.who}: the workers asked for checkpoints of different steps "
+                                  f"{steps} after {counts} updates: they ran different schedules")
+        if counts[0] != applied:
+            raise CheckpointError(f"{self.who}: checkpoint of step {steps[0]} asked for after {counts[0]} "
+                                  f"updates, but this server applied {applied}")
+        if self.on_save is None:
+            raise CheckpointError(f"{self.who}: the workers asked for a checkpoint of step {steps[0]}, "
+                                  "but this server rank has no checkpointer")
+        self.on_save(steps[0], any(r[2] for r in reqs.values()))
+
+
 def check(ps) -> None:
-    if not ps.cfg.colocated:
-        raise CheckpointError("checkpoints with parallel.ps.colocated = false are not supported: "
-                              "dedicated server ranks do not run the training loop and cannot take part "
-                              "in a save; set parallel.ps.colocated = true or switch checkpointing off")
+    """Every PS configuration can be checkpointed (dedicated servers by ``SAVE``)."""
+
+
+def dedicated(ps) -> bool:
+    return not ps.roles.colocated
+
+
+def begin(ps, step: int, wait: bool) -> None:
+    """A worker, at the step boundary of a save: wait for its updates (async), then
+    ask every dedicated server to save too."""
+    quiesce(ps)
+    if ps.worker is not None and dedicated(ps):
+        ps.worker.request_save(step, wait)
 
 
 def _shard(ps) -> tuple[int, int]:
@@ -46,6 +94,8 @@ def quiesce(ps) -> None:
 def pieces(ps) -> list[Piece]:
     quiesce(ps)
     if ps.cfg.update == "worker":
+        if not ps.is_worker:  # a dedicated server holds no optimizer state then
+            return []
         return replicated_pieces(ps.flat, ps.optimizer, ps.dp_rank, ps.dp_size)
     if ps.server is None:
         return []
@@ -57,6 +107,8 @@ def pieces(ps) -> list[Piece]:
 
 def targets(ps) -> list[Piece]:
     if ps.cfg.update == "worker":
+        if not ps.is_worker:
+            return [Piece(PARAM, 0, ps.flat.data)]
         return replicated_targets(ps.flat, ps.optimizer)
     out = [Piece(PARAM, 0, ps.flat.data)]
     if ps.server is not None:
@@ -82,4 +134,4 @@ def scalars(ps) -> dict:
     return out
 
 
-__all__ = ["check", "quiesce", "pieces", "targets", "restored", "scalars"]
+__all__ = ["SaveRequests", "check", "begin", "quiesce", "pieces", "targets", "restored", "scalars"]

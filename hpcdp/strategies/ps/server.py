@@ -21,6 +21,7 @@ import numpy as np
 
 from . import transport as tp
 from .aggregate import check_result
+from .checkpoint import SaveRequests
 from .staleness import ServerClock, StalenessError, check_stale_lr, damp_stale
 
 
@@ -42,16 +43,19 @@ class ShardServer:
         self.local_results: list = []            # (update, result) for the colocated worker
         self._hdr: dict = {}
         self._grad: dict = {}
+        self.saves = SaveRequests(f"server {index}", self.remote)  # checkpoint requests (dedicated)
         for w in self.remote:
             self._post(w)
 
     # -- receiving --------------------------------------------------------
     def _post(self, w: int) -> None:
-        rank = self.workers[w]
-        hbuf = np.empty(4, dtype=np.float64)
+        self._post_header(w)
         gbuf = np.empty(self.size, dtype=self.dtype)
-        self._hdr[w] = (self.comm.Irecv(hbuf, source=rank, tag=tp.TAG_HEADER), hbuf)
-        self._grad[w] = (self.comm.Irecv(gbuf, source=rank, tag=tp.TAG_GRAD), gbuf)
+        self._grad[w] = (self.comm.Irecv(gbuf, source=self.workers[w], tag=tp.TAG_GRAD), gbuf)
+
+    def _post_header(self, w: int) -> None:
+        hbuf = np.empty(4, dtype=np.float64)
+        self._hdr[w] = (self.comm.Irecv(hbuf, source=self.workers[w], tag=tp.TAG_HEADER), hbuf)
 
     def poll(self) -> bool:
         """Take every header that has arrived (and its gradient), apply complete
@@ -79,6 +83,12 @@ class ShardServer:
         if kind == tp.DONE:
             del self._hdr[w]                      # nothing more comes from w
             self.clock.finish(w, int(step))
+            return True
+        if kind == tp.SAVE:                       # no gradient follows; its receive stays posted
+            self._post_header(w)
+            # the last worker's request saves now, before any later update is applied
+            # (update t + 1 needs that worker's next push, which follows its request)
+            self.saves.add(w, int(step), int(version), bool(lr), applied=self.clock.version)
             return True
         greq, gbuf = self._grad[w]
         if not greq.Test():                       # the gradient follows its header; if the

@@ -207,10 +207,13 @@ class ParameterServer(Strategy):
         return out
 
     # -- roles and shutdown ----------------------------------------------
-    def serve(self) -> None:
-        """Dedicated server: serve until every worker said done."""
+    def serve(self, on_save=None) -> None:
+        """Dedicated server: serve until every worker said done. ``on_save(step,
+        wait)``: the run's checkpointer, called when every worker asks for a
+        checkpoint (checkpoint.py); None: a request is an error."""
         if self.is_worker:
             raise RuntimeError("serve() is for dedicated server ranks; this rank is a worker")
+        self.server.saves.on_save = on_save
         self.server.serve_until_done()
 
     def finish_updates(self) -> None:
@@ -249,6 +252,9 @@ class ParameterServer(Strategy):
     # -- checkpoints: the protocol of hpcdp.io.protocol, written in checkpoint.py --
     def checkpoint_check(self) -> None:
         ckpt.check(self)
+
+    def checkpoint_begin(self, step: int, wait: bool) -> None:
+        ckpt.begin(self, step, wait)
 
     def checkpoint_pieces(self):
         return ckpt.pieces(self)

@@ -31,6 +31,10 @@ from hpcdp.failure.deadline import wait
 
 from . import transport as tp
 from .aggregate import check_result
+from .checkpoint import SaveRequests
+
+
+NAMES = {tp.PUSH: "a gradient", tp.DONE: "done", tp.SAVE: "a checkpoint request"}
 
 
 class SyncServerPart:
@@ -45,9 +49,20 @@ class SyncServerPart:
         self.aggregate, self.optimizer, self.ledger = aggregate, optimizer, ledger
         self.updates = 0
         self.codec, self.offset = None, 0   # a gradient codec, and this shard's flat offset
+        self.saves = SaveRequests(f"sync PS server {index}", self.remote)  # checkpoints (dedicated)
 
     def receive_headers(self) -> tuple[bool, float]:
-        """Blocking: one header per remote worker. Returns (all done?, lr)."""
+        """Blocking: one header per remote worker. Returns (all done?, lr). A step
+        boundary where every worker asks for a checkpoint (SAVE) saves and waits for
+        the next headers."""
+        while True:
+            done, lr, heads = self._headers()
+            if heads is None:
+                return done, lr
+            for w, h in heads.items():
+                self.saves.add(w, int(h[1]), int(h[2]), bool(h[3]), applied=self.updates)
+
+    def _headers(self):
         kinds, lr = set(), 0.0
         heads = {w: np.empty(4, dtype=np.float64) for w in self.remote}
         ranks = [self.workers[w] for w in self.remote]
@@ -61,9 +76,12 @@ class SyncServerPart:
                                    f"{int(h[1])} steps, the server applied {self.updates}")
             lr = h[3]
         if len(kinds) > 1:
-            raise RuntimeError(f"sync PS server {self.index}: some workers pushed a gradient "
-                               f"while others said done (they ran different numbers of steps)")
-        return kinds == {tp.DONE}, lr
+            raise RuntimeError(f"sync PS server {self.index}: at update {self.updates} the workers sent "
+                               f"different messages ({' / '.join(NAMES[k] for k in sorted(kinds))}): they ran "
+                               "different numbers of steps or saved at different steps")
+        if kinds == {tp.SAVE}:
+            return False, lr, heads
+        return kinds == {tp.DONE}, lr, None
 
     def serve_step(self, local_grad=None, lr=None) -> np.ndarray:
         """Receive, aggregate, update, send; returns the result for the local worker."""
@@ -179,6 +197,14 @@ class SyncWorkerPart:
         if not self.server_update:
             self.optimizer.step(data, self._agg)
         self.steps += 1
+
+    def request_save(self, step: int, blocking: bool) -> None:
+        """Ask every remote (dedicated) server for a checkpoint of ``step``
+        (``blocking``: a synchronous save, e.g. on a stop signal)."""
+        dests = [self.roles.servers[s] for s in range(len(self.shards)) if s != self.local_s]
+        sends = [self.comm.Isend(tp.header(tp.SAVE, step, self.steps, float(blocking)), d, tp.TAG_HEADER)
+                 for d in dests]
+        wait(sends, self.timeout, f"the servers to take the checkpoint request of step {step}", sources=dests)
 
     def close(self) -> None:
         dests = [self.roles.servers[s] for s in range(len(self.shards)) if s != self.local_s]

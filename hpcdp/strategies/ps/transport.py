@@ -5,8 +5,11 @@ anyone else's messages. Three streams, each ordered per (source, tag) by MPI's
 non-overtaking rule:
 
 - ``TAG_HEADER`` worker -> server: 4 float64 ``(kind, step, version, lr)``; kind is
-  ``PUSH`` (a gradient follows on ``TAG_GRAD``) or ``DONE`` (``step`` = steps pushed).
-  Control traffic: not counted in the ledger (like comm's control messages).
+  ``PUSH`` (a gradient follows on ``TAG_GRAD``), ``DONE`` (``step`` = steps pushed) or
+  ``SAVE`` (a checkpoint at the step boundary: ``(SAVE, training step, steps pushed,
+  wait)``, sent by every worker to every dedicated server after all its pushed
+  updates came back, see checkpoint.py). Control traffic: not counted in the ledger
+  (like comm's control messages).
 - ``TAG_GRAD`` worker -> server: the gradient shard (payload, counted as ``ps_push``).
 - ``TAG_REPLY`` server -> worker: update u's result, the new parameter shard
   (server-side update) or the aggregated gradient shard (worker-side update), one
@@ -24,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 TAG_HEADER, TAG_GRAD, TAG_REPLY = 101, 102, 103
-PUSH, DONE = 0.0, 1.0
+PUSH, DONE, SAVE = 0.0, 1.0, 2.0
 MAX_ELEMENTS = (1 << 31) - 1  # MPI counts are C ints
 
 

@@ -147,6 +147,14 @@ class Worker:
             self.optimizer.lr = saved
             self.version = [u + 1] * len(self.shards)
 
+    def request_save(self, step: int, blocking: bool) -> None:
+        """Ask every remote (dedicated) server for a checkpoint of ``step``, after the
+        last push (the header stream keeps the order); call after ``wait_for(step_t)``."""
+        for s in range(len(self.shards)):
+            if s != self.local_s:
+                self.outbox.send(self.comm, tp.header(tp.SAVE, step, self.step_t, float(blocking)),
+                                 self.server_ranks[s], tp.TAG_HEADER)
+
     # -- shutdown ---------------------------------------------------------
     def close(self) -> None:
         steps = self.step_t
