@@ -38,6 +38,8 @@ def literal_values(tp) -> tuple:
 
 AllreduceAlgorithm = Literal["ring", "auto", "recursive", "native", "hierarchical"]
 """hpcdp.comm.auto's allreduce names (listed here so parsing does not import comm)."""
+ZeroAlgorithm = Literal["ring", "auto", "native", "recursive", "hierarchical"]
+"""ZeRO's reduce-scatter / all-gather names (each one of hpcdp.comm.algorithms' for both)."""
 
 
 @dataclass(kw_only=True)
@@ -166,15 +168,20 @@ class ZeroConfig:
     0 gathers each unit only when it is needed."""
     overlap: bool = True
     """Start reduce-scatters during backward as groups become ready (false: after)."""
-    algorithm: Literal["ring", "auto", "native"] = "ring"
-    """Reduce-scatter / all-gather algorithm of hpcdp.comm. "ring": a rank's shard is its
-    ring chunk and the bytes are docs/zero.md's formula exactly; "auto" hands groups
-    below comm's crossover to MPI's own collectives (lower latency for small units; the
-    ledger then records the bytes handed to MPI)."""
+    algorithm: ZeroAlgorithm = "ring"
+    """Reduce-scatter / all-gather algorithm of hpcdp.comm, for every group (stages 1-2)
+    and unit (stage 3). Each leaves a rank's shard at its ring chunk. "ring": the bytes
+    are docs/zero.md's formula exactly; "recursive": recursive halving reduce-scatter and
+    recursive doubling all-gather (log2 N steps); "hierarchical": within the node, then
+    across nodes on 1/L of the data (hpcdp.comm.hier_shard); "native": MPI's own;
+    "auto": per group/unit by size, rank count and node layout (the cost model with
+    ``HPCDP_PROFILE``, which may also take Bruck's all-gather; else comm's measured
+    crossovers: MPI's own below them, the ring above)."""
 
     def __post_init__(self):
         s = "parallel.zero"
-        _choices(f"{s}.algorithm", self.algorithm, ("ring", "auto", "native"))
+        _choices(f"{s}.algorithm", self.algorithm,
+                 literal_values(ZeroAlgorithm))
         _choices(f"{s}.stage", self.stage, (1, 2, 3))
         if not self.bucket_mb > 0:
             raise ConfigError(f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a group must "
