@@ -100,6 +100,17 @@ def prepare(comm, timeout=None) -> None:
         layout(ctx, timeout)
 
 
+def prepare_for(algorithm: str, comm, timeout=None) -> None:
+    """:func:`prepare` where ``algorithm`` may run hierarchically: "hierarchical", or
+    "auto" with a machine profile (``HPCDP_PROFILE``: the cost model may pick it)."""
+    import os
+
+    from hpcdp.comm.hierarchical import PROFILE_ENV
+
+    if algorithm == "hierarchical" or (algorithm == "auto" and os.environ.get(PROFILE_ENV, "").strip()):
+        prepare(comm, timeout)
+
+
 class _KindRequest(GenRequest):
     """Records its bytes per link kind (``<name>.intra``, ``<name>.inter``)."""
 
@@ -189,4 +200,4 @@ def start_all_gather(ctx, call, ledger, timeout, *, full, result, segment_bytes,
     return req
 
 
-__all__ = ["Layout", "layout", "prepare", "start_reduce_scatter", "start_all_gather"]
+__all__ = ["Layout", "layout", "prepare", "prepare_for", "start_reduce_scatter", "start_all_gather"]

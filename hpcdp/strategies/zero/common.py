@@ -59,6 +59,9 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         self.comm = world.comm.Dup() if world.comm is not None else None
         if self.debug and self.comm is not None:
             hcomm.set_debug(self.comm, True)
+        if self.comm is not None:  # the node layout now, while no collective is in flight
+            from hpcdp.comm.hier_shard import prepare_for
+            prepare_for(self.cfg.algorithm, self.comm, self.timeout)
         self.plan = plan
         self.mine, self.local, pos = {}, {}, 0
         for off, size in group_ranges(plan):
