@@ -374,6 +374,12 @@ def _node_kind(t: Topology):
     return lambda a, b: "inter" if multi and a // L != b // L else "intra"
 
 
+def _nic_share(p: Profile, t: Topology) -> float:
+    """In a step between nodes of a flat few-step algorithm every rank of a node sends
+    across at once: its L ranks share the node's NICs (a ring has one such hop per node)."""
+    return max(1.0, t.per_node / p.nics_per_node) if t.nodes > 1 else 1.0
+
+
 def halving_reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
     """log2 N halving steps (+ fold) on the ring's chunks; a step between nodes runs at
     the inter-node figures (the first steps, at the largest distance, when ranks are
@@ -382,7 +388,7 @@ def halving_reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int =
     if N <= 1 or nbytes <= 0:
         return Cost()
     c = halving_phase_cost(p, V.offsets_of(nbytes // itemsize, N), N, N - 1, "reduce_scatter",
-                           itemsize, _node_kind(t))
+                           itemsize, _node_kind(t), _nic_share(p, t))
     c.software_s += software_cost(p, N, "recursive")
     return c
 
@@ -392,14 +398,15 @@ def doubling_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4)
     if N <= 1 or nbytes <= 0:
         return Cost()
     c = halving_phase_cost(p, V.offsets_of(nbytes // itemsize, N), N, N - 1, "all_gather",
-                           itemsize, _node_kind(t))
+                           itemsize, _node_kind(t), _nic_share(p, t))
     c.software_s += software_cost(p, N, "recursive")
     return c
 
 
 def bruck_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
     """ceil(log2 N) steps; on 2+ nodes every step has some hops between nodes (rank r
-    sends to r - 2^k), so each runs at the inter-node figures."""
+    sends to r - 2^k), so each runs at the inter-node figures, the node's ranks sharing
+    its NICs (an upper bound for the steps of distance < L)."""
     N = t.ranks
     if N <= 1 or nbytes <= 0:
         return Cost()
@@ -416,7 +423,7 @@ def bruck_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) ->
         out_b = (at(min(end, N)) - at(first) + (at(end - N) if end > N else 0)) * itemsize
         c.latency_s += link.alpha_s
         c.software_s += p.msg_s
-        c.bandwidth_s += out_b * link.beta_s_per_byte
+        c.bandwidth_s += out_b * link.beta_s_per_byte * _nic_share(p, t)
         d <<= 1
     setattr(c, kind, V.bruck_all_gather_bytes(n, N, r, itemsize))
     return c

@@ -42,6 +42,9 @@ def expand_ranks(text: str) -> list[int]:
     return sorted(set(out + ([end] if end not in out else [])) | {1})
 
 
+ZERO_ALGORITHMS = ("-ring", "-recursive", "-hierarchical", "-auto")  # zeroK-<algorithm>
+
+
 def _strategies(text: str):
     out = []
     for name in [s.strip() for s in text.split(",") if s.strip()]:
@@ -51,10 +54,13 @@ def _strategies(text: str):
             out.append((name, "ps", {"servers": int(name[2:])}))
         elif name in ("zero1", "zero2", "zero3"):
             out.append((name, name, {}))
+        elif name[:5] in ("zero1", "zero2", "zero3") and name[5:] in ZERO_ALGORITHMS:
+            out.append((name, name[:5], {"algorithm": name[6:]}))
         else:
             raise SystemExit(f"hpcdp scale --predict: --strategies: {name!r}; choose from "
                              "ddp-ring, ddp-recursive, ddp-hierarchical, ddp-auto, psK (K servers), "
-                             "zero1, zero2, zero3")
+                             "zero1, zero2, zero3 (the ring), zeroK-recursive, zeroK-hierarchical, "
+                             "zeroK-auto")
     return out
 
 
