@@ -38,8 +38,6 @@ def literal_values(tp) -> tuple:
 
 AllreduceAlgorithm = Literal["ring", "auto", "recursive", "native", "hierarchical"]
 """hpcdp.comm.auto's allreduce names (listed here so parsing does not import comm)."""
-ZeroAlgorithm = Literal["ring", "auto", "native", "recursive", "hierarchical"]
-"""ZeRO's reduce-scatter / all-gather names (each one of hpcdp.comm.algorithms' for both)."""
 
 
 @dataclass(kw_only=True)
@@ -152,6 +150,15 @@ class PSConfig:
 
 # -- zero --------------------------------------------------------------------------
 
+ZeroAlgorithm = Literal["ring", "auto", "native", "recursive", "hierarchical"]
+"""ZeRO's reduce-scatter / all-gather names (each one of hpcdp.comm.algorithms' for both),
+for every group (stages 1-2) and unit (stage 3); each leaves a rank's shard at its ring
+chunk. "recursive": recursive halving reduce-scatter and recursive doubling all-gather
+(log2 N steps); "hierarchical": within the node, then across nodes on 1/L of the data
+(hpcdp.comm.hier_shard); "auto": per group/unit by size, rank count and node layout (the
+cost model with ``HPCDP_PROFILE``, which may also take Bruck's all-gather; else comm's
+measured crossovers). docs/zero.md, "Which collective"."""
+
 
 @dataclass(kw_only=True)
 class ZeroConfig:
@@ -169,19 +176,14 @@ class ZeroConfig:
     overlap: bool = True
     """Start reduce-scatters during backward as groups become ready (false: after)."""
     algorithm: ZeroAlgorithm = "ring"
-    """Reduce-scatter / all-gather algorithm of hpcdp.comm, for every group (stages 1-2)
-    and unit (stage 3). Each leaves a rank's shard at its ring chunk. "ring": the bytes
-    are docs/zero.md's formula exactly; "recursive": recursive halving reduce-scatter and
-    recursive doubling all-gather (log2 N steps); "hierarchical": within the node, then
-    across nodes on 1/L of the data (hpcdp.comm.hier_shard); "native": MPI's own;
-    "auto": per group/unit by size, rank count and node layout (the cost model with
-    ``HPCDP_PROFILE``, which may also take Bruck's all-gather; else comm's measured
-    crossovers: MPI's own below them, the ring above)."""
+    """Reduce-scatter / all-gather algorithm of hpcdp.comm. "ring": a rank's shard is its
+    ring chunk and the bytes are docs/zero.md's formula exactly; "auto" hands groups
+    below comm's crossover to MPI's own collectives (lower latency for small units; the
+    ledger then records the bytes handed to MPI)."""
 
     def __post_init__(self):
         s = "parallel.zero"
-        _choices(f"{s}.algorithm", self.algorithm,
-                 literal_values(ZeroAlgorithm))
+        _choices(f"{s}.algorithm", self.algorithm, literal_values(ZeroAlgorithm))
         _choices(f"{s}.stage", self.stage, (1, 2, 3))
         if not self.bucket_mb > 0:
             raise ConfigError(f"{s}.bucket_mb: {self.bucket_mb!r} is out of range; a group must "

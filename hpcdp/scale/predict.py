@@ -48,19 +48,19 @@ ZERO_ALGORITHMS = ("-ring", "-recursive", "-hierarchical", "-auto")  # zeroK-<al
 def _strategies(text: str):
     out = []
     for name in [s.strip() for s in text.split(",") if s.strip()]:
+        if name[:5] in ("zero1", "zero2", "zero3") and name[5:] in ZERO_ALGORITHMS:
+            out.append((name, name[:5], {"algorithm": name[6:]}))  # zeroK-<algorithm>
+            continue
         if name.startswith("ddp-") and name[4:] in ("ring", "recursive", "hierarchical", "auto"):
             out.append((name, "ddp", {"algorithm": name[4:]}))
         elif name.startswith("ps") and name[2:].isdigit() and int(name[2:]) >= 1:
             out.append((name, "ps", {"servers": int(name[2:])}))
         elif name in ("zero1", "zero2", "zero3"):
             out.append((name, name, {}))
-        elif name[:5] in ("zero1", "zero2", "zero3") and name[5:] in ZERO_ALGORITHMS:
-            out.append((name, name[:5], {"algorithm": name[6:]}))
         else:
             raise SystemExit(f"hpcdp scale --predict: --strategies: {name!r}; choose from "
                              "ddp-ring, ddp-recursive, ddp-hierarchical, ddp-auto, psK (K servers), "
-                             "zero1, zero2, zero3 (the ring), zeroK-recursive, zeroK-hierarchical, "
-                             "zeroK-auto")
+                             "zero1, zero2, zero3")
     return out
 
 

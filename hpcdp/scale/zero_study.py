@@ -41,12 +41,12 @@ MEM_KEYS = ("mem_params_bytes", "mem_grads_bytes", "mem_optim_bytes", "mem_persi
 MIB = float(1 << 20)
 
 
-def _child(args, strategy: str, k: int, out: Path, overrides=None) -> dict:
+def _child(args, strategy: str, k: int, out: Path) -> dict:
     """One ``hpcdp train`` job through scale.run_point, with the strategy's overrides."""
     from hpcdp.scale import study as scale
 
     sub = copy.copy(args)
-    sub.set = list(args.set or []) + (STRATEGIES[strategy] if overrides is None else overrides)
+    sub.set = list(args.set or []) + STRATEGIES[strategy]
     batch = args.batch or _cfg(args).train.global_batch
     point = scale.run_point(sub, k, batch, "bucketed", out / strategy)
     rows = [json.loads(x) for x in (out / strategy / f"bucketed-n{k}-b{batch}" / "metrics.jsonl")
@@ -106,12 +106,12 @@ def memory_table(result: dict) -> str:
     deviation, peak with working buffers, peak RSS (MiB)."""
     import numpy as np
 
-    lines = [f"{'strategy':<18} {'ranks':>5} {'state MiB':>10} {'formula':>9} {'max dev':>8} "
+    lines = [f"{'strategy':<8} {'ranks':>5} {'state MiB':>10} {'formula':>9} {'max dev':>8} "
              f"{'peak MiB':>9} {'working':>8} {'RSS MiB':>8}"]
     for p in result["points"]:
         meas, form = np.array(p["mem_persistent_bytes"]), np.array(p["formula_bytes"], dtype=float)
         dev = np.max(np.abs(meas - form) / form)
-        lines.append(f"{p['strategy']:<18} {p['ranks']:>5} {meas.mean() / MIB:>10.3f} {form.mean() / MIB:>9.3f} "
+        lines.append(f"{p['strategy']:<8} {p['ranks']:>5} {meas.mean() / MIB:>10.3f} {form.mean() / MIB:>9.3f} "
                      f"{100 * dev:>7.2f}% {np.mean(p['mem_peak_bytes']) / MIB:>9.3f} "
                      f"{np.mean(p['mem_working_peak_bytes']) / MIB:>8.3f} "
                      f"{np.mean(p['rss_peak_bytes']) / MIB:>8.1f}"
@@ -154,19 +154,29 @@ def _plot_memory(result: dict, path: Path) -> None:
 
 
 def strategies_for(algorithms: str) -> dict:
-    """DDP and stages 1-3 once per ``parallel.zero.algorithm`` (``--zero-algorithms``):
-    "ring" keeps the plain names (zero1..3), others are zeroK-<algorithm>."""
+    """``{name: (strategy, algorithm)}``: DDP, and stages 1-3 once per
+    ``parallel.zero.algorithm`` (``--zero-algorithms``); "ring" keeps the plain names
+    (zero1..3), others are zeroK-<algorithm>."""
     from hpcdp.config_parallel import ZeroAlgorithm, literal_values
 
-    out = {"ddp": STRATEGIES["ddp"]}
+    out = {"ddp": ("ddp", None)}
     for algo in [a.strip() for a in algorithms.split(",") if a.strip()]:
         if algo not in literal_values(ZeroAlgorithm):
             raise SystemExit(f"hpcdp scale: --zero-algorithms: {algo!r}; choose from "
                              f"{', '.join(literal_values(ZeroAlgorithm))}")
         for stage in (1, 2, 3):
-            name = f"zero{stage}" + ("" if algo == "ring" else f"-{algo}")
-            out[name] = STRATEGIES[f"zero{stage}"] + [f'parallel.zero.algorithm="{algo}"']
+            out[f"zero{stage}" + ("" if algo == "ring" else f"-{algo}")] = (f"zero{stage}", algo)
     return out
+
+
+def _child_with(args, name: str, strategy: str, algorithm, k: int, out: Path) -> dict:
+    """:func:`_child` with ``parallel.zero.algorithm`` set (and the point named ``name``)."""
+    sub = copy.copy(args)
+    if algorithm is not None:
+        sub.set = list(args.set or []) + [f'parallel.zero.algorithm="{algorithm}"']
+    p = _child(sub, strategy, k, out / name if name != strategy else out)
+    p["strategy"] = name
+    return p
 
 
 def step_study(args, ranks: list[int]) -> dict:
@@ -176,7 +186,7 @@ def step_study(args, ranks: list[int]) -> dict:
     for rnd in range(max(args.repeats, 1)):
         for k in ranks:
             for strategy in table:
-                p = _child(args, strategy, k, out, table[strategy])
+                p = _child_with(args, strategy, *table[strategy], k, out)
                 key = (strategy, k)
                 if key not in best or p["step_time_s"] < best[key]["step_time_s"]:
                     best[key] = p
@@ -189,10 +199,10 @@ def step_study(args, ranks: list[int]) -> dict:
               "steps": args.steps, "warmup": args.warmup, "points": points, "cpus": os.cpu_count(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": os.getloadavg()}
     (out / "zero_step.json").write_text(json.dumps(result, indent=1))
-    lines = [f"{'strategy':<18} {'ranks':>5} {'step ms':>9} {'/ ddp':>6} {'sent kB/step':>13} "
+    lines = [f"{'strategy':<8} {'ranks':>5} {'step ms':>9} {'/ ddp':>6} {'sent kB/step':>13} "
              f"{'exposed ms':>11} {'gather wait ms':>15}"]
     for p in points:
-        lines.append(f"{p['strategy']:<18} {p['ranks']:>5} {1e3 * p['step_time_s']:>9.2f} {p['vs_ddp']:>6.2f} "
+        lines.append(f"{p['strategy']:<8} {p['ranks']:>5} {1e3 * p['step_time_s']:>9.2f} {p['vs_ddp']:>6.2f} "
                      f"{p['bytes_sent'] / 1e3:>13.1f} {1e3 * p['comm_exposed_s']:>11.2f} "
                      f"{1e3 * p['gather_wait_s']:>15.2f}"
                      + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else ""))
