@@ -58,6 +58,7 @@ class Layout:
         for g, (m, l) in enumerate(nodes):
             self.table[m][l] = g
         self.M, self.L = h.nodes, h.per_node
+        self._packs: dict = {}  # n -> packing(n): groups and units repeat every step
 
     def packing(self, n: int, N: int):
         """``(src, dst, size)`` copies ring order -> packed order, and the offsets of the
@@ -65,10 +66,12 @@ class Layout:
         (``piece_at``, M+1 entries)."""
         from hpcdp.shard import shard_range
 
+        hit = self._packs.get(n)
+        if hit is not None:
+            return hit
         moves, pos = [], 0
         slice_at, piece_at = [0], None
         for l in range(self.L):
-
             pieces = [pos]
             for m in range(self.M):
                 off, size = shard_range(n, N, self.table[m][l])
@@ -78,7 +81,10 @@ class Layout:
             slice_at.append(pos)
             if l == self.h.local_rank:
                 piece_at = pieces
-        return moves, slice_at, piece_at
+        if len(self._packs) > 256:
+            self._packs.clear()
+        self._packs[n] = (moves, slice_at, piece_at)
+        return self._packs[n]
 
 
 def layout(ctx, timeout=None) -> Layout:
