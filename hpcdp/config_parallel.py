@@ -170,6 +170,15 @@ class PSConfig:
 
 # -- zero --------------------------------------------------------------------------
 
+ZeroAlgorithm = Literal["ring", "auto", "native", "recursive", "hierarchical"]
+"""ZeRO's reduce-scatter / all-gather names (each one of hpcdp.comm.algorithms' for both),
+for every group (stages 1-2) and unit (stage 3); each leaves a rank's shard at its ring
+chunk. "recursive": recursive halving reduce-scatter and recursive doubling all-gather
+(log2 N steps); "hierarchical": within the node, then across nodes on 1/L of the data
+(hpcdp.comm.hier_shard); "auto": per group/unit by size, rank count and node layout (the
+cost model with ``HPCDP_PROFILE``, which may also take Bruck's all-gather; else comm's
+measured crossovers). docs/zero.md, "Which collective"."""
+
 
 @dataclass(kw_only=True)
 class ZeroConfig:
@@ -191,7 +200,7 @@ class ZeroConfig:
     0 gathers each unit only when it is needed."""
     overlap: bool = True
     """Start reduce-scatters during backward as groups become ready (false: after)."""
-    algorithm: Literal["ring", "auto", "native"] = "ring"
+    algorithm: ZeroAlgorithm = "ring"
     """Reduce-scatter / all-gather algorithm of hpcdp.comm. "ring": a rank's shard is its
     ring chunk and the bytes are docs/zero.md's formula exactly; "auto" hands groups
     below comm's crossover to MPI's own collectives (lower latency for small units; the
@@ -204,7 +213,7 @@ class ZeroConfig:
 
     def __post_init__(self):
         s = "parallel.zero"
-        _choices(f"{s}.algorithm", self.algorithm, ("ring", "auto", "native"))
+        _choices(f"{s}.algorithm", self.algorithm, literal_values(ZeroAlgorithm))
         _check_comm_dtype(s, self.comm_dtype, self.algorithm)
         _choices(f"{s}.stage", self.stage, (1, 2, 3))
         if not self.bucket_mb > 0:

@@ -38,8 +38,9 @@ import time
 
 import numpy as np
 
-ALGORITHMS = ("mpi", "native", "ring", "recursive", "auto", "hierarchical")
-ALLREDUCE_ONLY = ("recursive", "hierarchical")
+ALGORITHMS = ("mpi", "native", "ring", "recursive", "auto", "hierarchical", "bruck")
+DEFAULT_ALGORITHMS = ("mpi", "native", "ring", "recursive", "auto")
+ONLY = {"bruck": ("all_gather",)}  # algorithms of some collectives only
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 
 
@@ -82,7 +83,7 @@ def _parser():
     p.add_argument("--min", default="8", help="smallest message in bytes (e.g. 8, 4K)")
     p.add_argument("--max", default="64M", help="largest message in bytes (e.g. 64M)")
     p.add_argument("--factor", type=int, default=4, help="size step factor, >= 2 (default 4)")
-    p.add_argument("--algorithms", default=",".join(ALGORITHMS[:-1]),
+    p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
                    help=f"comma-separated subset of {','.join(ALGORITHMS)}")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--segment-bytes", default="1M", help="ring segment size (pipelining)")
@@ -176,18 +177,18 @@ def _calls(collective, algos, comm, nbytes, dtype, seg):
         if collective == "allreduce":
             if algo == "mpi":
                 fns[algo] = lambda: comm.Allreduce([full, T], [out, T], MPI.SUM)
-            else:
+            elif collective in ONLY.get(algo, COLLECTIVES):
                 fns[algo] = lambda a=algo: C.allreduce(full, out, comm=comm, algorithm=a, segment_bytes=seg)
         elif collective == "reduce_scatter":
             if algo == "mpi":
                 fns[algo] = lambda: comm.Reduce_scatter([full, T], [chunk, T], counts, MPI.SUM)
-            elif algo not in ALLREDUCE_ONLY:
+            elif collective in ONLY.get(algo, COLLECTIVES):
                 fns[algo] = lambda a=algo: C.reduce_scatter(full, chunk, comm=comm, algorithm=a,
                                                             segment_bytes=seg)
         else:
             if algo == "mpi":
                 fns[algo] = lambda: comm.Allgatherv([chunk, T], [out, counts, displs, T])
-            elif algo not in ALLREDUCE_ONLY:
+            elif collective in ONLY.get(algo, COLLECTIVES):
                 fns[algo] = lambda a=algo: C.all_gather(chunk, out, comm=comm, algorithm=a,
                                                         segment_bytes=seg)
     return fns

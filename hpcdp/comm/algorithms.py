@@ -6,7 +6,11 @@ hierarchical.py) and one :class:`Algorithm` line in :func:`_builtin` below, whic
 - ``start(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes,
   max_message_bytes) -> Request``: launch it (hpcdp.comm.collectives calls it once the
   arguments are checked and the ranks arrived); ``None`` where collectives.py still
-  launches it itself (reduce-scatter and all-gather, ring and native only);
+  launches it itself (reduce-scatter and all-gather, ring and native only). A
+  reduce-scatter's start takes ``src, out, in_place, result, op`` (``out``: this rank's
+  ring chunk, a view of ``src`` in place), an all-gather's ``full, result`` (``full``
+  holds this rank's chunk in position), each with ``segment_bytes`` and
+  ``max_message_bytes``;
 - ``bytes(n, N, rank, itemsize) -> (sent, received)``: its formula of hpcdp.comm.volume
   (``None``: its bytes run on two link kinds, see its own formula);
 - ``cost(profile, nbytes, topology, itemsize) -> Cost``: its price in hpcdp.comm.cost
@@ -69,7 +73,7 @@ def _table() -> dict[str, dict[str, Algorithm]]:
 def _builtin() -> None:
     """hpcdp's own algorithms (imported on first use: the modules import the registry's users)."""
     from hpcdp.comm import cost as C
-    from hpcdp.comm import hierarchical, native, recursive, ring
+    from hpcdp.comm import bruck, halving, hier_shard, hierarchical, native, recursive, ring
     from hpcdp.comm import volume as V
 
     for alg in (
@@ -79,10 +83,20 @@ def _builtin() -> None:
         Algorithm("allreduce", "native", native.start_allreduce, V.native_allreduce_bytes),
         Algorithm("allreduce", "hierarchical", hierarchical.start_allreduce, None, C.hierarchical_allreduce,
                   "multi_node"),
-        Algorithm("reduce_scatter", "ring", None, V.reduce_scatter_bytes, C.reduce_scatter),
+        Algorithm("reduce_scatter", "ring", None, V.reduce_scatter_bytes, C.reduce_scatter, "always"),
         Algorithm("reduce_scatter", "native", None, V.native_reduce_scatter_bytes),
-        Algorithm("all_gather", "ring", None, V.all_gather_bytes, C.all_gather),
+        Algorithm("reduce_scatter", "recursive", halving.start_reduce_scatter,
+                  V.halving_reduce_scatter_bytes, C.halving_reduce_scatter, "always"),
+        Algorithm("reduce_scatter", "hierarchical", hier_shard.start_reduce_scatter, None,
+                  C.hier_reduce_scatter, "multi_node"),
+        Algorithm("all_gather", "ring", None, V.all_gather_bytes, C.all_gather, "always"),
         Algorithm("all_gather", "native", None, V.native_all_gather_bytes),
+        Algorithm("all_gather", "recursive", halving.start_all_gather, V.doubling_all_gather_bytes,
+                  C.doubling_all_gather, "always"),
+        Algorithm("all_gather", "bruck", bruck.start_all_gather, V.bruck_all_gather_bytes,
+                  C.bruck_all_gather, "always"),
+        Algorithm("all_gather", "hierarchical", hier_shard.start_all_gather, None,
+                  C.hier_all_gather, "multi_node"),
     ):
         _REGISTRY[alg.collective][alg.name] = alg
 

@@ -14,9 +14,11 @@ the ring. Every rank must see the same value: the choice depends only on the
 byte size and the world size, equal on all ranks.
 
 With a machine profile (``HPCDP_PROFILE``, see docs/scaling.md) the cost model picks
-the allreduce instead, among ring, recursive doubling and the hierarchical allreduce,
-for the node layout (hpcdp.comm.collectives asks :func:`hpcdp.comm.cost.fastest_allreduce`;
-this module imports no cost model); the lean path then stays off for "auto" allreduces
+instead, for the node layout: the allreduce among ring, recursive doubling and the
+hierarchical allreduce, the reduce-scatter among ring, recursive halving and the
+hierarchical one, the all-gather among ring, recursive doubling, Bruck and the
+hierarchical one (hpcdp.comm.collectives asks :func:`hpcdp.comm.cost.fastest`; this
+module imports no cost model); the lean path then stays off for "auto" collectives
 (:func:`native_below` is 0), so every size is the model's choice.
 
 The algorithms themselves are registered in :mod:`hpcdp.comm.algorithms` (the names
@@ -86,8 +88,8 @@ def native_below(collective: str, world_size: int) -> int:
                 break
             bound = below
         bound = min(bound, crossover_bytes(collective))
-        if collective == "allreduce" and os.environ.get("HPCDP_PROFILE", "").strip():
-            bound = 0  # the cost model picks every auto allreduce (choose_allreduce)
+        if os.environ.get("HPCDP_PROFILE", "").strip():
+            bound = 0  # the cost model picks every auto collective (hpcdp.comm.cost.fastest)
         if bound and (choose(collective, 0, world_size) != "native"
                       or choose(collective, bound - 1, world_size) != "native"):
             bound = 0

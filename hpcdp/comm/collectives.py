@@ -211,6 +211,20 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
 
 # -- reduce-scatter ------------------------------------------------------------
 
+def _scatter_gather_algo(ctx, collective, nbytes, algorithm, timeout):
+    """The reduce-scatter / all-gather algorithm: an explicit name as given; "auto" the
+    cost model's pick for the node layout when ``HPCDP_PROFILE`` names a profile
+    (hpcdp.comm.cost.fastest), else the measured size rule (hpcdp.comm.auto.choose)."""
+    if algorithm == "auto" and ctx.size > 1:
+        from hpcdp.comm.hierarchical import auto_layout
+        layout = auto_layout(ctx, timeout)
+        if layout is not None:
+            from hpcdp.comm.cost import fastest
+            return fastest(collective, nbytes, *layout)
+    return choose(collective, nbytes, ctx.size, algorithm)
+
+
+
 def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
                     segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None,
                     wire=None):
@@ -232,8 +246,8 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
     src = flat_view(sendbuf, "sendbuf")
     n = src.size
     nbytes = n * src.dtype.itemsize
-    algo = _byte_order(choose("reduce_scatter", nbytes, ctx.size, algorithm), algorithm,
-                       src.dtype, "reduce_scatter")
+    algo = _byte_order(_scatter_gather_algo(ctx, "reduce_scatter", nbytes, algorithm, timeout),
+                       algorithm, src.dtype, "reduce_scatter")
     off, size = shard_range(n, ctx.size, ctx.rank)
     in_place = recvbuf is None or recvbuf is sendbuf
     if in_place:
@@ -268,6 +282,10 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
         req = GenRequest(ctx, "reduce_scatter", call, ledger, timeout, body, max_message_bytes)
         req.result = result
         return req
+    if algo != "ring":  # its registered start (hpcdp.comm.algorithms)
+        return get_algorithm("reduce_scatter", algo).start(
+            ctx, call, ledger, timeout, src=src, out=out, in_place=in_place, result=result, op=op,
+            segment_bytes=segment_bytes, max_message_bytes=max_message_bytes)
     if in_place:
         return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
                             op=op, phases=("rs",), segment_bytes=segment_bytes,
@@ -327,8 +345,8 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                          f"result, shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; "
                          f"got {chunk.size}")
     nbytes = n * full.dtype.itemsize
-    algo = _byte_order(choose("all_gather", nbytes, ctx.size, algorithm), algorithm, full.dtype,
-                       "all_gather")
+    algo = _byte_order(_scatter_gather_algo(ctx, "all_gather", nbytes, algorithm, timeout),
+                       algorithm, full.dtype, "all_gather")
     call = _arrive(ctx, "all_gather", full.dtype, n, -1, algo, "", timeout)
     if algo == "native" and ctx.size > 1 and n > 0 and max_message_bytes is None \
             and nbytes < MAX_MESSAGE_BYTES and isinstance(full, np.ndarray):
@@ -342,6 +360,10 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         full[off:off + size] = chunk
     if ctx.size == 1 or n == 0:
         return DoneRequest(ctx, "all_gather", call, ledger, result)
+    if algo != "ring":
+        return get_algorithm("all_gather", algo).start(
+            ctx, call, ledger, timeout, full=full, result=result, segment_bytes=segment_bytes,
+            max_message_bytes=max_message_bytes)
     return ring_request(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
                         op=None, phases=("ag",), segment_bytes=segment_bytes,
                         max_message_bytes=max_message_bytes, result=result, wire=w)

@@ -353,6 +353,164 @@ def _fastest_cached(nbytes: int, name: str, nodes: int, per_node: int) -> str:
     return fastest_allreduce(nbytes, load_profile(name), nodes, per_node)
 
 
+# -- few-step reduce-scatter / all-gather ------------------------------------------------
+
+def halving_phase_cost(p: Profile, at, G: int, rank: int, collective: str, itemsize: int,
+                       kind_of, share: float = 1.0) -> Cost:
+    """Recursive halving (reduce-scatter) or doubling (all-gather) over ``G`` ranks on
+    chunks at offsets ``at(0..G)`` (hpcdp.comm.halving), seen from ``rank`` (one that
+    runs every step; a fold, when G is not a power of two, is on everyone's critical
+    path). ``kind_of(a, b)``: the link kind between ranks a and b of the group."""
+    c = Cost()
+    if G <= 1 or at(G) == at(0):
+        return c
+    size = lambda a, b: (at(b) - at(a)) * itemsize  # noqa: E731
+    rs = collective == "reduce_scatter"
+    per = {"intra": [0, 0], "inter": [0, 0]}
+
+    def hop(kind, out_b, in_b, reduced):
+        link = getattr(p, kind)
+        c.latency_s += link.alpha_s
+        c.bandwidth_s += max(out_b, in_b) * link.beta_s_per_byte * (share if kind == "inter" else 1.0)
+        c.reduce_s += reduced * p.gamma_s_per_byte
+        c.software_s += p.msg_s
+        per[kind][0] += out_b
+        per[kind][1] += in_b
+    rem = G - (1 << (G.bit_length() - 1))
+    whole = size(0, G)
+    if rem:  # fold (whole buffer / one chunk) and unfold (one chunk / all but one)
+        k = kind_of(0, 1)
+        hop(k, 0, whole if rs else size(0, 1), whole if rs else 0)
+        hop(k, size(0, 1) if rs else whole - size(0, 1), 0, 0)
+    for peer, _, keep, give in V.halving_steps(G, rank):
+        kept, given = size(*keep), size(*give)
+        out_b, in_b = (given, kept) if rs else (kept, given)
+        hop(kind_of(peer, rank), out_b, in_b, kept if rs else 0)
+    c.intra, c.inter = tuple(per["intra"]), tuple(per["inter"])
+    return c
+
+
+def _node_kind(t: Topology):
+    L, multi = t.per_node, t.nodes > 1
+    return lambda a, b: "inter" if multi and a // L != b // L else "intra"
+
+
+def _nic_share(p: Profile, t: Topology) -> float:
+    """In a step between nodes of a flat few-step algorithm every rank of a node sends
+    across at once: its L ranks share the node's NICs (a ring has one such hop per node)."""
+    return max(1.0, t.per_node / p.nics_per_node) if t.nodes > 1 else 1.0
+
+
+def halving_reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    """log2 N halving steps (+ fold) on the ring's chunks; a step between nodes runs at
+    the inter-node figures (the first steps, at the largest distance, when ranks are
+    placed node by node)."""
+    N = t.ranks
+    if N <= 1 or nbytes <= 0:
+        return Cost()
+    c = halving_phase_cost(p, V.offsets_of(nbytes // itemsize, N), N, N - 1, "reduce_scatter",
+                           itemsize, _node_kind(t), _nic_share(p, t))
+    c.software_s += software_cost(p, N, "recursive")
+    return c
+
+
+def doubling_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    N = t.ranks
+    if N <= 1 or nbytes <= 0:
+        return Cost()
+    c = halving_phase_cost(p, V.offsets_of(nbytes // itemsize, N), N, N - 1, "all_gather",
+                           itemsize, _node_kind(t), _nic_share(p, t))
+    c.software_s += software_cost(p, N, "recursive")
+    return c
+
+
+def bruck_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    """ceil(log2 N) steps; on 2+ nodes every step has some hops between nodes (rank r
+    sends to r - 2^k), so each runs at the inter-node figures, the node's ranks sharing
+    its NICs (an upper bound for the steps of distance < L)."""
+    N = t.ranks
+    if N <= 1 or nbytes <= 0:
+        return Cost()
+    n, r = nbytes // itemsize, N - 1
+    at = V.offsets_of(n, N)
+    kind = _flat_kind(t)
+    link = getattr(p, kind)
+    c = Cost(software_s=software_cost(p, N, "bruck"))
+    d = 1
+    while d < N:
+        cnt = min(d, N - d)
+        first = r % N
+        end = first + cnt
+        out_b = (at(min(end, N)) - at(first) + (at(end - N) if end > N else 0)) * itemsize
+        c.latency_s += link.alpha_s
+        c.software_s += p.msg_s
+        c.bandwidth_s += out_b * link.beta_s_per_byte * _nic_share(p, t)
+        d <<= 1
+    setattr(c, kind, V.bruck_all_gather_bytes(n, N, r, itemsize))
+    return c
+
+
+def _hier_shard(p: Profile, nbytes: int, t: Topology, itemsize: int, collective: str) -> Cost:
+    """Halving (doubling) inside the node on the whole buffer, then across the nodes on
+    the node-local slice, 1/L of it (the node's L ranks drive its NICs at once)."""
+    L, M = t.per_node, t.nodes
+    if t.ranks <= 1 or nbytes <= 0:
+        return Cost()
+    n = nbytes // itemsize
+    slice_at, piece_at = V.hier_shard_layout(n, M, L)
+    share = max(1.0, L / p.nics_per_node)
+    intra = halving_phase_cost(p, slice_at, L, L - 1, collective, itemsize, lambda a, b: "intra")
+    inter = halving_phase_cost(p, piece_at(L - 1), M, M - 1, collective, itemsize,
+                               lambda a, b: "inter", share)
+    c = intra + inter
+    c.software_s += software_cost(p, t.ranks, "hierarchical")
+    return c
+
+
+def hier_reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    return _hier_shard(p, nbytes, t, itemsize, "reduce_scatter")
+
+
+def hier_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    return _hier_shard(p, nbytes, t, itemsize, "all_gather")
+
+
+def pick(collective: str, p: Profile, nbytes: int, t: Topology, algorithm: str = "auto",
+         itemsize: int = 4) -> tuple[str, Cost]:
+    """(algorithm used, cost) of one ``collective``; ``"auto"``: the fastest of the
+    registered algorithms the model may pick (``model_picks``; "multi_node" ones only on
+    2+ nodes of 2+ ranks)."""
+    from hpcdp.comm.algorithms import registered
+
+    table = priced(collective)
+    if algorithm == "auto":
+        multi = t.nodes > 1 and t.per_node > 1
+        names = [a.name for a in registered(collective) if a.cost is not None
+                 and (a.model_picks == "always" or (a.model_picks == "multi_node" and multi))]
+        costs = {a: table[a](p, nbytes, t, itemsize) for a in names}
+        best = min(names, key=lambda a: costs[a].total_s)
+        return best, costs[best]
+    if algorithm not in table:
+        raise ValueError(f"cost model: {collective} algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(table)}, auto")
+    return algorithm, table[algorithm](p, nbytes, t, itemsize)
+
+
+def fastest(collective: str, nbytes: int, profile, nodes: int, per_node: int) -> str:
+    """What ``algorithm="auto"`` runs for ``collective`` with a profile configured (the
+    same answer on every rank). ``profile``: a Profile, or its name / path (cached)."""
+    if collective == "allreduce":
+        return fastest_allreduce(nbytes, profile, nodes, per_node)
+    if isinstance(profile, str):
+        return _fastest_any_cached(collective, nbytes, profile, nodes, per_node)
+    return pick(collective, profile, nbytes, Topology(nodes, per_node), "auto", itemsize=1)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _fastest_any_cached(collective: str, nbytes: int, name: str, nodes: int, per_node: int) -> str:
+    return fastest(collective, nbytes, load_profile(name), nodes, per_node)
+
+
 def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: int = 4) -> Cost:
     """Synchronous push + pull with ``servers`` colocated servers (ranks 0..K-1), seen
     from server 0's link: it receives its shard from every other worker, reduces them,
@@ -390,5 +548,7 @@ def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: i
 __all__ = ["Profile", "Link", "Topology", "Cost", "load_profile", "profile_from_dict",
            "available_profiles", "allreduce", "ring_allreduce", "recursive_allreduce",
            "hierarchical_allreduce", "reduce_scatter", "all_gather", "ps_push_pull",
-           "fastest_allreduce", "priced", "software_cost", "debug_ctrl_cost", "ring_phases_cost",
+           "fastest_allreduce", "priced", "pick", "fastest", "halving_phase_cost",
+           "halving_reduce_scatter", "doubling_all_gather", "bruck_all_gather", "hier_reduce_scatter",
+           "hier_all_gather", "software_cost", "debug_ctrl_cost", "ring_phases_cost",
            "SEGMENT_BYTES", "PROFILE_DIR"]

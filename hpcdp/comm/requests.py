@@ -70,18 +70,22 @@ class Request:
         self._scratch: list = []
 
     # -- message helpers (count what goes to MPI) ---------------------------
-    def isend(self, arr, dest: int, tag: int) -> list:
+    def isend(self, arr, dest: int, tag: int, comm=None) -> list:
+        """Send ``arr`` to ``dest`` in pieces below the message limit (on ``comm``, by
+        default this context's data communicator), counted in this request's figures."""
         out = []
+        comm = self.ctx.data if comm is None else comm
         for o, ln in pieces(arr.size, arr.dtype.itemsize, self.max_bytes):
-            out.append(self.ctx.data.Isend(mpi_buffer(arr[o:o + ln]), dest, tag))
+            out.append(comm.Isend(mpi_buffer(arr[o:o + ln]), dest, tag))
             self.sent_bytes += ln * arr.dtype.itemsize
             self.sent_msgs += 1
         return out
 
-    def irecv(self, arr, source: int, tag: int) -> list:
+    def irecv(self, arr, source: int, tag: int, comm=None) -> list:
         out = []
+        comm = self.ctx.data if comm is None else comm
         for o, ln in pieces(arr.size, arr.dtype.itemsize, self.max_bytes):
-            req = self.ctx.data.Irecv(mpi_buffer(arr[o:o + ln]), source, tag)
+            req = comm.Irecv(mpi_buffer(arr[o:o + ln]), source, tag)
             self._recv_src[id(req)] = (req, source)
             out.append(req)
             self.recv_bytes += ln * arr.dtype.itemsize

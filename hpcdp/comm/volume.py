@@ -222,7 +222,133 @@ def hierarchical_bytes(n: int, nodes: int, per_node: int, node: int, local_rank:
             "inter": ring_allreduce_bytes(chunk, nodes, node, itemsize)}
 
 
+# -- few-step reduce-scatter / all-gather (hpcdp.comm.halving, bruck, hier_shard) -----
+
+def _fold(N: int):
+    p = 1 << (N.bit_length() - 1)
+    rem = N - p
+    return p, rem, (lambda i: 2 * i if i < rem else i + rem)
+
+
+def offsets_of(n: int, N: int):
+    """``at(c)``: offset of ring chunk ``c`` (``shard_range``), ``at(N) = n``: O(1)."""
+    base, rem = divmod(n, N)
+    return lambda c: c * base + min(c, rem)
+
+
+def halving_steps(N: int, rank: int) -> list[tuple[int, int, int, int]]:
+    """The halving steps of ``rank`` among ``N`` (non-powers of two folded as in
+    hpcdp.comm.halving): ``(peer, virtual distance, kept window, given window)`` with
+    windows as ``(first, end)`` ring-chunk indices; empty for a folded-out rank."""
+    p, rem, vstart = _fold(N)
+    if rank < 2 * rem and rank % 2 == 0:
+        return []
+    me = rank // 2 if rank < 2 * rem else rank - rem
+    lo, hi, out = 0, p, []
+    while hi - lo > 1:
+        half = (hi - lo) // 2
+        mid = lo + half
+        keep, give, pv = ((lo, mid), (mid, hi), me + half) if me < mid else ((mid, hi), (lo, mid), me - half)
+        peer = 2 * pv + 1 if pv < rem else pv + rem
+        out.append((peer, half, (vstart(keep[0]), vstart(keep[1])), (vstart(give[0]), vstart(give[1]))))
+        lo, hi = keep
+    return out
+
+
+def halving_offsets_bytes(at, N: int, rank: int, itemsize: int, collective: str) -> tuple[int, int]:
+    """(sent, received) bytes of ``rank`` in a recursive-halving reduce-scatter
+    (``collective="reduce_scatter"``) or recursive-doubling all-gather (``"all_gather"``,
+    its mirror: sent and received swap) over chunks at offsets ``at(0..N)``."""
+    if N == 1:
+        return 0, 0
+    p, rem, _ = _fold(N)
+    whole = at(N) - at(0)
+
+    def size(a, b):
+        return at(b) - at(a)
+    # the fold: the whole buffer in (reduce-scatter), everything but the chunk out (all-gather)
+    fold = whole if collective == "reduce_scatter" else None
+    if rank < 2 * rem and rank % 2 == 0:
+        mine = size(rank, rank + 1)
+        sent, recv = (fold or whole - mine), mine
+    else:
+        sent = recv = 0
+        if rank < 2 * rem:
+            theirs = size(rank - 1, rank)
+            recv += fold or whole - theirs
+            sent += theirs
+        for _, _, keep, give in halving_steps(N, rank):
+            sent += size(*give)
+            recv += size(*keep)
+    if collective == "all_gather":
+        sent, recv = recv, sent
+    return sent * itemsize, recv * itemsize
+
+
+def halving_reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """Recursive halving (hpcdp.comm.halving) on the ring's chunks: with ``N = 2^k`` the
+    ring's ``(N-1)/N * S`` each way; a fold rank of a non-power of two adds ``S``."""
+    return halving_offsets_bytes(offsets_of(n, N), N, rank, itemsize, "reduce_scatter") if n else (0, 0)
+
+
+def doubling_all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """Recursive doubling all-gather: the mirror of :func:`halving_reduce_scatter_bytes`."""
+    return halving_offsets_bytes(offsets_of(n, N), N, rank, itemsize, "all_gather") if n else (0, 0)
+
+
+def bruck_all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """Bruck's all-gather (hpcdp.comm.bruck): receives every chunk but its own once;
+    sends chunks ``rank .. rank+c_k-1`` at step k (``c_k = min(2^k, N - 2^k)``)."""
+    if N == 1 or n == 0:
+        return 0, 0
+    at = offsets_of(n, N)
+
+    def span(first, count):  # chunks first .. first+count-1, mod N
+        first %= N
+        end = first + count
+        return at(min(end, N)) - at(first) + (at(end - N) if end > N else 0)
+    sent, d = 0, 1
+    while d < N:
+        sent += span(rank, min(d, N - d))
+        d <<= 1
+    return sent * itemsize, (n - span(rank, 1)) * itemsize
+
+
+def hier_shard_layout(n: int, nodes: int, per_node: int):
+    """The packed layout of hpcdp.comm.hier_shard with ranks placed node by node (rank
+    ``m * L + l``): ``(slice_at, piece_at(l))``: the offsets of the L node-local slices,
+    and of the M pieces of slice ``l``."""
+    N, L, M = nodes * per_node, per_node, nodes
+    base, rem = divmod(n, N)
+
+    def slice_size(l):  # M chunks of base, plus one for each m with m*L + l < rem
+        return M * base + (-(-(rem - l) // L) if rem > l else 0)
+    starts = [0]
+    for l in range(L):
+        starts.append(starts[-1] + slice_size(l))
+
+    def piece_at(l):
+        return lambda m: starts[l] + m * base + min(m, max(0, -(-(rem - l) // L)))
+    return starts.__getitem__, piece_at
+
+
+def hier_shard_bytes(collective: str, n: int, nodes: int, per_node: int, node: int, local_rank: int,
+                     itemsize: int) -> dict[str, tuple[int, int]]:
+    """``{"intra": (sent, recv), "inter": (sent, recv)}`` of the rank ``(node,
+    local_rank)`` in a hierarchical reduce-scatter or all-gather (hpcdp.comm.hier_shard)
+    of ``n`` elements, ranks node by node: recursive halving (doubling) over the node's
+    ``L`` ranks on the packed buffer, and over the ``M`` nodes on slice ``local_rank``.
+    With even division ``(L-1)/L * S`` intra-node, ``(M-1)/M * S / L`` inter-node."""
+    if n == 0 or nodes * per_node == 1:
+        return {"intra": (0, 0), "inter": (0, 0)}
+    slice_at, piece_at = hier_shard_layout(n, nodes, per_node)
+    return {"intra": halving_offsets_bytes(slice_at, per_node, local_rank, itemsize, collective),
+            "inter": halving_offsets_bytes(piece_at(local_rank), nodes, node, itemsize, collective)}
+
+
 __all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "expected_step_bytes", "reduce_scatter_bytes", "all_gather_bytes",
            "recursive_bytes", "recursive_allreduce_bytes", "native_bytes", "native_allreduce_bytes",
            "native_reduce_scatter_bytes", "native_all_gather_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
-           "zero_step_bytes", "hierarchical_bytes"]
+           "zero_step_bytes", "hierarchical_bytes", "offsets_of", "halving_steps",
+           "halving_offsets_bytes", "halving_reduce_scatter_bytes", "doubling_all_gather_bytes",
+           "bruck_all_gather_bytes", "hier_shard_layout", "hier_shard_bytes"]

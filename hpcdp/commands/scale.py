@@ -69,7 +69,11 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                         "(0: the CPU that computes moves the bytes, as with shared-memory "
                         "MPI here; 1: a NIC or DMA engine does)")
     p.add_argument("--strategies", default="ddp-ring,ddp-hierarchical,ddp-auto,ps1,ps8,zero1,zero2,zero3",
-                   help="--predict: ddp-ring|ddp-recursive|ddp-hierarchical|ddp-auto, psK, zero1-3")
+                   help="--predict: ddp-ring|ddp-recursive|ddp-hierarchical|ddp-auto, psK, zero1-3 "
+                        "(the ring) or zeroK-recursive|zeroK-hierarchical|zeroK-auto")
+    p.add_argument("--zero-algorithms", default="ring",
+                   help="--study zero-step: parallel.zero.algorithm values to run stages 1-3 "
+                        "with, e.g. ring,recursive,auto (default ring)")
     p.add_argument("--probe-max", default="",
                    help="--calibrate: largest message of the link probe; --validate: refit "
                         "the profile's link on its recorded probe up to this size (e.g. 256K: "

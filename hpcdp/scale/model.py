@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hpcdp.comm.cost import (Cost, Profile, Topology, all_gather, allreduce, hierarchical_allreduce,
-                             ps_push_pull, reduce_scatter, ring_allreduce)
+                             pick, ps_push_pull, reduce_scatter, ring_allreduce)
 
 # -- the workload of a config ----------------------------------------------------------
 
@@ -186,8 +186,12 @@ def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
     if strategy in ("zero1", "zero2", "zero3"):
         stage = int(strategy[-1])
         t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, t.per_node, 1.0 / N)
-        rs = [reduce_scatter(p, size * s, t, s) for size in wl.buckets]
-        ag = [all_gather(p, size * s, t, s) for size in wl.buckets]
+        # ZeRO's collectives by parallel.zero.algorithm: "ring" (the default), an
+        # explicit one, or "auto": the cheapest per group / unit (hpcdp.comm.cost.pick)
+        picked_rs = [pick("reduce_scatter", p, size * s, t, algorithm, s) for size in wl.buckets]
+        picked_ag = [pick("all_gather", p, size * s, t, algorithm, s) for size in wl.buckets]
+        rs, ag = [c for _, c in picked_rs], [c for _, c in picked_ag]
+        used = sorted({a for a, _ in picked_rs + picked_ag})
         gathers = 2 if stage == 3 else 1
         total = Cost()
         for c in rs + ag * gathers:
@@ -203,9 +207,10 @@ def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
                        + _exposed(p, t_b, _ready_in_backward(wl, t_b),
                                   [a + r for a, r in zip(ag_t, rs_t)]))
         comm = sum(rs_t) + gathers * sum(ag_t)
+        streams = t.per_node if "hierarchical" in used else 1
         return Step(strategy, N, batch_per_rank, t_f + t_b + t_o + exposed, t_f + t_b + t_o,
-                    comm, exposed, total.link_bytes, _inter_node(total, t, 1),
-                    _memory(wl, N, stage), "ring" if N > 1 else "-")
+                    comm, exposed, total.link_bytes, _inter_node(total, t, streams),
+                    _memory(wl, N, stage), "/".join(used) if N > 1 else "-")
     raise ValueError(f"cost model: unknown strategy {strategy!r}; choose ddp, ps, zero1, zero2, zero3")
 
 

@@ -42,9 +42,15 @@ def expand_ranks(text: str) -> list[int]:
     return sorted(set(out + ([end] if end not in out else [])) | {1})
 
 
+ZERO_ALGORITHMS = ("-ring", "-recursive", "-hierarchical", "-auto")  # zeroK-<algorithm>
+
+
 def _strategies(text: str):
     out = []
     for name in [s.strip() for s in text.split(",") if s.strip()]:
+        if name[:5] in ("zero1", "zero2", "zero3") and name[5:] in ZERO_ALGORITHMS:
+            out.append((name, name[:5], {"algorithm": name[6:]}))  # zeroK-<algorithm>
+            continue
         if name.startswith("ddp-") and name[4:] in ("ring", "recursive", "hierarchical", "auto"):
             out.append((name, "ddp", {"algorithm": name[4:]}))
         elif name.startswith("ps") and name[2:].isdigit() and int(name[2:]) >= 1:

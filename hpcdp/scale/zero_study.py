@@ -183,19 +183,46 @@ def _plot_memory(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def strategies_for(algorithms: str) -> dict:
+    """``{name: (strategy, algorithm)}``: DDP, and stages 1-3 once per
+    ``parallel.zero.algorithm`` (``--zero-algorithms``); "ring" keeps the plain names
+    (zero1..3), others are zeroK-<algorithm>."""
+    from hpcdp.config_parallel import ZeroAlgorithm, literal_values
+
+    out = {"ddp": ("ddp", None)}
+    for algo in [a.strip() for a in algorithms.split(",") if a.strip()]:
+        if algo not in literal_values(ZeroAlgorithm):
+            raise SystemExit(f"hpcdp scale: --zero-algorithms: {algo!r}; choose from "
+                             f"{', '.join(literal_values(ZeroAlgorithm))}")
+        for stage in (1, 2, 3):
+            out[f"zero{stage}" + ("" if algo == "ring" else f"-{algo}")] = (f"zero{stage}", algo)
+    return out
+
+
+def _child_with(args, name: str, strategy: str, algorithm, k: int, out: Path) -> dict:
+    """:func:`_child` with ``parallel.zero.algorithm`` set (and the point named ``name``)."""
+    sub = copy.copy(args)
+    if algorithm is not None:
+        sub.set = list(args.set or []) + [f'parallel.zero.algorithm="{algorithm}"']
+    p = _child(sub, strategy, k, out / name if name != strategy else out)
+    p["strategy"] = name
+    return p
+
+
 def step_study(args, ranks: list[int]) -> dict:
     out = _out_dir(args, "zero-step")
     best: dict = {}
+    table = strategies_for(getattr(args, "zero_algorithms", "ring") or "ring")
     for rnd in range(max(args.repeats, 1)):
         for k in ranks:
-            for strategy in STRATEGIES:
-                p = _child(args, strategy, k, out)
+            for strategy in table:
+                p = _child_with(args, strategy, *table[strategy], k, out)
                 key = (strategy, k)
                 if key not in best or p["step_time_s"] < best[key]["step_time_s"]:
                     best[key] = p
                 print(f"  round {rnd + 1} {strategy:<6} n={k}: {1e3 * p['step_time_s']:8.2f} ms/step",
                       flush=True)
-    points = [best[(s, k)] for k in ranks for s in STRATEGIES]
+    points = [best[(s, k)] for k in ranks for s in table]
     for p in points:
         p["vs_ddp"] = p["step_time_s"] / best[("ddp", p["ranks"])]["step_time_s"]
     result = {"study": "zero-step", "config": str(args.config), "ranks": ranks, "repeats": args.repeats,

@@ -80,7 +80,7 @@ def test_allreduce_closed_form(comm, algorithm, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("algorithm", ["ring", "native", "auto"])
+@pytest.mark.parametrize("algorithm", ["ring", "native", "auto", "recursive", "hierarchical"])
 def test_reduce_scatter_closed_form(comm, algorithm, dtype):
     N, r = comm.Get_size(), comm.Get_rank()
     for n in lengths(N):
@@ -104,7 +104,7 @@ def test_reduce_scatter_closed_form(comm, algorithm, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("algorithm", ["ring", "native", "auto"])
+@pytest.mark.parametrize("algorithm", ["ring", "native", "auto", "recursive", "bruck", "hierarchical"])
 def test_all_gather_closed_form(comm, algorithm, dtype):
     N, r = comm.Get_size(), comm.Get_rank()
     for n in lengths(N):
@@ -171,3 +171,40 @@ def test_bad_input_errors(comm):
         reduce_scatter(np.zeros(10), np.zeros(11), comm=comm)
     with pytest.raises(TypeError, match="comm="):
         allreduce(np.zeros(4), comm=None)
+
+
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_few_step_scatter_gather_bitwise_like_the_ring(comm, per_node, monkeypatch):
+    """Recursive halving / doubling, Bruck and the hierarchical reduce-scatter / all-gather
+    leave every rank with the ring's chunk: integer results bit-for-bit the ring's, float
+    results MPI's within rounding (another addition order), and a 1 MiB message limit
+    cuts their messages. ``HPCDP_RANKS_PER_NODE`` makes 2+ emulated nodes (where it
+    divides the world), so the hierarchical one crosses nodes."""
+    N, r = comm.Get_size(), comm.Get_rank()
+    if N % per_node:
+        pytest.skip(f"{per_node} ranks per node do not divide {N}")
+    monkeypatch.setenv("HPCDP_RANKS_PER_NODE", str(per_node))
+    sub = comm.Dup()  # a fresh hierarchy, built under this node size
+    try:
+        rng = np.random.default_rng(7 + r)
+        for n in (0, 3, 1001, 300_000):
+            off, size = shard_range(n, N, r)
+            ints = rng.integers(-1000, 1000, n).astype(np.int64)
+            ring = reduce_scatter(ints, np.empty(size, np.int64), comm=sub, algorithm="ring")
+            floats = rng.standard_normal(n).astype(np.float32)
+            ref = np.empty(size, np.float32)
+            sub.Reduce_scatter(floats, ref, [s for _, s in shard_bounds(n, N)], op=MPI.SUM)
+            for algo in ("recursive", "hierarchical"):
+                got = reduce_scatter(ints, np.empty(size, np.int64), comm=sub, algorithm=algo,
+                                     max_message_bytes=1 << 20)
+                np.testing.assert_array_equal(got, ring, err_msg=f"{algo} n={n}")
+                f = reduce_scatter(floats.copy(), comm=sub, algorithm=algo)
+                np.testing.assert_allclose(f, ref, rtol=1e-5, atol=1e-5 * N, err_msg=f"{algo} n={n}")
+            whole = all_gather(ints[off:off + size].copy(), np.empty(n, np.int64), comm=sub,
+                               algorithm="ring")
+            for algo in ("recursive", "bruck", "hierarchical"):
+                got = all_gather(ints[off:off + size].copy(), np.empty(n, np.int64), comm=sub,
+                                 algorithm=algo, max_message_bytes=1 << 20)
+                np.testing.assert_array_equal(got, whole, err_msg=f"{algo} n={n}")
+    finally:
+        sub.Free()

@@ -67,3 +67,39 @@ def test_recursive_doubling_ledger(comm):
     led = Ledger()
     allreduce(np.ones(100), comm=comm, algorithm="recursive", ledger=led)
     assert _one(led, "allreduce") == (rd_bytes(800, N, r) if N > 1 else (0, 0))
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 12, 1009, 24 * 1000])
+def test_few_step_ledger_equals_the_formula(comm, n, monkeypatch):
+    """Recursive halving / doubling and Bruck record their formula's bytes exactly; the
+    hierarchical ones per link kind (``.intra`` / ``.inter``), on 2 emulated nodes where
+    the world is even."""
+    from hpcdp.comm.volume import hier_shard_bytes
+
+    N, r = comm.Get_size(), comm.Get_rank()
+    off, size = shard_range(n, N, r)
+    for name, algo in (("reduce_scatter", "recursive"), ("all_gather", "recursive"),
+                       ("all_gather", "bruck")):
+        led = Ledger()
+        if name == "reduce_scatter":
+            reduce_scatter(np.ones(n, np.float32), comm=comm, algorithm=algo, ledger=led)
+        else:
+            all_gather(np.ones(n, np.float32), comm=comm, algorithm=algo, ledger=led)
+        assert _one(led, name) == collective_bytes(name, algo, n, N, r, 4), (name, algo)
+        if n % N == 0 and N & (N - 1) == 0:  # the ring's volume in log2 N steps
+            assert _one(led, name) == ((N - 1) * 4 * n // N,) * 2
+    per = N // 2 if N % 2 == 0 else N
+    monkeypatch.setenv("HPCDP_RANKS_PER_NODE", str(per))
+    sub = comm.Dup()
+    try:
+        led = Ledger()
+        reduce_scatter(np.ones(n, np.float64), comm=sub, algorithm="hierarchical", ledger=led)
+        all_gather(np.ones(n, np.float64), comm=sub, algorithm="hierarchical", ledger=led)
+        totals = led.totals()
+        for name in ("reduce_scatter", "all_gather"):
+            want = hier_shard_bytes(name, n, N // per, per, r // per, r % per, 8)
+            for kind in ("intra", "inter"):
+                t = totals.get(f"{name}.{kind}", {"sent_bytes": 0, "recv_bytes": 0})
+                assert (t["sent_bytes"], t["recv_bytes"]) == want[kind], (name, kind)
+    finally:
+        sub.Free()

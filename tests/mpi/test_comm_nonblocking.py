@@ -46,3 +46,31 @@ def test_mixed_algorithms_in_flight(comm):
     assert (out[1] == s).all()
     np.testing.assert_array_equal(c, s)
     np.testing.assert_array_equal(out[3], s)
+
+
+def test_few_step_scatter_gather_in_flight_together(comm):
+    """Non-blocking recursive / Bruck / hierarchical reduce-scatters and all-gathers, many
+    in flight and progressed newest first (ZeRO-3 prefetches all-gathers this way)."""
+    from hpcdp.comm import iall_gather
+    from hpcdp.shard import shard_range
+
+    N, r = comm.Get_size(), comm.Get_rank()
+    sizes = [7, 5000, 1, 123457]
+    reqs, want = [], []
+    for k, n in enumerate(sizes):
+        for algo in ("recursive", "hierarchical"):
+            buf = np.full(n, float(r + k))
+            reqs.append(ireduce_scatter(buf, comm=comm, algorithm=algo))
+            off, size = shard_range(n, N, r)
+            want.append(np.full(size, float(sum(p + k for p in range(N)))))
+        for algo in ("recursive", "bruck", "hierarchical"):
+            off, size = shard_range(n, N, r)
+            full = np.full(n, -1.0)
+            full[off:off + size] = np.arange(off, off + size)
+            reqs.append(iall_gather(full, comm=comm, algorithm=algo))
+            want.append(np.arange(n, dtype=float))
+    pending = list(range(len(reqs)))
+    while pending:
+        pending = [i for i in pending[::-1] if not reqs[i].test()][::-1]
+    for q, w in zip(reqs, want):
+        np.testing.assert_array_equal(q.wait(), w)

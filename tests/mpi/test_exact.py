@@ -42,6 +42,12 @@ STRATEGIES = {
     "zero1": ['parallel.strategy="zero"', "parallel.zero.stage=1", "parallel.zero.bucket_mb=0.004"],
     "zero2": ['parallel.strategy="zero"', "parallel.zero.stage=2", "parallel.zero.bucket_mb=0.004"],
     "zero3": ['parallel.strategy="zero"', "parallel.zero.stage=3"],
+    # recursive halving / the hierarchical reduce-scatter add in another order than the
+    # ring: exact mode's integer payload makes that irrelevant (same hash)
+    "zero2-recursive": ['parallel.strategy="zero"', "parallel.zero.stage=2",
+                        "parallel.zero.bucket_mb=0.004", 'parallel.zero.algorithm="recursive"'],
+    "zero3-hierarchical": ['parallel.strategy="zero"', "parallel.zero.stage=3",
+                           'parallel.zero.algorithm="hierarchical"'],
 }
 _REFERENCE: dict = {}
 
@@ -76,7 +82,8 @@ def _reference(micro, tmp_path_factory, extra=()):
 
 @pytest.mark.parametrize("strategy,micro", [("ddp", 3), ("ddp", 1), ("ddp", 12), ("ps", 3),
                                             ("ps-dedicated", 3), ("ps-2-servers", 2), ("zero1", 3),
-                                            ("zero2", 3), ("zero3", 3), ("zero3", 12)])
+                                            ("zero2", 3), ("zero3", 3), ("zero3", 12),
+                                            ("zero2-recursive", 3), ("zero3-hierarchical", 3)])
 def test_weights_hash_equals_one_rank(strategy, micro, tmp_path_factory):
     comm = MPI.COMM_WORLD
     if strategy in ("ps-dedicated", "ps-2-servers") and comm.Get_size() < 2:

@@ -449,3 +449,34 @@ def test_hybrid_with_mpi_collectives_for_small_groups_gives_the_same_weights(sta
         assert {"reduce_scatter.intra", "all_gather.intra"} <= names
     if M > 1:
         assert "reduce_scatter.inter" in names
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("algorithm", ["recursive", "hierarchical", "auto-profile"])
+def test_few_step_collectives_equal_ddp_and_one_rank(stage, algorithm, monkeypatch):
+    """Recursive halving / doubling, the hierarchical reduce-scatter / all-gather (2
+    emulated nodes on an even world) and "auto" with a machine profile (the cost model
+    picks per group/unit) leave every shard at its ring chunk: the weights equal DDP's
+    and one rank's, uneven slices and a short last batch included."""
+    from mpi4py import MPI
+
+    from hpcdp.comm.auto import forget
+
+    N = MPI.COMM_WORLD.Get_size()
+    if N % 2 == 0:
+        monkeypatch.setenv("HPCDP_RANKS_PER_NODE", str(N // 2))
+    name = algorithm
+    if algorithm == "auto-profile":
+        monkeypatch.setenv("HPCDP_PROFILE", "example-cluster")
+        name = "auto"
+    forget()
+    try:
+        batches = (10, 10, 7)
+        got, _, _ = train(GPT, zero(stage, bucket_mb=SMALL, algorithm=name), _world(), accum=2,
+                          optim="adamw", batches=batches)
+        want, _, _ = train(GPT, ddp(bucket_mb=SMALL), _world(), accum=2, optim="adamw",
+                           batches=batches)
+    finally:
+        monkeypatch.undo()
+        forget()
+    assert_close(got, want, 1e-12)
+    assert_close(got, ref(GPT, "adamw", batches), 1e-12)

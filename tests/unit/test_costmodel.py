@@ -171,3 +171,58 @@ def test_flops_per_sample_gpt_counts_attention_and_head():
     non_emb = P - 10 * 8 - 4 * 8
     assert M.flops_per_sample(G, P) == 3 * 4 * (2 * non_emb + 2 * 2 * 4 * 8 + 2 * 8 * 10)
     assert math.isclose(M.flops_per_sample(type("m", (), {"kind": "mlp"}), P), 6000)
+
+
+def test_recursive_halving_and_doubling_steps_and_fold():
+    p, S = prof(), 4 * MiB
+    rs = CM.halving_reduce_scatter(p, S, CM.Topology(1, 4))  # 2 steps: S/2 then S/4, added
+    assert rs.total_s == pytest.approx(2e-6 + 3 / 4 * S * 1e-9 + 3 / 4 * S * 1e-10)
+    assert rs.intra == V.halving_reduce_scatter_bytes(S // 4, 4, 3, 4) == (3 * S // 4,) * 2
+    ag = CM.doubling_all_gather(p, S, CM.Topology(1, 4))  # the mirror, nothing to add
+    assert ag.total_s == pytest.approx(2e-6 + 3 / 4 * S * 1e-9)
+    # 2 nodes of 2, ranks node by node: the first halving step (distance 2) crosses nodes,
+    # both ranks of a node at once through its one NIC (bandwidth time x2)
+    two = CM.halving_reduce_scatter(p, S, CM.Topology(2, 2))
+    assert two.total_s == pytest.approx(1e-5 + S / 2 * 1e-8 * 2 + 1e-6 + S / 4 * 1e-9
+                                        + 3 / 4 * S * 1e-10)
+    assert (two.inter, two.intra) == ((S // 2,) * 2, (S // 4,) * 2)
+    # 3 ranks: fold (the whole buffer in, added), one step (2 chunks out, 1 in), unfold
+    S3 = 3000
+    three = CM.halving_reduce_scatter(p, S3, CM.Topology(1, 3))
+    assert three.total_s == pytest.approx(3e-6 + (S3 + 2000 + 1000) * 1e-9 + (S3 + 1000) * 1e-10)
+
+
+def test_bruck_and_hierarchical_scatter_gather():
+    p = prof()
+    b = CM.bruck_all_gather(p, 5000, CM.Topology(1, 5))  # 3 steps: 1, 2, 1 chunks of 1000 B
+    assert b.total_s == pytest.approx(3e-6 + 4000 * 1e-9)
+    assert b.intra == V.bruck_all_gather_bytes(1250, 5, 4, 4) == (4000, 4000)
+    # 5 ranks, latency-bound: Bruck's 3 steps beat the ring's 4 and recursive doubling's
+    # fold + 2 + unfold
+    assert CM.pick("all_gather", p, 5000, CM.Topology(1, 5))[0] == "bruck"
+    assert CM.pick("all_gather", p, 4000, CM.Topology(1, 4))[0] == "recursive"
+    S = 4 * MiB
+    h = CM.hier_reduce_scatter(prof(nics_per_node=1), S, CM.Topology(2, 2))
+    # in the node: one halving step of S/2; across: S/4 of the slice, the node's 2 ranks
+    # sharing one NIC (bandwidth time x2)
+    assert h.total_s == pytest.approx(1e-6 + S / 2 * 1e-9 + 1e-5 + S / 4 * 1e-8 * 2
+                                      + (S / 2 + S / 4) * 1e-10)
+    want = V.hier_shard_bytes("reduce_scatter", S // 4, 2, 2, 1, 1, 4)
+    assert (h.intra, h.inter) == (want["intra"], want["inter"]) == (((S // 2,) * 2), ((S // 4,) * 2))
+    assert CM.pick("reduce_scatter", p, 1 << 30, CM.Topology(2, 2))[0] == "hierarchical"
+    assert CM.pick("reduce_scatter", p, 1 << 30, CM.Topology(2, 2), "ring")[0] == "ring"
+    with pytest.raises(ValueError, match="reduce_scatter algorithm 'tree'"):
+        CM.pick("reduce_scatter", p, 1, CM.Topology(1, 2), "tree")
+
+
+def test_zero3_with_auto_stays_near_ddp_at_scale():
+    """docs/scaling.md's aim: ZeRO-3 with the few-step collectives within 2x of DDP with
+    auto at 4096 ranks (GPT-sized buckets, example-cluster); the ring is far behind."""
+    wl = M.Workload("w", params=805_632, itemsize=4, buckets=[262_144] * 3 + [43_200],
+                    flops_per_sample=1e7, optimizer_state=2, batch=8)
+    p = CM.load_profile("example-cluster")
+    ddp = M.step(p, wl, "ddp", 4096, 8, algorithm="auto")
+    z3 = M.step(p, wl, "zero3", 4096, 8, algorithm="auto")
+    ring = M.step(p, wl, "zero3", 4096, 8)
+    assert z3.step_s < 2 * ddp.step_s < ring.step_s
+    assert ring.algorithms == "ring" and z3.algorithms != "ring"

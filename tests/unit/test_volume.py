@@ -54,3 +54,25 @@ def test_zero_stage_volumes(N):
         assert list(s3) == [d + a for d, a in zip(ddp, ag)]
     with pytest.raises(ValueError):
         V.zero_step_bytes(4, units, 2, 0, 4)
+
+
+def test_few_step_formulas_conserve_bytes_and_match_the_ring_at_powers_of_two():
+    """Every byte one rank sends another receives (sums over ranks agree) for recursive
+    halving / doubling, Bruck and the hierarchical reduce-scatter / all-gather; at N = 2^k
+    with N | n each rank moves the ring's (N-1)/N S each way."""
+    from hpcdp.comm import volume as V
+
+    for N in range(1, 10):
+        for n in (0, 1, N - 1, N + 1, 97, 4096):
+            for f in (V.halving_reduce_scatter_bytes, V.doubling_all_gather_bytes,
+                      V.bruck_all_gather_bytes):
+                counts = [f(n, N, r, 4) for r in range(N)]
+                assert sum(s for s, _ in counts) == sum(r for _, r in counts), (f.__name__, N, n)
+                if N & (N - 1) == 0 and n % N == 0:
+                    assert set(counts) <= {((N - 1) * 4 * n // N,) * 2}, (f.__name__, N, n)
+    for M, L in ((2, 2), (3, 2), (2, 3), (4, 1), (1, 4)):
+        for n in (0, 5, 1001):
+            for coll in ("reduce_scatter", "all_gather"):
+                per = [V.hier_shard_bytes(coll, n, M, L, r // L, r % L, 8) for r in range(M * L)]
+                for kind in ("intra", "inter"):
+                    assert sum(p[kind][0] for p in per) == sum(p[kind][1] for p in per)

@@ -75,6 +75,9 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         # in this (flat) order; it applies its slice of the groups (hpcdp.optim.decay).
         optimizer.set_slice([self.mine[b] for b in sorted(self.mine, key=lambda b: self.local[b])])
         self._snap = self.ledger.snapshot() if self.ledger is not None else None
+        if self.comm is not None:  # the node layout now, while no collective is in flight
+            from hpcdp.comm.hier_shard import prepare_for
+            prepare_for(self.cfg.algorithm, self.comm, self.timeout)
 
     def _require_units(self) -> None:
         """Stages 2 and 3 bind storage at a unit's pre-backward (and 3 at its

@@ -70,20 +70,27 @@ def test_allreduce_equals_mpi(comm, algorithm):
         assert np.array_equal(allreduce(x.copy(), comm=comm, algorithm=algorithm, op="max"), ref_max)
 
 
-@pytest.mark.parametrize("algorithm", names("reduce_scatter"))
+@pytest.mark.parametrize("algorithm", sorted(set(names("reduce_scatter")) | set(names("all_gather"))))
 def test_reduce_scatter_and_all_gather_equal_mpi(comm, algorithm):
     N, rank = comm.Get_size(), comm.Get_rank()
+    rs, ag = algorithm in names("reduce_scatter"), algorithm in names("all_gather")
+    if algorithm == "hierarchical" and not EVEN:
+        with pytest.raises(ValueError, match="same number"):
+            reduce_scatter(np.ones(8), comm=comm.Dup(), algorithm="hierarchical")
+        return
     for i, n in enumerate(SIZES):
         x = _data(n, rank, 10 + i)
         counts = [shard_range(n, N, r)[1] for r in range(N)]
         ref = np.empty(counts[rank])
         comm.Reduce_scatter(x, ref, recvcounts=counts, op=MPI.SUM)
-        _close(reduce_scatter(x.copy(), comm=comm, algorithm=algorithm), ref)
+        if rs:
+            _close(reduce_scatter(x.copy(), comm=comm, algorithm=algorithm), ref)
         off, size = shard_range(n, N, rank)
         mine = x[off:off + size].copy()
         full = np.empty(n)
         comm.Allgatherv(mine, [full, counts])
-        assert np.array_equal(all_gather(mine, np.empty(n), comm=comm, algorithm=algorithm), full)
+        if ag:
+            assert np.array_equal(all_gather(mine, np.empty(n), comm=comm, algorithm=algorithm), full)
 
 
 @pytest.mark.skipif(not EVEN, reason="the cost model's auto needs whole nodes")
@@ -102,6 +109,44 @@ def test_auto_with_a_profile_picks_by_the_model_and_equals_mpi(comm, monkeypatch
         ref = np.empty_like(x)
         comm.Allreduce(x, ref, op=MPI.SUM)
         _close(allreduce(x.copy(), comm=c, algorithm="auto"), ref)
+
+
+def test_zero_on_few_step_collectives_follows_one_rank(comm, monkeypatch):
+    """ZeRO-2 and -3 on recursive halving / doubling, on the hierarchical reduce-scatter /
+    all-gather (whole nodes: the real MPI node layout) and on "auto" with a profile: the
+    weights follow one rank; the hierarchical collectives' bytes per link kind are the
+    formula's on this layout, and the inter-node part is 1/L of the ring's volume (a
+    power-of-two node count; otherwise the fold adds a whole slice on fold ranks)."""
+    from test_ddp import _world, assert_close, reference, train
+    from test_zero import MLP, SMALL, zero
+
+    from hpcdp.comm import Ledger
+    from hpcdp.comm.volume import hier_shard_bytes
+
+    monkeypatch.delenv("HPCDP_RANKS_PER_NODE", raising=False)
+    algos = ["recursive"] + (["hierarchical", "auto"] if EVEN else [])
+    for algo in algos:
+        if algo == "auto":
+            monkeypatch.setenv("HPCDP_PROFILE", "example-cluster")
+        for stage in (2, 3):
+            got, _, _ = train(MLP, zero(stage, bucket_mb=SMALL, algorithm=algo), _world(),
+                              accum=2, optim="adamw")
+            assert_close(got, reference(MLP, optim="adamw"), 1e-12)
+        monkeypatch.delenv("HPCDP_PROFILE", raising=False)
+    if EVEN:
+        N, rank, L = comm.Get_size(), comm.Get_rank(), LAYOUT[0]
+        led, n = Ledger(), 300_001
+        c = comm.Dup()
+        reduce_scatter(np.ones(n), comm=c, algorithm="hierarchical", ledger=led)
+        want = hier_shard_bytes("reduce_scatter", n, N // L, L, rank // L, rank % L, 8)
+        for kind in ("intra", "inter"):
+            t = led.totals()[f"reduce_scatter.{kind}"]
+            assert (t["sent_bytes"], t["recv_bytes"]) == want[kind]
+        M = N // L
+        if M & (M - 1) == 0:  # no fold across nodes: 1/L of the ring's volume (+ rounding)
+            ring = (N - 1) * n * 8 // N
+            assert sum(want["inter"]) <= 2 * ring / L + 16
+        c.Free()
 
 
 # -- training strategies follow one rank ------------------------------------------------
