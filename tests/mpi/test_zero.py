@@ -395,6 +395,24 @@ def test_hybrid_equals_one_rank_and_ddp_and_its_ledger_the_formula(stage, nodes)
         assert s["bytes_sent"] == expect["intra"][0] + expect["inter"][0]
 
 
+def test_hybrid_carries_the_16bit_wire_on_both_link_kinds(nodes):
+    """shard = "node" with comm_dtype: the node reduce-scatter, the cross-node allreduce
+    and stage 3's node gathers all carry 16-bit values: every byte halves."""
+    from test_ddp import WIRE_RTOL
+
+    world, M, L = nodes
+    kw = dict(accum=2, optim="sgd", dtype="float32", batches=(8, 8, 8))
+    want, s32, _ = train(GPT, zero(3, bucket_mb=SMALL / 2, shard="node"), world, **kw)
+    got, s16, _ = train(GPT, zero(3, bucket_mb=SMALL / 2, shard="node", comm_dtype="bfloat16"),
+                        world, **kw)
+    if world.size == 1:
+        assert np.array_equal(got, want)
+        return
+    assert_close(got, want, 2 * WIRE_RTOL["bfloat16"])
+    for a, b in zip(s16, s32):
+        assert 2 * a["bytes_sent"] == b["bytes_sent"] > 0
+
+
 def test_shard_world_is_the_default_bit_for_bit():
     batches = (8, 8, 8)
     a, _, _ = train(GPT, zero(3, bucket_mb=SMALL), _world(), accum=2, optim="adamw", batches=batches)

@@ -118,7 +118,7 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         """In place: this rank's chunk of ``buf`` (a group) is summed over ranks."""
         if self.groups is not None:
             return self.groups.reduce_scatter(buf, ledger=self.ledger, algorithm=self.cfg.algorithm,
-                                              timeout=self.timeout)
+                                              timeout=self.timeout, wire=self.cfg.comm_dtype)
         return self.hcomm.ireduce_scatter(buf, comm=self.comm, op="sum", ledger=self.ledger,
                                           algorithm=self.cfg.algorithm, timeout=self.timeout,
                                           wire=self.cfg.comm_dtype)
@@ -127,7 +127,8 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         """In place: ``buf`` (a group, this rank's chunk in position) gets every chunk."""
         if self.groups is not None:
             return self.groups.all_gather(buf, ledger=self.ledger, algorithm=self.cfg.algorithm,
-                                          timeout=self.timeout)
+                                          timeout=self.timeout,
+                                          wire=self.cfg.comm_dtype if self.params_on_wire else None)
         return self.hcomm.iall_gather(buf, comm=self.comm, ledger=self.ledger,
                                       algorithm=self.cfg.algorithm, timeout=self.timeout,
                                       wire=self.cfg.comm_dtype if self.params_on_wire else None)

@@ -101,13 +101,13 @@ class NodeGroups:
     def describe(self) -> str:
         return f"{self.nodes} node(s) x {self.per_node} rank(s) ({self.source})"
 
-    def reduce_scatter(self, buf, *, ledger, algorithm, timeout):
-        return HybridReduce(self, buf, ledger=ledger, algorithm=algorithm, timeout=timeout)
+    def reduce_scatter(self, buf, *, ledger, algorithm, timeout, wire=None):
+        return HybridReduce(self, buf, ledger=ledger, algorithm=algorithm, timeout=timeout, wire=wire)
 
-    def all_gather(self, buf, *, ledger, algorithm, timeout):
+    def all_gather(self, buf, *, ledger, algorithm, timeout, wire=None):
         from hpcdp.comm import iall_gather
         return iall_gather(buf, comm=self.node_comm, ledger=_kind(ledger, "all_gather.intra"),
-                           algorithm=algorithm, timeout=timeout)
+                           algorithm=algorithm, timeout=timeout, wire=wire)
 
     def free(self) -> None:
         for c in (self.node_comm, self.cross_comm):
@@ -135,16 +135,16 @@ class HybridReduce:
     """One group's gradient reduction: node reduce-scatter, then this rank's chunk
     allreduced across nodes (in ticket order); ``test()`` drives it."""
 
-    def __init__(self, groups: NodeGroups, buf, *, ledger, algorithm, timeout):
+    def __init__(self, groups: NodeGroups, buf, *, ledger, algorithm, timeout, wire=None):
         from hpcdp.comm import ireduce_scatter
         from hpcdp.shard import shard_range
 
         self.g, self.buf, self.ledger = groups, buf, ledger
-        self.algorithm, self.timeout_arg = algorithm, timeout
+        self.algorithm, self.timeout_arg, self.wire = algorithm, timeout, wire
         self.off, self.size = shard_range(int(buf.shape[0]), groups.per_node, groups.local_rank)
         self.sub = ireduce_scatter(buf, comm=groups.node_comm, op="sum",
                                    ledger=_kind(ledger, "reduce_scatter.intra"),
-                                   algorithm=algorithm, timeout=timeout)
+                                   algorithm=algorithm, timeout=timeout, wire=wire)
         self.timeout = self.sub.timeout
         self.phase, self.finished = 0, False
         self.ticket, groups.tickets = groups.tickets, groups.tickets + 1
@@ -162,7 +162,7 @@ class HybridReduce:
                 chunk = self.buf[self.off:self.off + self.size]
                 self.sub = iallreduce(chunk, comm=g.cross_comm, op="sum",
                                       ledger=_kind(self.ledger, "reduce_scatter.inter"),
-                                      algorithm=self.algorithm, timeout=self.timeout_arg)
+                                      algorithm=self.algorithm, timeout=self.timeout_arg, wire=self.wire)
             if not self.sub.test():
                 return
             if self.phase == 1 or g.nodes == 1:
