@@ -4,7 +4,8 @@ HDF5 checks checksums only on some of its structures; on a damaged file a few
 builds (Debian's parallel HDF5 1.10.8 under h5py) do not raise but crash the
 process (SIGSEGV inside an attribute read). A crash cannot become a line in the
 process it kills, so before a reader opens a file that such a build wrote (the
-shared layout's one file: ``layout.probe_first``), a child process
+shared layout's one file: ``layout.probe_first``; under such a build every
+file of a checkpoint, the index included: :func:`crash_prone_build`), a child process
 (``python -m hpcdp.io.probe FILE WHERE``) opens every object and attribute of it
 the way the reader and ``verify`` will, printing each object's path before it
 touches it. The parent turns the child's outcome into the usual one line:
@@ -59,6 +60,15 @@ def walk(h5, where: str, on_object=None) -> None:
                 visit(obj, at)
 
     visit(h5, "")
+
+
+def crash_prone_build() -> bool:
+    """True where h5py is the MPI-parallel build (Debian's parallel HDF5 1.10.8 is the
+    one seen crashing on damage): its readers probe every file of a checkpoint first,
+    the index and split files too, not only the shared layout's."""
+    import h5py
+
+    return bool(getattr(h5py.get_config(), "mpi", False))
 
 
 def _child_env() -> dict:

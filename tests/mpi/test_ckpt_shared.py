@@ -155,6 +155,9 @@ def test_every_damage_of_the_shared_file_is_one_line_or_touches_nothing():
             # 48 offsets: on Debian's HDF5 1.10.8 one of them segfaults h5py (in the child)
             seen = sweep(ckpt, "shared.h5", 48)
             assert seen["reported"] >= 24, seen
+            # the index, written by the same build: probed in a child too (probe.crash_prone_build)
+            seen = sweep(ckpt, "index.h5", 16)
+            assert seen["reported"] >= 8, seen
             data = damaged(path, "zero", 0, 8)  # the superblock's signature
         else:
             data = None
