@@ -23,7 +23,9 @@ ranks (the readers' counters and /proc/self/io); ``--dcp-python`` times PyTorch 
 interleaved with ours; ``--sizes gpt25m`` is the 25 M-parameter GPT (8 blocks, 512
 wide).
 
-Stall. A real training loop (jobs/gpt_ddp.toml, DDP on 2 ranks, hpcdp.step.train_step)
+Stall. A real training loop (jobs/gpt_ddp.toml, DDP on ``--stall-ranks`` ranks, default 2:
+on a 2-core node that is every core, so the writer competes with training for CPU; 1
+leaves it a core; hpcdp.step.train_step)
 saving every K steps: the time of each save call (synchronous: the whole save;
 asynchronous: the host copy, the rest runs in the background: ``--stall-modes``
 thread and/or process, checkpoint.writer), and the steps that ran while a background
@@ -404,7 +406,7 @@ def stall_worker(args) -> None:
 def stall(args) -> list:
     rows = []
     for mode in args.stall_modes:
-        r = _mpiexec(2, ["--stall-worker", "--mode", mode, "--steps", str(args.stall_steps), "--every",
+        r = _mpiexec(args.stall_ranks, ["--stall-worker", "--mode", mode, "--steps", str(args.stall_steps), "--every",
                          str(args.every), "--dir", str(args.dir)])
         r["stall_s"] = r["save_call_s"] + max(0.0, r["extra_s_per_save"])
         rows.append(r)
@@ -427,6 +429,8 @@ def main(argv=None) -> int:
     p.add_argument("--dir", default=None, help="folder on the disk to measure (default: a new temporary one)")
     p.add_argument("--stall-steps", type=int, default=60)
     p.add_argument("--every", type=int, default=10, help="stall: save every K steps")
+    p.add_argument("--stall-ranks", type=int, default=2, help="stall: ranks of the training loop (2: every "
+                   "core of a 2-core node busy with training; 1 leaves the writer a core)")
     p.add_argument("--no-stall", action="store_true")
     p.add_argument("--stall-modes", default="sync,thread,process",
                    help="stall: sync, and/or asynchronous with checkpoint.writer thread / process")
@@ -454,6 +458,8 @@ def main(argv=None) -> int:
         return 0
     if args.repeat < 1 or args.every < 1:
         p.error("--repeat and --every must be at least 1")
+    if args.stall_ranks < 1:
+        p.error(f"--stall-ranks {args.stall_ranks}: the training loop needs at least 1 rank")
     if not args.no_stall and args.stall_steps <= args.every:
         p.error(f"--stall-steps {args.stall_steps} must exceed --every {args.every} (the stall "
                 "study needs saves to time), or pass --no-stall")
