@@ -1,4 +1,5 @@
-"""ZeRO-3 on the emulated cluster: the flat ring against hybrid sharding
+"""ZeRO-3 on the emulated cluster: the flat ring against the few-step collectives
+(``parallel.zero.algorithm = "recursive"`` / ``"hierarchical"``) and hybrid sharding
 (``parallel.zero.shard = "node"``), at several link rates, with the cost model's
 prediction beside each point. Run from the repository root, as root, with the venv on
 PATH and a cluster of 2 nodes x 2 ranks up under your HPCDP_CLUSTER_PREFIX
@@ -6,11 +7,15 @@ PATH and a cluster of 2 nodes x 2 ranks up under your HPCDP_CLUSTER_PREFIX
 
     python jobs/zero_hybrid_cluster.py --rates none,250mbit --steps 10 --warmup 3 --repeats 2
 
+``--variants`` picks rows (default every one: flat, flat-recursive, flat-hierarchical,
+hybrid).
+
 Per rate and layout, interleaved over ``--repeats`` rounds (the fastest round kept):
 the median step time after ``--warmup`` (``step_time_s`` of metrics.jsonl), and the
-inter-node bytes one node sends per step, twice: from the ledger (hybrid: the
-``reduce_scatter.inter`` bytes of the node's ranks, ``inter_bytes_sent``; flat ring: the
-bytes of the node's last rank, whose ring successor is on the other node) and from
+inter-node bytes one node sends per step, twice: from the ledger (hybrid and the
+hierarchical collectives: the ``*.inter`` bytes of the node's ranks, ``inter_bytes_sent``;
+flat ring: the bytes of the node's last rank, whose ring successor is on the other node;
+recursive halving / doubling: not split by link kind in the ledger, "-") and from
 the node's veth counters (everything the node's link carried, start-up and the final
 evaluation included, divided by the steps; so above the ledger). The prediction:
 ``hpcdp.scale.model.step`` with ``hpcdp/comm/profiles/emulated-cluster.toml``, its
@@ -30,7 +35,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUTS = {"flat": '"world"', "hybrid": '"node"'}
+# variant -> (parallel.zero.shard, parallel.zero.algorithm)
+VARIANTS = {"flat": ('"world"', "ring"), "flat-recursive": ('"world"', "recursive"),
+            "flat-hierarchical": ('"world"', "hierarchical"), "hybrid": ('"node"', "ring")}
 
 
 def veth_bytes(prefix: str, nodes: int) -> list[int]:
@@ -47,7 +54,8 @@ def run(layout: str, steps: int, out: Path, batch: int) -> dict:
     prefix = os.environ.get("HPCDP_CLUSTER_PREFIX", "hpcdpn")
     cmd = [str(ROOT / "tests/cluster/mpiexec"), "-n", "4", sys.executable, "-m", "hpcdp.cli", "train",
            "--config", "jobs/gpt_ddp.toml", "--set", 'parallel.strategy="zero"',
-           "--set", "parallel.zero.stage=3", "--set", f"parallel.zero.shard={LAYOUTS[layout]}",
+           "--set", "parallel.zero.stage=3", "--set", f"parallel.zero.shard={VARIANTS[layout][0]}",
+           "--set", f'parallel.zero.algorithm="{VARIANTS[layout][1]}"',
            "--set", f"train.steps={steps}", "--set", "run.log_every=1", "--set", f"train.global_batch={batch}",
            "--set", f'run.out_dir="{out}"']
     if out.exists():  # a run directory holds one run: this point's last one goes
@@ -66,10 +74,12 @@ def summarize(layout: str, res: dict, warmup: int) -> dict:
     rows = res["rows"][warmup:]
     step = statistics.median(r["step_time_s"] for r in rows)
     rk = rows[-1]["ranks"]
-    if layout == "hybrid":
+    if layout in ("hybrid", "flat-hierarchical"):
         ledger = sum(rk["inter_bytes_sent"][:2])  # node 0's two ranks
-    else:
+    elif layout == "flat":
         ledger = rk["bytes_sent"][1]  # rank 1 sends to rank 2 (node 1): node 0's crossing
+    else:
+        ledger = None  # recursive: its rounds cross nodes or not by distance; the ledger does not split them
     return {"step_ms": 1e3 * step, "ledger_inter": ledger, "veth_inter": res["veth_per_step"][0]}
 
 
@@ -84,13 +94,16 @@ def predict(layout: str, rate: str, batch_per_rank: float) -> dict:
         beta = max(p.inter.beta_s_per_byte, 8.0 / bits)
         p = dataclasses.replace(p, inter=Link(alpha_s=p.inter.alpha_s, beta_s_per_byte=beta))
     wl = M.workload_from_config(load_config(ROOT / "jobs/gpt_ddp.toml", []))
-    st = M.step(p, wl, "zero3" if layout == "flat" else "hybrid3", 4, batch_per_rank, per_node=2)
+    shard, algorithm = VARIANTS[layout]
+    st = M.step(p, wl, "hybrid3" if layout == "hybrid" else "zero3", 4, batch_per_rank,
+                algorithm=algorithm, per_node=2)
     return {"step_ms": 1e3 * st.step_s, "inter": st.inter_bytes_node / 2}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="none,250mbit")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
@@ -98,6 +111,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/zero-hybrid-cluster")
     args = ap.parse_args(argv)
     out = ROOT / args.out
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or "flat" not in variants:
+        ap.error(f"--variants: {unknown or 'flat is needed (the ratio column)'}; choose from {', '.join(VARIANTS)}")
     table = []
     for rate in args.rates.split(","):
         subprocess.run(["bash", str(ROOT / "tests/cluster/cluster.sh"), "rate", rate], check=True,
@@ -105,24 +122,26 @@ def main(argv=None) -> int:
         best: dict = {}
         load = os.getloadavg()[0]
         for rnd in range(args.repeats):
-            for layout in LAYOUTS:
+            for layout in variants:
                 s = summarize(layout, run(layout, args.steps, out / f"{rate}-{layout}-{rnd}", args.batch),
                               args.warmup)
                 if layout not in best or s["step_ms"] < best[layout]["step_ms"]:
                     best[layout] = s
-        for layout in LAYOUTS:
+        for layout in variants:
             table.append((rate, layout, best[layout], predict(layout, rate, args.batch / 4), load))
     subprocess.run(["bash", str(ROOT / "tests/cluster/cluster.sh"), "rate", "none"], capture_output=True)
-    print("| rate | ZeRO-3 layout | step ms (predicted) | inter-node MB per step and node, ledger / veth "
-          "(predicted) | hybrid / flat inter bytes | load |")
+    print("| rate | ZeRO-3 variant | step ms (predicted) | inter-node MB per step and node, ledger / veth "
+          "(predicted) | inter bytes / flat ring's (ledger) | load |")
     print("|---|---|---|---|---|---|")
     flat = {}
     for rate, layout, m, pr, load in table:
         if layout == "flat":
             flat[rate] = m["ledger_inter"]
-        ratio = f"{m['ledger_inter'] / flat[rate]:.2f}" if layout == "hybrid" else "-"
+        led = m["ledger_inter"]
+        ratio = f"{led / flat[rate]:.2f}" if layout != "flat" and led is not None else "-"
+        led_s = "-" if led is None else f"{led / 1e6:.2f}"
         print(f"| {rate} | {layout} | {m['step_ms']:.0f} ({pr['step_ms']:.0f}, "
-              f"{100 * (pr['step_ms'] - m['step_ms']) / m['step_ms']:+.0f}%) | {m['ledger_inter'] / 1e6:.2f} / "
+              f"{100 * (pr['step_ms'] - m['step_ms']) / m['step_ms']:+.0f}%) | {led_s} / "
               f"{m['veth_inter'] / 1e6:.2f} ({pr['inter'] / 1e6:.2f}) | {ratio} | {load:.1f} |")
     return 0
 

@@ -290,7 +290,8 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
 
     def step_stats(self) -> dict:
         out = self.engine.stats()
-        if self.groups is not None and self.ledger is not None:  # hybrid: bytes per link kind
+        # hybrid sharding and the hierarchical collectives: bytes per link kind
+        if self.ledger is not None and (self.groups is not None or self.cfg.algorithm == "hierarchical"):
             out.update(link_kind_bytes(self.ledger.delta(self._snap)))
         figures, self._snap = ledger_bytes(self.ledger, self._snap, ("reduce_scatter",))
         out.update(figures)
