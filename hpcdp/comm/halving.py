@@ -117,7 +117,9 @@ def ring_offsets(n: int, N: int):
     return offsets_of(n, N)
 
 
-def _scratch(req, n, like):
+def scratch_like(req, n, like):
+    """``n`` elements of ``like``'s dtype from the request's pool: host memory for a
+    NumPy ``like``, device memory for a device array."""
     if isinstance(like, np.ndarray):
         return req.scratch(n, like.dtype)
     from hpcdp.comm.device import device_scratch
@@ -134,10 +136,10 @@ def start_reduce_scatter(ctx, call, ledger, timeout, *, src, out, in_place, resu
     at = ring_offsets(n, N)
 
     def body(req):
-        work = src if in_place else _scratch(req, n, src)
+        work = src if in_place else scratch_like(req, n, src)
         if not in_place:
             work[...] = src
-        tmp = _scratch(req, n, src)
+        tmp = scratch_like(req, n, src)
         yield from reduce_scatter_steps(req, work, at, op, tmp, Peers(None, r, N))
         chunk = work[at(r):at(r + 1)]
         op.finalize(chunk, N)
@@ -161,5 +163,5 @@ def start_all_gather(ctx, call, ledger, timeout, *, full, result, segment_bytes,
     return req
 
 
-__all__ = ["Peers", "reduce_scatter_steps", "all_gather_steps", "ring_offsets",
+__all__ = ["Peers", "reduce_scatter_steps", "all_gather_steps", "ring_offsets", "scratch_like",
            "start_reduce_scatter", "start_all_gather"]

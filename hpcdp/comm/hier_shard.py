@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcdp.comm.halving import Peers, all_gather_steps, reduce_scatter_steps
+from hpcdp.comm.halving import Peers, all_gather_steps, reduce_scatter_steps, scratch_like
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.requests import GenRequest
 
@@ -142,13 +142,6 @@ class _KindRequest(GenRequest):
                 self.kind_ledger.record(f"{self.name}.{kind}", s, r, sm, rm, calls=1)
 
 
-def _scratch(req, n, like):
-    if isinstance(like, np.ndarray):
-        return req.scratch(n, like.dtype)
-    from hpcdp.comm.device import device_scratch
-    return device_scratch(req.ctx, n, like.dtype)
-
-
 def start_reduce_scatter(ctx, call, ledger, timeout, *, src, out, in_place, result, op,
                          segment_bytes, max_message_bytes):
     """The registered start (hpcdp.comm.algorithms)."""
@@ -159,10 +152,10 @@ def start_reduce_scatter(ctx, call, ledger, timeout, *, src, out, in_place, resu
     cross_steps = 2 + lay.L.bit_length() + 1  # the intra phase's tags end below this
 
     def body(req):
-        packed = _scratch(req, n, src)
+        packed = scratch_like(req, n, src)
         for a, b, size in moves:
             packed[b:b + size] = src[a:a + size]
-        tmp = _scratch(req, n, src)
+        tmp = scratch_like(req, n, src)
         before = req.figures()
         yield from reduce_scatter_steps(req, packed, slice_at.__getitem__, sub, tmp,
                                         Peers(lay.local, h.local_rank, lay.L))
@@ -189,7 +182,7 @@ def start_all_gather(ctx, call, ledger, timeout, *, full, result, segment_bytes,
     a0, b0, size0 = moves[h.node + lay.M * h.local_rank]  # this rank's chunk
 
     def body(req):
-        packed = _scratch(req, n, full)
+        packed = scratch_like(req, n, full)
         packed[b0:b0 + size0] = full[a0:a0 + size0]
         before = req.figures()
         yield from all_gather_steps(req, packed, piece_at.__getitem__,
