@@ -63,11 +63,23 @@ def crossover_bytes(collective: str = "allreduce") -> int:
 
 
 def forget() -> None:
-    """Read the ``HPCDP_<NAME>_CROSSOVER`` variables (and the registered algorithm names)
-    again on next use."""
+    """Read the ``HPCDP_<NAME>_CROSSOVER`` variables, ``HPCDP_PROFILE`` (and the
+    registered algorithm names) again on next use, on every communicator: the lean
+    path's per-communicator bounds (hpcdp.comm.fast) follow :func:`generation`."""
     _BOUNDS.clear()
     _NATIVE_BELOW.clear()
     _NAMES.clear()
+    _GENERATION[0] += 1
+
+
+_GENERATION = [0]
+
+
+def generation() -> int:
+    """How many times :func:`forget` ran: caches of auto's decisions kept elsewhere
+    (a communicator's lean bounds) are dropped when it moves, so every rank decides
+    from the same environment whatever it cached before."""
+    return _GENERATION[0]
 
 
 _NATIVE_BELOW: dict = {}

@@ -23,7 +23,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.auto import native_below
+from hpcdp.comm.auto import generation, native_below
 from hpcdp.comm.context import _LAST
 from hpcdp.comm.debug import SPIN_POLLS
 from hpcdp.comm.diagnose import diagnose, peer_failed
@@ -188,9 +188,16 @@ IN_PLACE = MPI.IN_PLACE
 
 
 def _bound(ctx, collective, algorithm) -> int:
-    """Largest byte size + 1 the lean path takes for ``algorithm`` (cached on ctx)."""
+    """Largest byte size + 1 the lean path takes for ``algorithm`` (cached on ctx until
+    hpcdp.comm.auto.forget: a bound cached before HPCDP_PROFILE was set must not send
+    one rank to MPI's own collective while another follows the cost model)."""
+    bounds = ctx.lean_bounds
+    gen = generation()
+    if bounds.get("generation") != gen:
+        bounds.clear()
+        bounds["generation"] = gen
     key = (collective, algorithm)
-    bound = ctx.lean_bounds.get(key)
+    bound = bounds.get(key)
     if bound is None:
         if algorithm == "native":
             bound = MAX_MESSAGE_BYTES
@@ -209,10 +216,7 @@ def _lean_ctx(comm, collective, algorithm, nbytes):
     ctx = hit[1]
     if ctx.debug or ctx.failed is not None or ctx.size == 1 or nbytes == 0:
         return None
-    bound = ctx.lean_bounds.get((collective, algorithm))
-    if bound is None:
-        bound = _bound(ctx, collective, algorithm)
-    return ctx if nbytes < bound else None
+    return ctx if nbytes < _bound(ctx, collective, algorithm) else None
 
 
 def spin(ctx, req, call, timeout, started=None) -> None:
@@ -262,8 +266,7 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     ctx = hit[1]
     if ctx.debug or ctx.failed is not None or ctx.size == 1 or nbytes == 0:
         return None
-    bound = ctx.lean_bounds.get(("allreduce", algorithm))
-    if nbytes >= (bound if bound is not None else _bound(ctx, "allreduce", algorithm)):
+    if nbytes >= _bound(ctx, "allreduce", algorithm):
         return None
     if recvbuf is None or recvbuf is sendbuf:
         s, result = IN_PLACE, sendbuf

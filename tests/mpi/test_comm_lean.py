@@ -151,3 +151,32 @@ def test_byte_swapped_dtypes_are_summed_right(comm):
     if N > 1:
         with pytest.raises(ValueError, match="native byte order"):
             allreduce(x, np.empty_like(x), comm=comm, algorithm="native")
+
+
+def test_a_profile_set_later_reaches_every_cached_communicator(comm, monkeypatch):
+    """A communicator that took the lean path before HPCDP_PROFILE was set must not keep
+    taking it after auto.forget(): with a profile every auto collective follows the cost
+    model. A stale per-communicator bound once sent one rank to MPI's own all-gather while
+    another ran the model's recursive doubling (a hang, named by the deadline)."""
+    N = comm.Get_size()
+    if N == 1:
+        pytest.skip("one rank: every call is done at once")
+    from hpcdp.comm.auto import forget
+
+    x = np.ones(N, dtype=np.uint64)
+    for _ in range(2):  # the second call finds the communicator cached and caches its bound
+        req = iall_gather(x[comm.Get_rank():comm.Get_rank() + 1], np.empty(N, np.uint64), comm=comm)
+        assert isinstance(req, fast.FastRequest)
+        req.wait()
+    try:
+        monkeypatch.setenv("HPCDP_PROFILE", "example-cluster")
+        forget()
+        req = iall_gather(x[comm.Get_rank():comm.Get_rank() + 1], np.empty(N, np.uint64), comm=comm)
+        assert not isinstance(req, fast.FastRequest)
+        np.testing.assert_array_equal(req.wait(), np.ones(N, np.uint64))
+    finally:
+        monkeypatch.undo()
+        forget()
+    req = iall_gather(x[comm.Get_rank():comm.Get_rank() + 1], np.empty(N, np.uint64), comm=comm)
+    assert isinstance(req, fast.FastRequest)
+    req.wait()
