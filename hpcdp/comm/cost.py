@@ -401,27 +401,28 @@ def _nic_share(p: Profile, t: Topology) -> float:
     return max(1.0, t.per_node / p.nics_per_node) if t.nodes > 1 else 1.0
 
 
-def halving_reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
-    """log2 N halving steps (+ fold) on the ring's chunks; a step between nodes runs at
-    the inter-node figures (the first steps, at the largest distance, when ranks are
-    placed node by node)."""
+def _halving_collective(collective: str, p: Profile, nbytes: int, t: Topology, itemsize: int) -> Cost:
+    """log2 N halving (reduce-scatter) or doubling (all-gather) steps, plus the fold of
+    a non-power of two, on the ring's chunks; a step between nodes runs at the
+    inter-node figures (the first steps, at the largest distance, when ranks are placed
+    node by node)."""
     N = t.ranks
     if N <= 1 or nbytes <= 0:
         return Cost()
-    c = halving_phase_cost(p, V.offsets_of(nbytes // itemsize, N), N, N - 1, "reduce_scatter",
+    c = halving_phase_cost(p, V.offsets_of(nbytes // itemsize, N), N, N - 1, collective,
                            itemsize, _node_kind(t), _nic_share(p, t))
     c.software_s += software_cost(p, N, "recursive")
     return c
+
+
+def halving_reduce_scatter(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
+    """Recursive halving reduce-scatter (:func:`_halving_collective`)."""
+    return _halving_collective("reduce_scatter", p, nbytes, t, itemsize)
 
 
 def doubling_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
-    N = t.ranks
-    if N <= 1 or nbytes <= 0:
-        return Cost()
-    c = halving_phase_cost(p, V.offsets_of(nbytes // itemsize, N), N, N - 1, "all_gather",
-                           itemsize, _node_kind(t), _nic_share(p, t))
-    c.software_s += software_cost(p, N, "recursive")
-    return c
+    """Recursive doubling all-gather (:func:`_halving_collective`)."""
+    return _halving_collective("all_gather", p, nbytes, t, itemsize)
 
 
 def bruck_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
