@@ -226,3 +226,25 @@ def test_zero3_with_auto_stays_near_ddp_at_scale():
     ring = M.step(p, wl, "zero3", 4096, 8)
     assert z3.step_s < 2 * ddp.step_s < ring.step_s
     assert ring.algorithms == "ring" and z3.algorithms != "ring"
+
+
+def test_inter_node_bytes_count_every_rank_that_crosses():
+    """Through one node's NICs per step: a ring over node-blocked ranks crosses with one
+    rank per node; recursive halving / doubling has every rank of the node exchange with
+    a rank of the other node in its first step (half the buffer each way at N = 4, L = 2),
+    so the node moves L times a rank's inter-node bytes (the veth measured 10.27 MB where
+    one rank's 4.83 MB was printed before)."""
+    wl = M.Workload("w", params=4096, itemsize=4, buckets=[2048, 2048], flops_per_sample=1e6,
+                    optimizer_state=2, batch=8)
+    p = prof()
+    B = 2048 * 4
+    ring = M.step(p, wl, "zero3", 4, 2, algorithm="ring", per_node=2)
+    rec = M.step(p, wl, "zero3", 4, 2, algorithm="recursive", per_node=2)
+    # per bucket and node: reduce-scatter + 2 all-gathers; ring: one rank's 3/4 B each
+    # way per phase; recursive: 2 ranks x B/2 each way per phase
+    assert ring.inter_bytes_node == 2 * 3 * (2 * 3 * B // 4)
+    assert rec.inter_bytes_node == 2 * 3 * (2 * 2 * B // 2)
+    assert M.node_streams("ring", CM.Topology(2, 2)) == 1
+    assert M.node_streams("hierarchical", CM.Topology(2, 2)) == 2
+    ddp = M.step(p, wl, "ddp", 4, 2, algorithm="recursive", per_node=2)
+    assert ddp.inter_bytes_node == 2 * 2 * (2 * B)  # one whole-buffer round across, 2 ranks
