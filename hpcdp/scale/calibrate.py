@@ -66,24 +66,26 @@ def fit_link(exchange, piecewise: bool = True) -> Link:
     protocol switch of the MPI library (eager up to a threshold, rendezvous above; the
     shared-memory cells vs single-copy, UCX's eager vs rendezvous, a rate limiter's
     burst look alike) as two lines: each break between two probed sizes with at least
-    two points on each side is tried, the one with the smallest largest relative
-    residual kept if it at least halves the single line's; ``eager_bytes`` is the
+    two points on each side is tried, the one with the smallest sum of squared relative
+    residuals kept if it at least halves the single line's (a sum, not the largest
+    residual: one disturbed small-message point on a loaded machine must not veto a
+    break every other point shows); ``eager_bytes`` is the
     largest size on the eager line (Hockney's model per protocol, as LogGP's G changes
     at the threshold)."""
     pts = sorted((int(s), float(t)) for s, t in exchange)
     xs, ys = [s for s, _ in pts], [t for _, t in pts]
     a, b = fit_line(xs, ys)
-    one = max(_rel_residuals(xs, ys, a, b))
-    if not piecewise or one <= PIECEWISE_MIN_ERROR or len(pts) < 4:
+    res = _rel_residuals(xs, ys, a, b)
+    if not piecewise or max(res) <= PIECEWISE_MIN_ERROR or len(pts) < 4:
         return Link(alpha_s=a, beta_s_per_byte=b)
     best = None
     for i in range(2, len(pts) - 1):
         lo = fit_line(xs[:i], ys[:i])
         hi = fit_line(xs[i:], ys[i:])
-        worst = max(_rel_residuals(xs[:i], ys[:i], *lo) + _rel_residuals(xs[i:], ys[i:], *hi))
-        if best is None or worst < best[0]:
-            best = (worst, xs[i - 1], lo, hi)
-    if best is None or best[0] > one / 2:
+        sse = sum(r * r for r in _rel_residuals(xs[:i], ys[:i], *lo) + _rel_residuals(xs[i:], ys[i:], *hi))
+        if best is None or sse < best[0]:
+            best = (sse, xs[i - 1], lo, hi)
+    if best is None or best[0] > sum(r * r for r in res) / 2:
         return Link(alpha_s=a, beta_s_per_byte=b)
     _, eager, (a1, b1), (a2, b2) = best
     return Link(alpha_s=a1, beta_s_per_byte=b1, eager_bytes=eager, rndv_alpha_s=a2,

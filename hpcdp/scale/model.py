@@ -292,6 +292,25 @@ def ring_latency_crossover(p: Profile, nbytes: int, per_node: int, max_ranks: in
     return lat, soft
 
 
+def ring_wire_bound_until(p: Profile, nbytes: int, per_node: int, max_ranks: int = 1 << 20,
+                          itemsize: int = 4):
+    """Where the wire rather than hpcdp's software bounds the flat ring for an
+    ``nbytes`` bucket: (largest N, powers of two from 2, at which the wire's latency +
+    bandwidth time is at least hpcdp's software cost, first N at which the software
+    cost exceeds it). (None, 2): software-bound from the first step; (N, None): wire-bound
+    up to ``max_ranks``. Per message the ring is wire-bound while a message carries more
+    than ``(msg_s - alpha) / beta`` bytes (the chunk nbytes / N shrinks as N grows)."""
+    last = None
+    N = 2
+    while N <= max_ranks:
+        c = ring_allreduce(p, nbytes, Topology.of(N, per_node), itemsize)
+        if c.software_s > c.latency_s + c.bandwidth_s:
+            return last, N
+        last = N
+        N *= 2
+    return last, None
+
+
 def hierarchical_crossover(p: Profile, nbytes: int, per_node: int, ranks: list,
                            itemsize: int = 4):
     """First N of ``ranks`` (>= 2 nodes) where the hierarchical allreduce beats the flat
@@ -326,5 +345,5 @@ def ps_keeps_up_until(p: Profile, wl: Workload, batch_per_rank: float, servers: 
 
 
 __all__ = ["Workload", "Step", "workload_from_config", "step", "node_streams", "hybrid_step", "HYBRID", "predicted_efficiency",
-           "compute_times", "scheduled_exposed", "ring_latency_crossover",
+           "compute_times", "scheduled_exposed", "ring_latency_crossover", "ring_wire_bound_until",
            "hierarchical_crossover", "ps_keeps_up_until", "flops_per_sample"]

@@ -248,3 +248,12 @@ def test_inter_node_bytes_count_every_rank_that_crosses():
     assert M.node_streams("hierarchical", CM.Topology(2, 2)) == 2
     ddp = M.step(p, wl, "ddp", 4, 2, algorithm="recursive", per_node=2)
     assert ddp.inter_bytes_node == 2 * 2 * (2 * B)  # one whole-buffer round across, 2 ranks
+
+
+def test_the_wire_bounds_the_ring_until_its_chunks_get_small():
+    """software 2(N-1) msg_s > wire 2(N-1) alpha + 2(N-1)/N S beta  <=>
+    N > S beta / (msg_s - alpha) = 1 MiB x 1e-9 / 4e-6 = 262: wire-bound to 256, software from 512."""
+    p = prof(msg_s=5e-6)
+    assert M.ring_wire_bound_until(p, MiB, per_node=1 << 20) == (256, 512)
+    assert M.ring_wire_bound_until(prof(), MiB, per_node=1 << 20, max_ranks=4096) == (4096, None)
+    assert M.ring_wire_bound_until(prof(msg_s=1e-3), MiB, per_node=1 << 20) == (None, 2)
