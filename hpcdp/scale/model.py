@@ -292,23 +292,21 @@ def ring_latency_crossover(p: Profile, nbytes: int, per_node: int, max_ranks: in
     return lat, soft
 
 
-def ring_wire_bound_until(p: Profile, nbytes: int, per_node: int, max_ranks: int = 1 << 20,
-                          itemsize: int = 4):
-    """Where the wire rather than hpcdp's software bounds the flat ring for an
-    ``nbytes`` bucket: (largest N, powers of two from 2, at which the wire's latency +
-    bandwidth time is at least hpcdp's software cost, first N at which the software
-    cost exceeds it). (None, 2): software-bound from the first step; (N, None): wire-bound
-    up to ``max_ranks``. Per message the ring is wire-bound while a message carries more
-    than ``(msg_s - alpha) / beta`` bytes (the chunk nbytes / N shrinks as N grows)."""
-    last = None
-    N = 2
+def ring_bound(p: Profile, nbytes: int, per_node: int, max_ranks: int = 4096, itemsize: int = 4):
+    """What bounds the flat ring for an ``nbytes`` bucket up to ``max_ranks`` (powers of
+    two from 2): ``("wire" | "software", N)``, the one that is larger at ``max_ranks``
+    (the wire: latency + bandwidth time; hpcdp's software: per message and per call)
+    and the first N from which it stays so. Per message the ring is wire-bound when
+    ``msg_s < alpha + m beta`` for its messages of m bytes; a per-call cost makes
+    software bound a small group first."""
+    who, since, N = None, 2, 2
     while N <= max_ranks:
         c = ring_allreduce(p, nbytes, Topology.of(N, per_node), itemsize)
-        if c.software_s > c.latency_s + c.bandwidth_s:
-            return last, N
-        last = N
+        now = "wire" if c.latency_s + c.bandwidth_s >= c.software_s else "software"
+        if now != who:
+            who, since = now, N
         N *= 2
-    return last, None
+    return who, since
 
 
 def hierarchical_crossover(p: Profile, nbytes: int, per_node: int, ranks: list,
@@ -345,5 +343,5 @@ def ps_keeps_up_until(p: Profile, wl: Workload, batch_per_rank: float, servers: 
 
 
 __all__ = ["Workload", "Step", "workload_from_config", "step", "node_streams", "hybrid_step", "HYBRID", "predicted_efficiency",
-           "compute_times", "scheduled_exposed", "ring_latency_crossover", "ring_wire_bound_until",
+           "compute_times", "scheduled_exposed", "ring_latency_crossover", "ring_bound",
            "hierarchical_crossover", "ps_keeps_up_until", "flops_per_sample"]

@@ -250,10 +250,17 @@ def test_inter_node_bytes_count_every_rank_that_crosses():
     assert ddp.inter_bytes_node == 2 * 2 * (2 * B)  # one whole-buffer round across, 2 ranks
 
 
-def test_the_wire_bounds_the_ring_until_its_chunks_get_small():
+def test_what_bounds_the_ring_and_from_which_n():
     """software 2(N-1) msg_s > wire 2(N-1) alpha + 2(N-1)/N S beta  <=>
-    N > S beta / (msg_s - alpha) = 1 MiB x 1e-9 / 4e-6 = 262: wire-bound to 256, software from 512."""
-    p = prof(msg_s=5e-6)
-    assert M.ring_wire_bound_until(p, MiB, per_node=1 << 20) == (256, 512)
-    assert M.ring_wire_bound_until(prof(), MiB, per_node=1 << 20, max_ranks=4096) == (4096, None)
-    assert M.ring_wire_bound_until(prof(msg_s=1e-3), MiB, per_node=1 << 20) == (None, 2)
+    N > S beta / (msg_s - alpha) = 1 MiB x 1e-9 / 4e-6 = 262: software-bound from 512;
+    a per-call cost over a per-message cost below alpha: software first, the wire from
+    2(N-1)(alpha - msg_s) + bandwidth >= call, here from N = 64."""
+    assert M.ring_bound(prof(msg_s=5e-6), MiB, per_node=1 << 20, max_ranks=4096) == ("software", 512)
+    assert M.ring_bound(prof(), MiB, per_node=1 << 20, max_ranks=4096) == ("wire", 2)
+    # alpha 1 us, msg 0.5 us, call 1 ms: (2(N-1) 0.5 us + 2(N-1)/N 1.05 ms) vs 1 ms + ...
+    p = prof(msg_s=5e-7, call_s={"ring": 2e-3})
+    who, since = M.ring_bound(p, MiB, per_node=1 << 20, max_ranks=1 << 14)
+    assert who == "wire"
+    c = lambda n: M.ring_allreduce(p, MiB, CM.Topology.of(n, 1 << 20))  # noqa: E731
+    assert c(since).latency_s + c(since).bandwidth_s >= c(since).software_s
+    assert c(since // 2).latency_s + c(since // 2).bandwidth_s < c(since // 2).software_s
