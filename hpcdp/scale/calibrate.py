@@ -309,6 +309,11 @@ def run(args) -> Profile:
     for link, probe in ((link_intra, intra or inter), (link_inter, inter or intra)):
         link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, _large_msg(link) + soft["msg_s"])
     opt_s = measure_optimizer(cfg, wl.params)
+    for kind, link in (("intra", link_intra), ("inter", link_inter if inter else None)):
+        if link is not None and link.eager_bytes:
+            print(f"  {kind} protocol break after {link.eager_bytes} B: above it alpha "
+                  f"{link.rndv_alpha_s * 1e6:.2f} us, beta {1e9 * link.rndv_beta_s_per_byte:.3f} ns/B",
+                  flush=True)
     print(f"  link: alpha {link_intra.alpha_s * 1e6:.2f} us, beta {1e9 * link_intra.beta_s_per_byte:.3f} "
           f"ns/B, ring {1e9 * link_intra.ring_beta:.3f} ns/B; gamma {1e9 * gamma:.3f} ns/B; "
           f"copy {1e9 * copy:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "
