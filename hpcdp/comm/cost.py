@@ -113,6 +113,11 @@ class Profile:
     debug: bool = False              # predict HPCDP_DEBUG=1 runs (fingerprints every call)
     provenance: dict = field(default_factory=dict)  # how it was measured / sources
     copy_s_per_byte: float = 0.0     # a buffer copy (out-of-place results); 0: not measured
+    # hpcdp's cost per message of the few-step collectives (recursive doubling / halving,
+    # Bruck, the hierarchical reduce-scatter / all-gather) where they run on another
+    # engine than the ring (the compiled engine runs the ring; these stay Python
+    # requests); 0: msg_s
+    few_step_msg_s: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.call_s, (int, float)):
@@ -120,7 +125,7 @@ class Profile:
         if "ring" not in self.call_s or min(self.call_s.values()) < 0:
             raise ValueError(f"profile {self.name}: call_s needs a 'ring' entry, all >= 0 (seconds)")
         for key in ("gamma_s_per_byte", "msg_s", "ctrl_msg_s", "optimizer_s_per_param",
-                    "step_overhead_s", "copy_s_per_byte"):
+                    "step_overhead_s", "copy_s_per_byte", "few_step_msg_s"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"profile {self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
         for kind in ("intra", "inter"):
@@ -137,6 +142,11 @@ class Profile:
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"profile {self.name}: overlap must be in [0, 1], got {self.overlap!r}")
         self.contention = {int(k): float(v) for k, v in self.contention.items()}
+
+    @property
+    def few_msg_s(self) -> float:
+        """Software per message of the few-step collectives."""
+        return self.few_step_msg_s or self.msg_s
 
     def contention_at(self, ranks_on_node: int) -> float:
         """Measured compute slowdown with this many ranks on a node (nearest measured
@@ -317,7 +327,7 @@ def recursive_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4)
         if k:
             link = getattr(p, kind)
             c.latency_s += hops * link.alpha_at(exchange)
-            c.software_s += hops * p.msg_s
+            c.software_s += hops * p.few_msg_s
             c.bandwidth_s += hops * exchange * _step_beta(link, exchange)
             setattr(c, kind, _add2(getattr(c, kind), (round(k * exchange),) * 2))
     return c
@@ -411,7 +421,7 @@ def halving_phase_cost(p: Profile, at, G: int, rank: int, collective: str, items
         c.latency_s += link.alpha_at(m)
         c.bandwidth_s += m * _step_beta(link, m) * (share if kind == "inter" else 1.0)
         c.reduce_s += reduced * p.gamma_s_per_byte
-        c.software_s += p.msg_s
+        c.software_s += p.few_msg_s
         per[kind][0] += out_b
         per[kind][1] += in_b
     rem = G - (1 << (G.bit_length() - 1))
@@ -482,7 +492,7 @@ def bruck_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) ->
         end = first + cnt
         out_b = (at(min(end, N)) - at(first) + (at(end - N) if end > N else 0)) * itemsize
         c.latency_s += link.alpha_at(out_b)
-        c.software_s += p.msg_s
+        c.software_s += p.few_msg_s
         c.bandwidth_s += out_b * _step_beta(link, out_b) * _nic_share(p, t)
         d <<= 1
     setattr(c, kind, V.bruck_all_gather_bytes(n, N, r, itemsize))

@@ -264,3 +264,15 @@ def test_what_bounds_the_ring_and_from_which_n():
     c = lambda n: M.ring_allreduce(p, MiB, CM.Topology.of(n, 1 << 20))  # noqa: E731
     assert c(since).latency_s + c(since).bandwidth_s >= c(since).software_s
     assert c(since // 2).latency_s + c(since // 2).bandwidth_s < c(since // 2).software_s
+
+
+def test_few_step_collectives_can_have_their_own_cost_per_message():
+    """few_step_msg_s prices the messages of recursive doubling / halving and Bruck (Python
+    requests under the compiled engine) apart from the ring's msg_s; 0 keeps msg_s."""
+    t = CM.Topology(1, 4)
+    base, split = prof(msg_s=2e-6), prof(msg_s=2e-6, few_step_msg_s=1.5e-5)
+    assert CM.ring_allreduce(split, MiB, t).software_s == CM.ring_allreduce(base, MiB, t).software_s
+    for fn, steps in ((CM.recursive_allreduce, 2), (CM.halving_reduce_scatter, 2),
+                      (CM.doubling_all_gather, 2), (CM.bruck_all_gather, 2)):
+        assert fn(split, MiB, t).software_s - fn(base, MiB, t).software_s == pytest.approx(steps * 1.3e-5)
+    assert prof().few_msg_s == prof().msg_s
