@@ -84,15 +84,17 @@ def summarize(layout: str, res: dict, warmup: int) -> dict:
 
 
 def predict(layout: str, rate: str, batch_per_rank: float) -> dict:
-    from hpcdp.comm.cost import Link, load_profile
+    from hpcdp.comm.cost import load_profile
     from hpcdp.config import load_config
     from hpcdp.scale import model as M
 
     p = load_profile("emulated-cluster")
     if rate != "none":
         bits = float(rate.lower().replace("gbit", "e9").replace("mbit", "e6").replace("kbit", "e3"))
-        beta = max(p.inter.beta_s_per_byte, 8.0 / bits)
-        p = dataclasses.replace(p, inter=Link(alpha_s=p.inter.alpha_s, beta_s_per_byte=beta))
+        cap = 8.0 / bits  # the rate limits both protocols' lines
+        p = dataclasses.replace(p, inter=dataclasses.replace(
+            p.inter, beta_s_per_byte=max(p.inter.beta_s_per_byte, cap), ring_beta_s_per_byte=0.0,
+            rndv_beta_s_per_byte=max(p.inter.rndv_beta_s_per_byte, cap) if p.inter.eager_bytes else 0.0))
     wl = M.workload_from_config(load_config(ROOT / "jobs/gpt_ddp.toml", []))
     shard, algorithm = VARIANTS[layout]
     st = M.step(p, wl, "hybrid3" if layout == "hybrid" else "zero3", 4, batch_per_rank,

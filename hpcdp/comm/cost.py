@@ -58,10 +58,38 @@ class Link:
     # sizes (hpcdp.scale.calibrate.fit_ring_beta: the working buffers, cache effects and
     # the receive path of the collectives themselves); 0: not measured, beta is used
     ring_beta_s_per_byte: float = 0.0
+    # the protocol switch (eager -> rendezvous; a token bucket's burst on a rate-limited
+    # link looks alike): messages of at most ``eager_bytes`` cost ``alpha_s + m beta_s_per_byte``,
+    # larger ones ``rndv_alpha_s + m rndv_beta_s_per_byte`` (the piecewise line
+    # hpcdp.scale.calibrate.fit_link fits from the probe's sizes). 0: one line for all
+    eager_bytes: int = 0
+    rndv_alpha_s: float = 0.0
+    rndv_beta_s_per_byte: float = 0.0
 
     @property
     def ring_beta(self) -> float:
         return self.ring_beta_s_per_byte or self.beta_s_per_byte
+
+    def _eager(self, m: float) -> bool:
+        return not self.eager_bytes or m <= self.eager_bytes
+
+    def alpha_at(self, m: float) -> float:
+        """Seconds per message of ``m`` bytes (the protocol it travels by)."""
+        return self.alpha_s if self._eager(m) else self.rndv_alpha_s
+
+    def beta_at(self, m: float) -> float:
+        """Seconds per byte of a message of ``m`` bytes, MPI's point-to-point line."""
+        return self.beta_s_per_byte if self._eager(m) else self.rndv_beta_s_per_byte
+
+    def coll_beta_at(self, m: float) -> float:
+        """Seconds per byte of one of hpcdp's collective steps with messages of ``m``
+        bytes: the collectives' own large-message slope (``ring_beta``: working
+        buffers, cache effects) for rendezvous messages, the eager line below. With
+        one line (no ``eager_bytes``), ``ring_beta`` as before."""
+        if not self.eager_bytes:
+            return self.ring_beta
+        return self.beta_s_per_byte if self._eager(m) else (self.ring_beta_s_per_byte
+                                                           or self.rndv_beta_s_per_byte)
 
 
 @dataclass
@@ -85,6 +113,11 @@ class Profile:
     debug: bool = False              # predict HPCDP_DEBUG=1 runs (fingerprints every call)
     provenance: dict = field(default_factory=dict)  # how it was measured / sources
     copy_s_per_byte: float = 0.0     # a buffer copy (out-of-place results); 0: not measured
+    # hpcdp's cost per message of the few-step collectives (recursive doubling / halving,
+    # Bruck, the hierarchical reduce-scatter / all-gather) where they run on another
+    # engine than the ring (the compiled engine runs the ring; these stay Python
+    # requests); 0: msg_s
+    few_step_msg_s: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.call_s, (int, float)):
@@ -92,14 +125,16 @@ class Profile:
         if "ring" not in self.call_s or min(self.call_s.values()) < 0:
             raise ValueError(f"profile {self.name}: call_s needs a 'ring' entry, all >= 0 (seconds)")
         for key in ("gamma_s_per_byte", "msg_s", "ctrl_msg_s", "optimizer_s_per_param",
-                    "step_overhead_s", "copy_s_per_byte"):
+                    "step_overhead_s", "copy_s_per_byte", "few_step_msg_s"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"profile {self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
         for kind in ("intra", "inter"):
             link = getattr(self, kind)
-            if not (link.alpha_s >= 0 and link.beta_s_per_byte >= 0 and link.ring_beta_s_per_byte >= 0):
-                raise ValueError(f"profile {self.name}: [{kind}] alpha_s, beta_s_per_byte and "
-                                 "ring_beta_s_per_byte must be >= 0")
+            if not (link.alpha_s >= 0 and link.beta_s_per_byte >= 0 and link.ring_beta_s_per_byte >= 0
+                    and link.eager_bytes >= 0 and link.rndv_alpha_s >= 0 and link.rndv_beta_s_per_byte >= 0):
+                raise ValueError(f"profile {self.name}: [{kind}] alpha_s, beta_s_per_byte, "
+                                 "ring_beta_s_per_byte, eager_bytes, rndv_alpha_s and "
+                                 "rndv_beta_s_per_byte must be >= 0")
         if not self.flops_per_s > 0:
             raise ValueError(f"profile {self.name}: flops_per_s must be > 0, got {self.flops_per_s!r}")
         if self.ranks_per_node < 1 or self.nics_per_node < 1:
@@ -107,6 +142,11 @@ class Profile:
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"profile {self.name}: overlap must be in [0, 1], got {self.overlap!r}")
         self.contention = {int(k): float(v) for k, v in self.contention.items()}
+
+    @property
+    def few_msg_s(self) -> float:
+        """Software per message of the few-step collectives."""
+        return self.few_step_msg_s or self.msg_s
 
     def contention_at(self, ranks_on_node: int) -> float:
         """Measured compute slowdown with this many ranks on a node (nearest measured
@@ -228,8 +268,9 @@ def ring_phases_cost(p: Profile, nbytes: int, G: int, kind: str, phases, share: 
     msgs = max(V.ring_messages(n, G, r, itemsize, SEGMENT_BYTES, phases))
     rs_recv = V.ring_bytes(n, G, r, itemsize, ("rs",))[1] if "rs" in phases else 0
     link = getattr(p, kind)
-    c = Cost(latency_s=msgs * link.alpha_s,
-             bandwidth_s=max(sent, recv) * link.ring_beta * share,
+    m = min(SEGMENT_BYTES, -(-nbytes // G))  # the size of one ring message
+    c = Cost(latency_s=msgs * link.alpha_at(m),
+             bandwidth_s=max(sent, recv) * link.coll_beta_at(m) * share,
              reduce_s=rs_recv * p.gamma_s_per_byte,
              software_s=software_cost(p, call_group or G, "ring", calls) + msgs * p.msg_s)
     setattr(c, kind, (sent, recv))
@@ -285,11 +326,18 @@ def recursive_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4)
                           (fold_kind, fold, 2 * fold)):
         if k:
             link = getattr(p, kind)
-            c.latency_s += hops * link.alpha_s
-            c.software_s += hops * p.msg_s
-            c.bandwidth_s += hops * exchange * link.beta_s_per_byte
+            c.latency_s += hops * link.alpha_at(exchange)
+            c.software_s += hops * p.few_msg_s
+            c.bandwidth_s += hops * exchange * _step_beta(link, exchange)
             setattr(c, kind, _add2(getattr(c, kind), (round(k * exchange),) * 2))
     return c
+
+
+def _step_beta(link: Link, m: float) -> float:
+    """Per byte of a few-step algorithm's exchange of ``m`` bytes: MPI's line, or with a
+    per-protocol profile the collectives' own slope for rendezvous messages (the
+    working buffer a round receives into and reduces from, as in the ring)."""
+    return link.coll_beta_at(m) if link.eager_bytes else link.beta_s_per_byte
 
 
 def hierarchical_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> Cost:
@@ -369,11 +417,11 @@ def halving_phase_cost(p: Profile, at, G: int, rank: int, collective: str, items
     per = {"intra": [0, 0], "inter": [0, 0]}
 
     def hop(kind, out_b, in_b, reduced):
-        link = getattr(p, kind)
-        c.latency_s += link.alpha_s
-        c.bandwidth_s += max(out_b, in_b) * link.beta_s_per_byte * (share if kind == "inter" else 1.0)
+        link, m = getattr(p, kind), max(out_b, in_b)
+        c.latency_s += link.alpha_at(m)
+        c.bandwidth_s += m * _step_beta(link, m) * (share if kind == "inter" else 1.0)
         c.reduce_s += reduced * p.gamma_s_per_byte
-        c.software_s += p.msg_s
+        c.software_s += p.few_msg_s
         per[kind][0] += out_b
         per[kind][1] += in_b
     rem = G - (1 << (G.bit_length() - 1))
@@ -443,9 +491,9 @@ def bruck_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) ->
         first = r % N
         end = first + cnt
         out_b = (at(min(end, N)) - at(first) + (at(end - N) if end > N else 0)) * itemsize
-        c.latency_s += link.alpha_s
-        c.software_s += p.msg_s
-        c.bandwidth_s += out_b * link.beta_s_per_byte * _nic_share(p, t)
+        c.latency_s += link.alpha_at(out_b)
+        c.software_s += p.few_msg_s
+        c.bandwidth_s += out_b * _step_beta(link, out_b) * _nic_share(p, t)
         d <<= 1
     setattr(c, kind, V.bruck_all_gather_bytes(n, N, r, itemsize))
     return c
@@ -534,8 +582,8 @@ def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: i
         for kind, count, sh in (("intra", local, 1.0), ("inter", peers - local, share)):
             if count:
                 link = getattr(p, kind)
-                lat, soft = count * link.alpha_s, count * p.msg_s
-                bw = count * shard * link.beta_s_per_byte * sh
+                lat, soft = count * link.alpha_at(shard), count * p.msg_s
+                bw = count * shard * link.beta_at(shard) * sh
                 slowest = max(slowest, (lat, bw, soft), key=sum)
         c.latency_s += slowest[0]
         c.bandwidth_s += slowest[1]

@@ -52,10 +52,44 @@ def fit_line(xs, ys) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def fit_link(exchange) -> Link:
-    """The link from ``[[bytes, seconds], ...]`` of a two-way exchange."""
-    a, b = fit_line([s for s, _ in exchange], [t for _, t in exchange])
-    return Link(alpha_s=a, beta_s_per_byte=b)
+PIECEWISE_MIN_ERROR = 0.10  # a single line's largest relative residual that asks for a break
+
+
+def _rel_residuals(xs, ys, a: float, b: float) -> list:
+    return [abs(a + b * x - y) / y for x, y in zip(xs, ys)]
+
+
+def fit_link(exchange, piecewise: bool = True) -> Link:
+    """The link from ``[[bytes, seconds], ...]`` of a two-way exchange.
+
+    One line ``alpha + S beta`` where it fits (every point within 10%); otherwise the
+    protocol switch of the MPI library (eager up to a threshold, rendezvous above; the
+    shared-memory cells vs single-copy, UCX's eager vs rendezvous, a rate limiter's
+    burst look alike) as two lines: each break between two probed sizes with at least
+    two points on each side is tried, the one with the smallest sum of squared relative
+    residuals kept if it at least halves the single line's (a sum, not the largest
+    residual: one disturbed small-message point on a loaded machine must not veto a
+    break every other point shows); ``eager_bytes`` is the
+    largest size on the eager line (Hockney's model per protocol, as LogGP's G changes
+    at the threshold)."""
+    pts = sorted((int(s), float(t)) for s, t in exchange)
+    xs, ys = [s for s, _ in pts], [t for _, t in pts]
+    a, b = fit_line(xs, ys)
+    res = _rel_residuals(xs, ys, a, b)
+    if not piecewise or max(res) <= PIECEWISE_MIN_ERROR or len(pts) < 4:
+        return Link(alpha_s=a, beta_s_per_byte=b)
+    best = None
+    for i in range(2, len(pts) - 1):
+        lo = fit_line(xs[:i], ys[:i])
+        hi = fit_line(xs[i:], ys[i:])
+        sse = sum(r * r for r in _rel_residuals(xs[:i], ys[:i], *lo) + _rel_residuals(xs[i:], ys[i:], *hi))
+        if best is None or sse < best[0]:
+            best = (sse, xs[i - 1], lo, hi)
+    if best is None or best[0] > sum(r * r for r in res) / 2:
+        return Link(alpha_s=a, beta_s_per_byte=b)
+    _, eager, (a1, b1), (a2, b2) = best
+    return Link(alpha_s=a1, beta_s_per_byte=b1, eager_bytes=eager, rndv_alpha_s=a2,
+                rndv_beta_s_per_byte=b2)
 
 
 def fit_ring_beta(probe: dict, gamma: float, per_msg: float = 0.0) -> float:
@@ -78,6 +112,12 @@ def fit_ring_beta(probe: dict, gamma: float, per_msg: float = 0.0) -> float:
 
     slope = (t2 - t1 - (msgs(s2) - msgs(s1)) * per_msg) / (s2 - s1)
     return max(0.0, slope - gamma / 2)
+
+
+def _large_msg(link: Link) -> float:
+    """The wire's per-message cost of the ring's 1 MiB segments."""
+    from hpcdp.comm.cost import SEGMENT_BYTES
+    return link.alpha_at(SEGMENT_BYTES)
 
 
 def measure_copy(nbytes: int = 4 << 20, reps: int = 20) -> float:
@@ -136,7 +176,7 @@ def refit_small(profile: Profile, max_bytes: int) -> Profile:
     if all(sz <= max_bytes for sz, _ in probe.get("ring_large") or [[max_bytes + 1, 0]]):
         soft = fit_software(small, link, profile.gamma_s_per_byte)
         link.ring_beta_s_per_byte = fit_ring_beta(probe, profile.gamma_s_per_byte,
-                                                  link.alpha_s + soft["msg_s"])
+                                                  _large_msg(link) + soft["msg_s"])
     soft = fit_software(small, link, profile.gamma_s_per_byte)
     inter = profile.inter if profile.provenance.get("inter_measured") else link
     return replace(profile, name=f"{profile.name}-upto{max_bytes}B", intra=link, inter=inter,
@@ -267,8 +307,13 @@ def run(args) -> Profile:
     copy = measure_copy()
     soft = fit_software(intra or inter, link_intra, gamma)
     for link, probe in ((link_intra, intra or inter), (link_inter, inter or intra)):
-        link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, link.alpha_s + soft["msg_s"])
+        link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, _large_msg(link) + soft["msg_s"])
     opt_s = measure_optimizer(cfg, wl.params)
+    for kind, link in (("intra", link_intra), ("inter", link_inter if inter else None)):
+        if link is not None and link.eager_bytes:
+            print(f"  {kind} protocol break after {link.eager_bytes} B: above it alpha "
+                  f"{link.rndv_alpha_s * 1e6:.2f} us, beta {1e9 * link.rndv_beta_s_per_byte:.3f} ns/B",
+                  flush=True)
     print(f"  link: alpha {link_intra.alpha_s * 1e6:.2f} us, beta {1e9 * link_intra.beta_s_per_byte:.3f} "
           f"ns/B, ring {1e9 * link_intra.ring_beta:.3f} ns/B; gamma {1e9 * gamma:.3f} ns/B; "
           f"copy {1e9 * copy:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "

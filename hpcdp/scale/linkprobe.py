@@ -32,7 +32,11 @@ import time
 
 import numpy as np
 
-EXCHANGE_SIZES = [8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20]
+# x8 steps, plus 1-2 KiB, 8-16 KiB and 64 KiB around MPI's eager-to-rendezvous switch
+# (UCX's active-message eager limit is 8100 B in MPICH 5's UCX netmod, printed with
+# MPIR_CVAR_DEBUG_SUMMARY=1; shared memory's cells; a tbf rate limiter's burst)
+EXCHANGE_SIZES = [8, 64, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144,
+                  1 << 20, 4 << 20, 16 << 20]
 SEGMENT_BUFFER = 256 << 10
 SEGMENTS = [2048, 8192, 32768, 131072]
 RING_SIZES = [2 << 20, 16 << 20]

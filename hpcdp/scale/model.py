@@ -151,6 +151,22 @@ def _inter_node(c: Cost, t: Topology, streams: int) -> int:
     return 0 if t.nodes <= 1 else sum(c.inter) * streams
 
 
+# algorithms in which only one rank of a node crosses to the next node per step (a ring
+# over ranks placed node by node); in every other one each of a node's L ranks has its
+# own cross-node partner (recursive doubling / halving, Bruck, the hierarchical ones)
+ONE_STREAM_PER_NODE = ("ring",)
+
+
+def node_streams(algorithm: str, t: Topology) -> int:
+    """How many of a node's ranks send a rank's inter-node bytes at once."""
+    return 1 if algorithm in ONE_STREAM_PER_NODE else t.per_node
+
+
+def _inter_node_of(pairs, t: Topology) -> int:
+    """Inter-node bytes through one node's NICs for ``[(algorithm, Cost), ...]``."""
+    return sum(_inter_node(c, t, node_streams(a, t)) for a, c in pairs)
+
+
 def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
          algorithm: str = "ring", servers: int = 1, per_node: int | None = None) -> Step:
     """Predicted step of ``strategy`` ("ddp", "ps", "zero1", "zero2", "zero3") at N ranks
@@ -161,16 +177,16 @@ def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
         return hybrid_step(p, wl, strategy, t, batch_per_rank)
     if strategy == "ddp":
         t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, t.per_node)
-        used, costs, total = [], [], Cost()
+        used, costs, total, pairs = [], [], Cost(), []
         for size in wl.buckets:
             a, c = allreduce(p, size * s, t, algorithm, s)
             used.append(a)
             costs.append(c.total_s)
             total = total + c
+            pairs.append((a, c))
         exposed = _exposed(p, t_b, _ready_in_backward(wl, t_b), costs)
-        streams = t.per_node if "hierarchical" in used else 1
         return Step("ddp", N, batch_per_rank, t_f + t_b + t_o + exposed, t_f + t_b + t_o,
-                    sum(costs), exposed, total.link_bytes, _inter_node(total, t, streams),
+                    sum(costs), exposed, total.link_bytes, _inter_node_of(pairs, t),
                     _memory(wl, N, 0), "/".join(sorted(set(used))) if N > 1 else "-")
     if strategy == "ps":
         if not 1 <= servers <= N:
@@ -207,9 +223,9 @@ def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
                        + _exposed(p, t_b, _ready_in_backward(wl, t_b),
                                   [a + r for a, r in zip(ag_t, rs_t)]))
         comm = sum(rs_t) + gathers * sum(ag_t)
-        streams = t.per_node if "hierarchical" in used else 1
+        inter = _inter_node_of(picked_rs + picked_ag * gathers, t)
         return Step(strategy, N, batch_per_rank, t_f + t_b + t_o + exposed, t_f + t_b + t_o,
-                    comm, exposed, total.link_bytes, _inter_node(total, t, streams),
+                    comm, exposed, total.link_bytes, inter,
                     _memory(wl, N, stage), "/".join(used) if N > 1 else "-")
     raise ValueError(f"cost model: unknown strategy {strategy!r}; choose ddp, ps, zero1, zero2, zero3")
 
@@ -276,6 +292,23 @@ def ring_latency_crossover(p: Profile, nbytes: int, per_node: int, max_ranks: in
     return lat, soft
 
 
+def ring_bound(p: Profile, nbytes: int, per_node: int, max_ranks: int = 4096, itemsize: int = 4):
+    """What bounds the flat ring for an ``nbytes`` bucket up to ``max_ranks`` (powers of
+    two from 2): ``("wire" | "software", N)``, the one that is larger at ``max_ranks``
+    (the wire: latency + bandwidth time; hpcdp's software: per message and per call)
+    and the first N from which it stays so. Per message the ring is wire-bound when
+    ``msg_s < alpha + m beta`` for its messages of m bytes; a per-call cost makes
+    software bound a small group first."""
+    who, since, N = None, 2, 2
+    while N <= max_ranks:
+        c = ring_allreduce(p, nbytes, Topology.of(N, per_node), itemsize)
+        now = "wire" if c.latency_s + c.bandwidth_s >= c.software_s else "software"
+        if now != who:
+            who, since = now, N
+        N *= 2
+    return who, since
+
+
 def hierarchical_crossover(p: Profile, nbytes: int, per_node: int, ranks: list,
                            itemsize: int = 4):
     """First N of ``ranks`` (>= 2 nodes) where the hierarchical allreduce beats the flat
@@ -309,6 +342,6 @@ def ps_keeps_up_until(p: Profile, wl: Workload, batch_per_rank: float, servers: 
     return last, first
 
 
-__all__ = ["Workload", "Step", "workload_from_config", "step", "hybrid_step", "HYBRID", "predicted_efficiency",
-           "compute_times", "scheduled_exposed", "ring_latency_crossover",
+__all__ = ["Workload", "Step", "workload_from_config", "step", "node_streams", "hybrid_step", "HYBRID", "predicted_efficiency",
+           "compute_times", "scheduled_exposed", "ring_latency_crossover", "ring_bound",
            "hierarchical_crossover", "ps_keeps_up_until", "flops_per_sample"]

@@ -10,6 +10,8 @@ state), and weak (and strong) scaling efficiency. Then the crossovers:
   workers' compute: an asynchronous PS could no longer hide them);
 - where the ring's latency ``2(N-1) alpha`` reaches its bandwidth time for one bucket, and
   where hpcdp's software cost (per message and per call) does;
+- what bounds the flat ring at the largest N, the wire (latency + bandwidth) or hpcdp's
+  software, and from which N on, for one bucket;
 - where the hierarchical allreduce beats the flat ring for one bucket.
 
 Outputs in ``--out``: ``predict.txt``, ``predict.json``, ``predict.png``.
@@ -88,6 +90,7 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
             rows.append(row)
     bucket = max(wl.buckets) * wl.itemsize
     lat, soft = M.ring_latency_crossover(profile, bucket, per_node, itemsize=wl.itemsize)
+    bound, bound_from = M.ring_bound(profile, bucket, per_node, max(max(ranks), 2), wl.itemsize)
     ps = {}
     for label, strategy, kw in strategies:
         if strategy == "ps":
@@ -106,6 +109,8 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
             "bucket_bytes": bucket,
             "ring_latency_reaches_bandwidth_at": lat,
             "software_reaches_bandwidth_at": soft,
+            "ring_bound_at_max_ranks": bound,
+            "ring_bound_from": bound_from,
             "hierarchical_beats_ring_from": hier,
             "parameter_server": ps,
         },
@@ -137,6 +142,9 @@ def format_predict(res: dict) -> str:
                  f"{c['ring_latency_reaches_bandwidth_at'] or 'beyond 2^20'}")
     lines.append(f"  hpcdp's software (per message, per call) >= bandwidth "
                  f"time from N = {c['software_reaches_bandwidth_at'] or 'beyond 2^20'}")
+    what = {"wire": "the wire (latency + bandwidth)", "software": "hpcdp's software (per message, per call)"}
+    lines.append(f"  the flat ring is bound by {what[c['ring_bound_at_max_ranks']]} from N = "
+                 f"{c['ring_bound_from']} up to N = {max(res['ranks'])}")
     lines.append(f"  hierarchical allreduce faster than the flat ring from N = "
                  f"{c['hierarchical_beats_ring_from'] or 'never in this range'}")
     for label, v in c["parameter_server"].items():

@@ -72,6 +72,12 @@ def _child(args, strategy: str, k: int, out: Path, ranks_per_node: int | None = 
     return point
 
 
+def _with_sets(args, sets: list):
+    sub = copy.copy(args)
+    sub.set = list(args.set or []) + sets
+    return sub
+
+
 def _cfg(args):
     from hpcdp.config import load_config
     return load_config(args.config, args.set or [])
@@ -145,7 +151,9 @@ def memory_table(result: dict) -> str:
                      f"{np.mean(p['rss_peak_bytes']) / MIB:>8.1f}"
                      + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else "")
                      + (f"  (sharded over {p['shard_ranks']} ranks per node)"
-                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else ""))
+                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else "")
+                     + (f"  predicted {1e3 * p['pred_step_s']:.2f} ms ({p['pred_error']:+.1%})"
+                        if "pred_step_s" in p else ""))
     return "\n".join(lines)
 
 
@@ -225,6 +233,9 @@ def step_study(args, ranks: list[int]) -> dict:
     points = [best[(s, k)] for k in ranks for s in table]
     for p in points:
         p["vs_ddp"] = p["step_time_s"] / best[("ddp", p["ranks"])]["step_time_s"]
+    profile = getattr(args, "profile", None)
+    if profile:
+        predict_steps(args, points, table, profile)
     result = {"study": "zero-step", "config": str(args.config), "ranks": ranks, "repeats": args.repeats,
               "steps": args.steps, "warmup": args.warmup, "points": points, "cpus": os.cpu_count(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": os.getloadavg()}
@@ -237,12 +248,41 @@ def step_study(args, ranks: list[int]) -> dict:
                      f"{1e3 * p['gather_wait_s']:>15.2f}"
                      + ("  (oversubscribed)" if _oversubscribed(p["ranks"]) else "")
                      + (f"  (sharded over {p['shard_ranks']} ranks per node)"
-                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else ""))
+                        if p.get("shard_ranks", p["ranks"]) != p["ranks"] else "")
+                     + (f"  predicted {1e3 * p['pred_step_s']:.2f} ms ({p['pred_error']:+.1%})"
+                        if "pred_step_s" in p else ""))
     table = "\n".join(lines)
     (out / "zero_step.txt").write_text(table + "\n")
     print(table)
     print(f"  wrote {out}")
     return result
+
+
+def predict_steps(args, points: list, table: dict, profile) -> None:
+    """With ``--profile``: each point's step as the cost model predicts it (the strategy
+    and its ``parallel.zero.algorithm``, the same config and per-rank batch; nodes of
+    ``--ranks-per-node`` ranks, else one node), and ``pred_error`` = measured /
+    predicted - 1."""
+    from hpcdp.comm.cost import load_profile
+    from hpcdp.scale import model as M
+
+    prof = load_profile(profile)
+    cfg = _cfg(args)
+    batch = args.batch or cfg.train.global_batch
+    wls = {"ddp": M.workload_from_config(cfg),  # ZeRO's groups: parallel.zero.bucket_mb
+           "zero": M.workload_from_config(_cfg(_with_sets(args, [
+               f"parallel.ddp.bucket_mb={cfg.parallel.sub('zero').bucket_mb}"])))}
+    for p in points:
+        strategy, algorithm = table[p["strategy"]]
+        if strategy == "ddp":  # the config's allreduce (MPI's own is not priced: the ring)
+            algorithm = getattr(_cfg(args).parallel.sub("ddp"), "algorithm", "ring")
+            algorithm = algorithm if algorithm in ("ring", "recursive", "hierarchical", "auto") else "ring"
+        k = p["ranks"]
+        per_node = min(k, getattr(args, "ranks_per_node", None) or k)
+        wl = wls["ddp" if strategy == "ddp" else "zero"]
+        st = M.step(prof, wl, strategy, k, batch / k, algorithm=algorithm or "ring", per_node=per_node)
+        p["pred_step_s"] = st.step_s
+        p["pred_error"] = p["step_time_s"] / st.step_s - 1.0
 
 
 def _out_dir(args, name: str) -> Path:

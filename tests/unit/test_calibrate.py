@@ -115,7 +115,12 @@ def test_refit_on_small_messages_uses_only_them():
     assert small.intra.alpha_s == pytest.approx(5e-6, rel=0.05)
     assert small.intra.beta_s_per_byte == pytest.approx(2e-10, rel=0.1)
     assert small.msg_s == pytest.approx(1.5e-5, rel=0.02) and small.name.endswith("upto262144B")
-    assert C.fit_link(probe["exchange"]).beta_s_per_byte > 1.2 * small.intra.beta_s_per_byte
+    assert C.fit_link(probe["exchange"], piecewise=False).beta_s_per_byte > 1.2 * small.intra.beta_s_per_byte
+    # with the protocol break allowed, the eager line is the small sizes' and the break
+    # falls at the last of them
+    two = C.fit_link(probe["exchange"])
+    assert two.eager_bytes == 256 << 10 and two.beta_s_per_byte == pytest.approx(2e-10, rel=0.1)
+    assert two.rndv_beta_s_per_byte == pytest.approx(6e-10, rel=0.1)
     with pytest.raises(SystemExit, match="fewer than 2"):
         C.refit_small(p, 8)
     with pytest.raises(SystemExit, match="no recorded probe"):
@@ -146,3 +151,45 @@ def test_ring_slope_from_the_rings_own_timings_prices_large_messages():
     rs = CM.reduce_scatter(p, big, t2)
     assert rs.reduce_s == pytest.approx((big // 2) * p.gamma_s_per_byte + (big // 2) * 1e-10)
     assert C.measure_copy(1 << 16, 3) > 0
+
+
+def test_a_protocol_switch_is_fitted_as_two_lines_and_priced_per_message_size():
+    """Exchange timings from an eager line up to 16 KiB and a rendezvous line above
+    (steeper start, shallower slope, as MPICH's shared memory) fit back to both lines
+    and the break; one line (within 10%) stays one line; the model prices each message
+    by the line of its size, and a profile without a break prices as before."""
+    sizes = [8, 64, 512, 4096, 8192, 16384, 32768, 65536, 262144, 1 << 20, 4 << 20, 16 << 20]
+    eager, rndv = (3e-6, 2.5e-10), (1.2e-5, 0.9e-10)
+    line = lambda ab, s: ab[0] + ab[1] * s  # noqa: E731
+    ex = [[s, line(eager if s <= 16384 else rndv, s)] for s in sizes]
+    link = C.fit_link(ex)
+    assert link.eager_bytes == 16384
+    assert (link.alpha_s, link.beta_s_per_byte) == pytest.approx(eager, rel=1e-6)
+    assert (link.rndv_alpha_s, link.rndv_beta_s_per_byte) == pytest.approx(rndv, rel=1e-6)
+    for s in (8, 16384, 32768, 16 << 20):
+        assert link.alpha_at(s) + s * link.beta_at(s) == pytest.approx(
+            line(eager if s <= 16384 else rndv, s), rel=1e-6)
+    assert C.fit_link([[s, line(eager, s) * f] for s, f in zip(sizes, NOISE)]).eager_bytes == 0
+
+    base = dict(name="p", gamma_s_per_byte=0.0, call_s={"ring": 0.0, "recursive": 0.0}, msg_s=0.0,
+                ctrl_msg_s=0.0, flops_per_s=1e10, optimizer_s_per_param=0.0)
+    p = CM.profile_from_dict({**base, "intra": link.__dict__})
+    t2 = CM.Topology(1, 2)
+    # 2 ranks: the ring sends 2 messages of half the buffer, recursive one of all of it
+    for nbytes in (8192, 32768, 1 << 20):
+        half = nbytes // 2
+        assert CM.ring_allreduce(p, nbytes, t2).total_s == pytest.approx(
+            2 * line(eager if half <= 16384 else rndv, half))
+        assert CM.recursive_allreduce(p, nbytes, t2).total_s == pytest.approx(
+            line(eager if nbytes <= 16384 else rndv, nbytes))
+    # the collectives' own large-message slope replaces the rendezvous beta only
+    q = CM.profile_from_dict({**base, "intra": {**link.__dict__, "ring_beta_s_per_byte": 5e-10}})
+    assert CM.recursive_allreduce(q, 8192, t2).total_s == pytest.approx(line(eager, 8192))
+    assert CM.recursive_allreduce(q, 1 << 20, t2).total_s == pytest.approx(rndv[0] + 5e-10 * (1 << 20))
+    # old profiles (no break) load and price exactly as before: one line, ring_beta for the ring
+    old = CM.profile_from_dict({**base, "intra": {"alpha_s": 3e-6, "beta_s_per_byte": 2.5e-10,
+                                                  "ring_beta_s_per_byte": 5e-10}})
+    assert CM.ring_allreduce(old, 8192, t2).total_s == pytest.approx(2 * (3e-6 + 4096 * 5e-10))
+    assert CM.recursive_allreduce(old, 8192, t2).total_s == pytest.approx(3e-6 + 8192 * 2.5e-10)
+    with pytest.raises(ValueError, match="eager_bytes"):
+        CM.profile_from_dict({**base, "intra": {**link.__dict__, "eager_bytes": -1}})

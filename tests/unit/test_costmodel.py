@@ -226,3 +226,53 @@ def test_zero3_with_auto_stays_near_ddp_at_scale():
     ring = M.step(p, wl, "zero3", 4096, 8)
     assert z3.step_s < 2 * ddp.step_s < ring.step_s
     assert ring.algorithms == "ring" and z3.algorithms != "ring"
+
+
+def test_inter_node_bytes_count_every_rank_that_crosses():
+    """Through one node's NICs per step: a ring over node-blocked ranks crosses with one
+    rank per node; recursive halving / doubling has every rank of the node exchange with
+    a rank of the other node in its first step (half the buffer each way at N = 4, L = 2),
+    so the node moves L times a rank's inter-node bytes (the veth measured 10.27 MB where
+    one rank's 4.83 MB was printed before)."""
+    wl = M.Workload("w", params=4096, itemsize=4, buckets=[2048, 2048], flops_per_sample=1e6,
+                    optimizer_state=2, batch=8)
+    p = prof()
+    B = 2048 * 4
+    ring = M.step(p, wl, "zero3", 4, 2, algorithm="ring", per_node=2)
+    rec = M.step(p, wl, "zero3", 4, 2, algorithm="recursive", per_node=2)
+    # per bucket and node: reduce-scatter + 2 all-gathers; ring: one rank's 3/4 B each
+    # way per phase; recursive: 2 ranks x B/2 each way per phase
+    assert ring.inter_bytes_node == 2 * 3 * (2 * 3 * B // 4)
+    assert rec.inter_bytes_node == 2 * 3 * (2 * 2 * B // 2)
+    assert M.node_streams("ring", CM.Topology(2, 2)) == 1
+    assert M.node_streams("hierarchical", CM.Topology(2, 2)) == 2
+    ddp = M.step(p, wl, "ddp", 4, 2, algorithm="recursive", per_node=2)
+    assert ddp.inter_bytes_node == 2 * 2 * (2 * B)  # one whole-buffer round across, 2 ranks
+
+
+def test_what_bounds_the_ring_and_from_which_n():
+    """software 2(N-1) msg_s > wire 2(N-1) alpha + 2(N-1)/N S beta  <=>
+    N > S beta / (msg_s - alpha) = 1 MiB x 1e-9 / 4e-6 = 262: software-bound from 512;
+    a per-call cost over a per-message cost below alpha: software first, the wire from
+    2(N-1)(alpha - msg_s) + bandwidth >= call, here from N = 64."""
+    assert M.ring_bound(prof(msg_s=5e-6), MiB, per_node=1 << 20, max_ranks=4096) == ("software", 512)
+    assert M.ring_bound(prof(), MiB, per_node=1 << 20, max_ranks=4096) == ("wire", 2)
+    # alpha 1 us, msg 0.5 us, call 1 ms: (2(N-1) 0.5 us + 2(N-1)/N 1.05 ms) vs 1 ms + ...
+    p = prof(msg_s=5e-7, call_s={"ring": 2e-3})
+    who, since = M.ring_bound(p, MiB, per_node=1 << 20, max_ranks=1 << 14)
+    assert who == "wire"
+    c = lambda n: M.ring_allreduce(p, MiB, CM.Topology.of(n, 1 << 20))  # noqa: E731
+    assert c(since).latency_s + c(since).bandwidth_s >= c(since).software_s
+    assert c(since // 2).latency_s + c(since // 2).bandwidth_s < c(since // 2).software_s
+
+
+def test_few_step_collectives_can_have_their_own_cost_per_message():
+    """few_step_msg_s prices the messages of recursive doubling / halving and Bruck (Python
+    requests under the compiled engine) apart from the ring's msg_s; 0 keeps msg_s."""
+    t = CM.Topology(1, 4)
+    base, split = prof(msg_s=2e-6), prof(msg_s=2e-6, few_step_msg_s=1.5e-5)
+    assert CM.ring_allreduce(split, MiB, t).software_s == CM.ring_allreduce(base, MiB, t).software_s
+    for fn, steps in ((CM.recursive_allreduce, 2), (CM.halving_reduce_scatter, 2),
+                      (CM.doubling_all_gather, 2), (CM.bruck_all_gather, 2)):
+        assert fn(split, MiB, t).software_s - fn(base, MiB, t).software_s == pytest.approx(steps * 1.3e-5)
+    assert prof().few_msg_s == prof().msg_s

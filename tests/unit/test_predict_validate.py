@@ -90,3 +90,28 @@ def test_validation_summary_counts_only_held_out_points():
     assert s["step"]["within_aim"] is False  # one point beyond 20%
     text = format_validation({"profile": "p", "load": "load", "points": pts, "summary": s})
     assert "NOT met" in text and "cal (fitted on it)" in text and "* oversubscribed" in text
+
+
+def test_zero_step_study_puts_the_model_beside_each_point():
+    """--study zero-step --profile P: every strategy's measured step gets the model's
+    prediction of that strategy and algorithm (ZeRO's groups from parallel.zero.bucket_mb)."""
+    from argparse import Namespace
+
+    from hpcdp.comm.cost import load_profile
+    from hpcdp.config import load_config
+    from hpcdp.scale import model as M
+    from hpcdp.scale.zero_study import predict_steps, strategies_for
+
+    sets = ["parallel.zero.bucket_mb=0.25"]
+    args = Namespace(config="jobs/gpt_ddp.toml", set=sets, batch=8, ranks_per_node=None)
+    table = strategies_for("ring,recursive")
+    points = [{"strategy": s, "ranks": 2, "step_time_s": 0.1} for s in ("ddp", "zero3", "zero2-recursive")]
+    predict_steps(args, points, table, "dev-vm-2core")
+    prof = load_profile("dev-vm-2core")
+    zwl = M.workload_from_config(load_config("jobs/gpt_ddp.toml", sets + ["parallel.ddp.bucket_mb=0.25"]))
+    assert len(zwl.buckets) > len(M.workload_from_config(load_config("jobs/gpt_ddp.toml", sets)).buckets)
+    for p, (strategy, algo) in zip(points, (("ddp", None), ("zero3", "ring"), ("zero2", "recursive"))):
+        if strategy != "ddp":
+            want = M.step(prof, zwl, strategy, 2, 4.0, algorithm=algo, per_node=2).step_s
+            assert p["pred_step_s"] == pytest.approx(want, rel=1e-12)
+        assert p["pred_error"] == pytest.approx(0.1 / p["pred_step_s"] - 1)
