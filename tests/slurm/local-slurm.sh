@@ -42,6 +42,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# Slurm daemons named $1 other than those of an emulated cluster's two-node Slurm
+# (tests/cluster/slurm.sh: started with -f /run/hpcdp-cluster-slurm-<prefix>/slurm.conf,
+# own ports and munge socket; it does not collide with this one).
+daemons_named() {
+  local p
+  for p in $(pgrep -x "$1"); do
+    tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q '/run/hpcdp-cluster-slurm-' || echo "$p"
+  done
+}
+
 # The controller named by the client config runs on this machine but no slurmctld
 # process does: nothing can answer, and sinfo would retry for ~9 s to find that out.
 local_controller_down() {
@@ -49,7 +59,7 @@ local_controller_down() {
   [ -f "$conf" ] || return 0   # no config: no client command can reach anything
   host=$(awk -F'[=(]' '/^[[:space:]]*SlurmctldHost[[:space:]]*=/ {gsub(/[[:space:]]/, "", $2); print $2; exit}' "$conf")
   case $host in
-    "$(hostname -s)"|"$(hostname)"|localhost|127.0.0.1) ! pgrep -x slurmctld >/dev/null ;;
+    "$(hostname -s)"|"$(hostname)"|localhost|127.0.0.1) [ -z "$(daemons_named slurmctld)" ] ;;
     *) return 1 ;;
   esac
 }
@@ -62,7 +72,7 @@ answers() {
   grep -Eq '^(idle|mixed|allocated|completing)$' <<< "$states"
 }
 
-daemons_running() { pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null; }
+daemons_running() { [ -n "$(daemons_named slurmctld)$(daemons_named slurmd)" ]; }
 
 wait_until_answers() {  # $1 seconds
   local n=$(( $1 * 2 ))
@@ -133,7 +143,7 @@ EOF
 }
 
 start_munge() {
-  if pgrep -x munged >/dev/null; then
+  if [ -n "$(daemons_named munged)" ]; then
     return 0  # someone's munged: use it, never stop it
   fi
   mkdir -p /run/munge /etc/munge && chown munge:munge /run/munge && chmod 755 /run/munge
