@@ -16,7 +16,8 @@
 # Its own names, so that it never meets tests/slurm/local-slurm.sh's one-node Slurm
 # (/etc/slurm/slurm.conf, ports 6817/6818) or another prefix's: config, state, logs and
 # munge socket in /run/hpcdp-cluster-slurm-<prefix>/; SlurmctldPort 17000 + 2 x (the third
-# number of $HPCDP_CLUSTER_NET), SlurmdPort the next one; cluster name hpcdp-<prefix>.
+# number of $HPCDP_CLUSTER_NET) (+ 512 x (the second number - 231) mod 8), SlurmdPort the
+# next one; cluster name hpcdp-<prefix>.
 # The client commands find it through SLURM_CONF (the `env` lines); UCX_TLS=tcp,self and
 # UCX_NET_DEVICES=eth0 make MPICH's UCX send inter-node traffic over the veth (otherwise
 # it sees the peer on the same machine and uses shared memory). sbatch passes them on.
@@ -33,7 +34,8 @@ CONF=$STATE/slurm.conf
 SOCK=$STATE/munge/munge.socket
 SBIN=${HPCDP_SLURM_SBIN:-/usr/sbin}
 octet=${NET##*.}
-CTLD_PORT=$((17000 + 2 * octet))
+octet2=$(cut -d. -f2 <<< "$NET")
+CTLD_PORT=$((17000 + 2 * octet + 512 * ((octet2 + 8 - 231 % 8) % 8)))
 SLURMD_PORT=$((CTLD_PORT + 1))
 
 die() { echo "slurm.sh: error: $2" >&2; exit "$1"; }
