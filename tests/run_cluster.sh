@@ -24,7 +24,7 @@ if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
 fi
 trap 'bash tests/cluster/cluster.sh down >/dev/null 2>&1' EXIT
 trap 'exit 130' INT TERM HUP  # a signal exits through the EXIT trap as well
-timeout -s INT -k 20 600 "$PY" -m pytest tests/cluster -q -p no:cacheprovider --timeout=500 "$@"
+timeout -s INT -k 20 900 "$PY" -m pytest tests/cluster -q -p no:cacheprovider --timeout=500 "$@"
 rc=$?
 [ $rc -eq 0 ] || { echo "=== emulated-cluster tests FAILED (pytest exit $rc$([ $rc -eq 124 ] && echo ', timed out'))"; exit 1; }
 echo "=== emulated-cluster tests passed"
