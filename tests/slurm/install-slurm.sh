@@ -13,7 +13,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 PACKAGES=(slurmctld slurmd slurm-client munge)
-APT="apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends ${PACKAGES[*]}"
+APT="apt-get update -qq && apt-get install -y -qq --no-install-recommends ${PACKAGES[*]}"
 dry=0
 case ${1:-} in
   --dry-run) dry=1 ;;
