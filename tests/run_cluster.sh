@@ -2,7 +2,7 @@
 # The emulated-cluster tests (tests/cluster): several nodes on this machine, each a network
 # namespace joined by veth links on a bridge (tests/cluster/cluster.sh), real mpiexec jobs
 # whose inter-node traffic crosses those links (tests/cluster/mpiexec), and a two-node Slurm
-# on them (tests/cluster/slurm.sh). About 7.5 minutes on 2 cores at a load of 11-16.
+# on them (tests/cluster/slurm.sh). About 6 minutes on 2 cores at a load of 11-13.
 # Needs root (namespaces, links, /etc/hosts lines) and iproute2 (installed with
 # apt-get when missing). Every namespace, link and hosts line it made is removed at the
 # end, whatever happened (also after Ctrl-C).
