@@ -29,6 +29,9 @@ STOP_WAIT=${HPCDP_SLURM_STOP_WAIT:-60}
 CONF=/etc/slurm/slurm.conf          # where the client commands look for it
 MARK="# written by hpcdp tests/slurm/local-slurm.sh"
 LOCK=/run/lock/hpcdp-local-slurm.lock
+# A shell set up for the emulated cluster's two-node Slurm (tests/cluster/slurm.sh env) points
+# SLURM_CONF at that one; this script's Slurm is the one of /etc/slurm/slurm.conf.
+case ${SLURM_CONF:-} in /run/hpcdp-cluster-slurm-*) unset SLURM_CONF ;; esac
 
 say() { echo "local-slurm: $*"; }
 die() { echo "local-slurm: $2" >&2; exit "$1"; }
@@ -43,12 +46,15 @@ while [ $# -gt 0 ]; do
 done
 
 # Slurm daemons named $1 other than those of an emulated cluster's two-node Slurm
-# (tests/cluster/slurm.sh: started with -f /run/hpcdp-cluster-slurm-<prefix>/slurm.conf,
-# own ports and munge socket; it does not collide with this one).
+# (tests/cluster/slurm.sh starts them with SLURM_CONF=/run/hpcdp-cluster-slurm-<prefix>/...
+# in their environment, which their children such as slurmctld's slurmscriptd inherit; own
+# ports and munge socket: it does not collide with this one).
 daemons_named() {
-  local p
+  local p words
   for p in $(pgrep -x "$1"); do
-    tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q '/run/hpcdp-cluster-slurm-' || echo "$p"
+    words=$(cat "/proc/$p/cmdline" "/proc/$p/environ" 2>/dev/null | tr '\0' ' ')
+    # empty: a zombie or gone (a daemon's parent that exited after forking it)
+    [ -n "$words" ] && [[ $words != */run/hpcdp-cluster-slurm-* ]] && echo "$p"
   done
 }
 
