@@ -29,6 +29,9 @@ STOP_WAIT=${HPCDP_SLURM_STOP_WAIT:-60}
 CONF=/etc/slurm/slurm.conf          # where the client commands look for it
 MARK="# written by hpcdp tests/slurm/local-slurm.sh"
 LOCK=/run/lock/hpcdp-local-slurm.lock
+# A shell set up for the emulated cluster's two-node Slurm (tests/cluster/slurm.sh env) points
+# SLURM_CONF at that one; this script's Slurm is the one of /etc/slurm/slurm.conf.
+case ${SLURM_CONF:-} in /run/hpcdp-cluster-slurm-*) unset SLURM_CONF ;; esac
 
 say() { echo "local-slurm: $*"; }
 die() { echo "local-slurm: $2" >&2; exit "$1"; }
@@ -42,6 +45,19 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# Slurm daemons named $1 other than those of an emulated cluster's two-node Slurm
+# (tests/cluster/slurm.sh starts them with SLURM_CONF=/run/hpcdp-cluster-slurm-<prefix>/...
+# in their environment, which their children such as slurmctld's slurmscriptd inherit; own
+# ports and munge socket: it does not collide with this one).
+daemons_named() {
+  local p words
+  for p in $(pgrep -x "$1"); do
+    words=$(cat "/proc/$p/cmdline" "/proc/$p/environ" 2>/dev/null | tr '\0' ' ')
+    # empty: a zombie or gone (a daemon's parent that exited after forking it)
+    [ -n "$words" ] && [[ $words != */run/hpcdp-cluster-slurm-* ]] && echo "$p"
+  done
+}
+
 # The controller named by the client config runs on this machine but no slurmctld
 # process does: nothing can answer, and sinfo would retry for ~9 s to find that out.
 local_controller_down() {
@@ -49,7 +65,7 @@ local_controller_down() {
   [ -f "$conf" ] || return 0   # no config: no client command can reach anything
   host=$(awk -F'[=(]' '/^[[:space:]]*SlurmctldHost[[:space:]]*=/ {gsub(/[[:space:]]/, "", $2); print $2; exit}' "$conf")
   case $host in
-    "$(hostname -s)"|"$(hostname)"|localhost|127.0.0.1) ! pgrep -x slurmctld >/dev/null ;;
+    "$(hostname -s)"|"$(hostname)"|localhost|127.0.0.1) [ -z "$(daemons_named slurmctld)" ] ;;
     *) return 1 ;;
   esac
 }
@@ -62,7 +78,7 @@ answers() {
   grep -Eq '^(idle|mixed|allocated|completing)$' <<< "$states"
 }
 
-daemons_running() { pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null; }
+daemons_running() { [ -n "$(daemons_named slurmctld)$(daemons_named slurmd)" ]; }
 
 wait_until_answers() {  # $1 seconds
   local n=$(( $1 * 2 ))
@@ -133,7 +149,7 @@ EOF
 }
 
 start_munge() {
-  if pgrep -x munged >/dev/null; then
+  if [ -n "$(daemons_named munged)" ]; then
     return 0  # someone's munged: use it, never stop it
   fi
   mkdir -p /run/munge /etc/munge && chown munge:munge /run/munge && chmod 755 /run/munge
