@@ -2,8 +2,8 @@
 
 A rank asks for ``[lo, lo + n)`` of one tensor; the reader intersects that with the
 tensor's pieces (``index.pieces``), and for each overlap reads the checksum blocks
-that cover it (never the whole piece), checks their SHA-256 (in a thread, while the
-next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
+that cover it (never the whole piece), checks their digests (XXH3-128, or SHA-256 in
+a format-1 checkpoint: checksum.py; in a thread, while the next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
 
 Files are opened once (HDF5 metadata through h5py, bulk bytes with ``pread`` at the
 dataset's offset: the pages around each block with O_DIRECT, direct.DirectReads,
@@ -13,7 +13,6 @@ missing or truncated file is named before anything else is read.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,16 +20,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from .checksum import ALGORITHMS, TITLE, digest, stored_digests
 from .direct import DirectReads, open_direct
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import BLOCK_BYTES
 from .h5 import pread_into
 from .layouts import get_layout
 from .ranges import Span, blocks_covering, intersect
-
-
-def _sha256(buf: np.ndarray) -> bytes:
-    return hashlib.sha256(buf.view(np.uint8)).digest()
 
 
 class Reader:
@@ -41,7 +37,7 @@ class Reader:
         self._direct_fds: dict = {}   # O_DIRECT read descriptors (None: refused)
         self._direct = DirectReads(BLOCK_BYTES)
         self.bytes_read = 0
-        # hashlib releases the GIL: threads check block k while block k + 1 is read
+        # xxhash and hashlib release the GIL: threads check block k while block k + 1 is read
         self._hasher = ThreadPoolExecutor(max_workers=threads)
 
     # -- files -----------------------------------------------------------------
@@ -133,7 +129,7 @@ class Reader:
             if ds.dtype != dtype or ds.shape != (want_len,):
                 raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
                                       f"{dtype} ({want_len},): wrong dtype or shape; {EARLIER}")
-            block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
+            algo, block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
             offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
         b0, b1 = blocks_covering(span, block)
         checks = []  # (block, lo, hi, future digest): hashing runs while the next block is read
@@ -153,31 +149,32 @@ class Reader:
                 with damaged_file(where):
                     buf[...] = ds[ds_start + lo:ds_start + hi]
             self.bytes_read += buf.nbytes
-            checks.append((b, lo, hi, self._hasher.submit(_sha256, buf)))
+            checks.append((b, lo, hi, self._hasher.submit(digest, buf, algo)))
             if not inside:
                 c0, c1 = max(lo, span.offset), min(hi, span.end)
                 out[c0 - span.offset:c1 - span.offset] = buf[c0 - lo:c1 - lo]
-        for b, lo, hi, digest in checks:
-            if digest.result() != digests[b].tobytes():
-                raise CheckpointError(f"{where}: SHA-256 mismatch in block {b} (elements "
+        for b, lo, hi, got in checks:
+            if got.result() != digests[b].tobytes():
+                raise CheckpointError(f"{where}: {TITLE[algo]} checksum mismatch in block {b} (elements "
                                       f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
                                       "is corrupt; use an earlier checkpoint")
 
     def _digests(self, ds, piece_off, piece_size, where):
-        """(block elements, this piece's digests, the piece's first element in ``ds``)."""
+        """(checksum algorithm, block elements, this piece's digests, the piece's first
+        element in ``ds``)."""
         try:
             block = int(ds.attrs["block"])
-            digests = np.asarray(ds.attrs["sha256"])
+            algo, digests = stored_digests(ds.attrs)
         except KeyError as e:
             raise CheckpointError(f"{where}: attribute {e} is missing; {EARLIER}") from None
         try:
             digests, start = self.layout.piece_digests(ds, piece_off, piece_size, block, digests, where)
         except KeyError as e:
             raise CheckpointError(f"{where}: attribute {e} is missing; {EARLIER}") from None
-        if digests.shape != ((piece_size + block - 1) // block, 32):
+        if digests.shape != ((piece_size + block - 1) // block, ALGORITHMS[algo][0]):
             raise CheckpointError(f"{where}: {digests.shape[0]} block digests for {piece_size} elements "
                                   f"in blocks of {block}: the checksum attribute is damaged; {EARLIER}")
-        return block, digests, start
+        return algo, block, digests, start
 
 
 __all__ = ["Reader"]
