@@ -4,7 +4,7 @@
 - protocol.py    what a strategy says it writes and fills (Piece, ReplicatedCheckpoint)
 - snapshot.py    this rank's pieces cut per logical tensor, in host memory
 - ranges.py      range arithmetic: intersect, split at parameter boundaries, coverage
-- checksum.py    SHA-256 per 4 MiB block
+- checksum.py    XXH3-128 per 4 MiB block (SHA-256 in format-1 checkpoints, still read)
 - h5.py          deterministic HDF5 files, raw pwrite/pread of contiguous datasets
 - direct.py      O_DIRECT writes and reads of page-aligned storage, and the fallbacks
 - layouts.py     the layout registry (checkpoint.layout -> its class)

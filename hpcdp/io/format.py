@@ -14,8 +14,9 @@ records the tensor's shape and dtype and, per piece, the file, element offset an
 size. The pieces depend on how many ranks wrote and under which strategy; the
 logical content does not.
 
-Checksums: SHA-256 of every ``BLOCK_BYTES`` block of every stored dataset (see
-checksum.py for why SHA-256 and not an HDF5 filter).
+Checksums: a digest of every ``BLOCK_BYTES`` block of every stored dataset, XXH3-128
+since format 2, SHA-256 in format 1 (which one: the attribute's name; checksum.py says
+why, and why not an HDF5 filter). Format 1 checkpoints are read as before.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import re
 
 FORMAT_NAME = "hpcdp-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: data blocks carry XXH3-128 (attribute xxh3_128), 1: SHA-256
 
 INDEX_FILE = "index.h5"
 MARKER_FILE = "COMMITTED"

@@ -80,7 +80,7 @@ def write_small(group, name: str, arr, block: int) -> None:
     parent, _, base = name.rpartition("/")
     ds = group_at(group, parent).create_dataset(base, data=arr, track_times=False)
     ds.attrs["block"] = np.int64(block)
-    ds.attrs["sha256"] = block_digests(arr.reshape(-1), block)
+    ds.attrs["sha256"] = block_digests(arr.reshape(-1), block, "sha256")  # the index keeps SHA-256
 
 
 def read_small(group, name: str, where: str) -> np.ndarray:
@@ -89,7 +89,8 @@ def read_small(group, name: str, where: str) -> np.ndarray:
         raise CheckpointError(f"{where}: dataset {group.name.rstrip('/')}/{name} is missing")
     ds = group[name]
     arr = ds[()]
-    bad = first_bad_block(np.asarray(arr).reshape(-1), 0, int(ds.attrs["block"]), ds.attrs["sha256"])
+    bad = first_bad_block(np.asarray(arr).reshape(-1), 0, int(ds.attrs["block"]), ds.attrs["sha256"],
+                          "sha256")
     if bad is not None:
         raise CheckpointError(f"{where}: dataset {ds.name} fails its SHA-256 check (block {bad}); "
                               "the file is corrupt")

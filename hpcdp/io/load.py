@@ -48,7 +48,8 @@ def fill_targets(ckpt_dir, index, targets, layout, backend=None, threads: int = 
                 tid = index.tensor_id(name)
                 if tid is None:
                     raise CheckpointError(f"checkpoint {ckpt_dir}: tensor {name} is not in it")
-                reader.read(tid, span.offset, host[pos:pos + span.size])
+                reader.read(tid, span.offset, host[pos:pos + span.size], wait=False)
+        reader.wait()
         _to_device(targets, hosts, backend)
         return reader.bytes_read
 

@@ -2,8 +2,8 @@
 
 A rank asks for ``[lo, lo + n)`` of one tensor; the reader intersects that with the
 tensor's pieces (``index.pieces``), and for each overlap reads the checksum blocks
-that cover it (never the whole piece), checks their SHA-256 (in a thread, while the
-next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
+that cover it (never the whole piece), checks their digests (XXH3-128, or SHA-256 in
+a format-1 checkpoint: checksum.py; in a thread, while the next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
 
 Files are opened once (HDF5 metadata through h5py, bulk bytes with ``pread`` at the
 dataset's offset: the pages around each block with O_DIRECT, direct.DirectReads,
@@ -13,14 +13,15 @@ missing or truncated file is named before anything else is read.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from .checksum import ALGORITHMS, TITLE, digest, stored_digests
 from .direct import DirectReads, open_direct
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import BLOCK_BYTES
@@ -28,9 +29,8 @@ from .h5 import pread_into
 from .layouts import get_layout
 from .ranges import Span, blocks_covering, intersect
 
-
-def _sha256(buf: np.ndarray) -> bytes:
-    return hashlib.sha256(buf.view(np.uint8)).digest()
+READ_AHEAD = 4   # blocks in flight per reader (each a 4 MiB request)
+QUEUED = 32      # blocks queued, read or not, before the oldest is waited for
 
 
 class Reader:
@@ -39,10 +39,14 @@ class Reader:
         self.layout = get_layout(index.attrs.get("layout", "split"))
         self._open_files: dict = {}
         self._direct_fds: dict = {}   # O_DIRECT read descriptors (None: refused)
-        self._direct = DirectReads(BLOCK_BYTES)
+        self._direct = threading.local()   # one O_DIRECT bounce buffer per reading thread
         self.bytes_read = 0
-        # hashlib releases the GIL: threads check block k while block k + 1 is read
-        self._hasher = ThreadPoolExecutor(max_workers=threads)
+        # Each block is read and checked by a task of its own, READ_AHEAD (or ``threads``)
+        # at a time: preadv, xxhash and NumPy's copies release the GIL, so the disk sees
+        # several requests at once (one O_DIRECT read at a time left it idle between them)
+        # and a block is verified while the next ones are read.
+        self._pool = ThreadPoolExecutor(max_workers=max(int(threads), READ_AHEAD))
+        self._pending: list = []
 
     # -- files -----------------------------------------------------------------
     def _file(self, fi: int):
@@ -83,14 +87,14 @@ class Reader:
         return self._file(fi)[0]
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)  # no read still running on a closed descriptor
         for h5, fd, _ in self._open_files.values():
             h5.close()
             os.close(fd)
         for dfd in self._direct_fds.values():
             if dfd is not None:
                 os.close(dfd)
-        self._open_files, self._direct_fds = {}, {}
-        self._hasher.shutdown(wait=True)
+        self._open_files, self._direct_fds, self._pending = {}, {}, []
 
     def __enter__(self):
         return self
@@ -99,9 +103,11 @@ class Reader:
         self.close()
 
     # -- reading ---------------------------------------------------------------
-    def read(self, tensor: int, lo: int, out: np.ndarray) -> None:
+    def read(self, tensor: int, lo: int, out: np.ndarray, wait: bool = True) -> None:
         """Fill host array ``out`` (1-D) with elements ``[lo, lo + len(out))`` of tensor
-        number ``tensor`` (an index into ``index.tensors``)."""
+        number ``tensor`` (an index into ``index.tensors``). ``wait`` False: return
+        once the reads are queued (the next pieces are read meanwhile); ``out`` is
+        filled and verified when :meth:`wait` returns."""
         n = int(out.shape[0])
         rows = self.index.pieces_of(tensor)
         got = 0
@@ -113,6 +119,18 @@ class Reader:
         if got != n:
             raise CheckpointError(f"checkpoint {self.dir}: tensor {self.index.tensors[tensor]}: elements "
                                   f"[{lo}, {lo + n}) are not all in the index's pieces")
+        if wait:
+            self.wait()
+
+    def wait(self, keep: int = 0) -> None:
+        """Wait for the queued block reads (all but the newest ``keep``), oldest first;
+        the first failure or checksum mismatch raises."""
+        while len(self._pending) > keep:
+            where, algo, piece_off, b, lo, hi, want, got = self._pending.pop(0)
+            if got.result() != want:
+                raise CheckpointError(f"{where}: {TITLE[algo]} checksum mismatch in block {b} (elements "
+                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
+                                      "is corrupt; use an earlier checkpoint")
 
     def _dataset(self, h5, name: str, tensor: str, piece_off: int):
         path = self.layout.dataset_path(tensor, piece_off)
@@ -133,51 +151,54 @@ class Reader:
             if ds.dtype != dtype or ds.shape != (want_len,):
                 raise CheckpointError(f"{where}: dataset is {ds.dtype} {ds.shape}, the index says "
                                       f"{dtype} ({want_len},): wrong dtype or shape; {EARLIER}")
-            block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
+            algo, block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
             offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
         b0, b1 = blocks_covering(span, block)
-        checks = []  # (block, lo, hi, future digest): hashing runs while the next block is read
-        for b in range(b0, b1):  # one checksum block at a time
+        for b in range(b0, b1):  # one checksum block per task, READ_AHEAD at once
             lo, hi = b * block, min((b + 1) * block, piece_size)
-            inside = lo >= span.offset and hi <= span.end
-            # a block the span covers whole is read straight into `out` (no copy)
-            buf = out[lo - span.offset:hi - span.offset] if inside else np.empty(hi - lo, dtype=dtype)
-            if offset is not None:
-                at = offset + (ds_start + lo) * dtype.itemsize
-                if buf.nbytes <= BLOCK_BYTES:
-                    if self._direct.read_into(self._direct_fds.get(fi), fd, buf, at) < buf.nbytes:
-                        pread_into(fd, buf, at, self.dir / name)  # names where the file ends
-                else:
-                    pread_into(fd, buf, at, self.dir / name)
-            else:
-                with damaged_file(where):
-                    buf[...] = ds[ds_start + lo:ds_start + hi]
-            self.bytes_read += buf.nbytes
-            checks.append((b, lo, hi, self._hasher.submit(_sha256, buf)))
-            if not inside:
-                c0, c1 = max(lo, span.offset), min(hi, span.end)
-                out[c0 - span.offset:c1 - span.offset] = buf[c0 - lo:c1 - lo]
-        for b, lo, hi, digest in checks:
-            if digest.result() != digests[b].tobytes():
-                raise CheckpointError(f"{where}: SHA-256 mismatch in block {b} (elements "
-                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
-                                      "is corrupt; use an earlier checkpoint")
+            self.bytes_read += (hi - lo) * dtype.itemsize
+            got = self._pool.submit(self._read_block, fi, fd, name, ds, where, algo, dtype, offset, ds_start,
+                                    lo, hi, span, out)
+            self._pending.append((where, algo, piece_off, b, lo, hi, digests[b].tobytes(), got))
+            self.wait(keep=QUEUED)  # bounded: a partial block's buffer lives until it is checked
+
+    def _read_block(self, fi, fd, name, ds, where, algo, dtype, offset, ds_start, lo, hi, span, out) -> bytes:
+        """Read elements ``[lo, hi)`` of a piece (one checksum block), copy the part
+        ``span`` wants into ``out`` and return the block's digest (in a pool thread)."""
+        inside = lo >= span.offset and hi <= span.end
+        # a block the span covers whole is read straight into `out` (no copy)
+        buf = out[lo - span.offset:hi - span.offset] if inside else np.empty(hi - lo, dtype=dtype)
+        if offset is not None:
+            at = offset + (ds_start + lo) * dtype.itemsize
+            direct = getattr(self._direct, "reads", None)
+            if direct is None:
+                direct = self._direct.reads = DirectReads(BLOCK_BYTES)
+            if buf.nbytes > BLOCK_BYTES or direct.read_into(self._direct_fds.get(fi), fd, buf, at) < buf.nbytes:
+                pread_into(fd, buf, at, self.dir / name)  # names where the file ends
+        else:
+            with damaged_file(where):
+                buf[...] = ds[ds_start + lo:ds_start + hi]
+        if not inside:
+            c0, c1 = max(lo, span.offset), min(hi, span.end)
+            out[c0 - span.offset:c1 - span.offset] = buf[c0 - lo:c1 - lo]
+        return digest(buf, algo)
 
     def _digests(self, ds, piece_off, piece_size, where):
-        """(block elements, this piece's digests, the piece's first element in ``ds``)."""
+        """(checksum algorithm, block elements, this piece's digests, the piece's first
+        element in ``ds``)."""
         try:
             block = int(ds.attrs["block"])
-            digests = np.asarray(ds.attrs["sha256"])
+            algo, digests = stored_digests(ds.attrs)
         except KeyError as e:
             raise CheckpointError(f"{where}: attribute {e} is missing; {EARLIER}") from None
         try:
             digests, start = self.layout.piece_digests(ds, piece_off, piece_size, block, digests, where)
         except KeyError as e:
             raise CheckpointError(f"{where}: attribute {e} is missing; {EARLIER}") from None
-        if digests.shape != ((piece_size + block - 1) // block, 32):
+        if digests.shape != ((piece_size + block - 1) // block, ALGORITHMS[algo][0]):
             raise CheckpointError(f"{where}: {digests.shape[0]} block digests for {piece_size} elements "
                                   f"in blocks of {block}: the checksum attribute is damaged; {EARLIER}")
-        return block, digests, start
+        return algo, block, digests, start
 
 
 __all__ = ["Reader"]

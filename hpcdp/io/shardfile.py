@@ -3,7 +3,7 @@
 ``rank-00003.h5`` holds the pieces rank 3 owns, each a 1-D dataset named
 ``/<logical tensor>/<element offset>`` (e.g. ``/optim/m/h.0.mlp.c_fc.weight/1536``)
 with attributes ``offset`` (element offset in the flattened tensor), ``block``
-(elements per checksum block) and ``sha256`` (block digests). The root's attributes
+(elements per checksum block) and ``xxh3_128`` (block digests; ``sha256`` in format 1). The root's attributes
 carry the rank, the world size and this rank's scalars (optimizer step count, PS
 server version).
 
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .checksum import block_elements, submit_digests
+from .checksum import WRITE, block_elements, submit_digests
 from .failpoint import failpoint
 from .format import FORMAT_NAME, FORMAT_VERSION
 from .direct import PieceWriter
@@ -49,7 +49,7 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: i
     groups = {}
     with create(path) as f, ThreadPoolExecutor(max_workers=threads) as pool:
         # digests in threads from now on, while the structure is made and the bytes
-        # written (hashlib and pwrite release the GIL)
+        # written (xxhash and pwrite release the GIL)
         digests = [submit_digests(pool, p.data, b) for p, b in zip(pieces, blocks)]
         set_attrs(f, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "rank",
                       **attrs, **snap.scalars})
@@ -69,7 +69,7 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: i
                     failpoint("ckpt-mid-write", step=step, rank=rank)
         stats = {"direct": w.direct, "direct_bytes": w.direct_bytes, "buffered_bytes": w.buffered_bytes}
         for ds, d in zip(datasets, digests):
-            ds.attrs["sha256"] = d()
+            ds.attrs[WRITE] = d()
     fsync_file(path)  # the one fsync of this file: data (O_DIRECT or not) and metadata
     return stats
 

@@ -3,8 +3,8 @@
 Every logical tensor is one 1-D dataset of all its elements (``/param/wte.weight``,
 attribute ``shape`` for its real shape); each rank writes the hyperslabs it owns.
 Checksums stay per piece (a rank hashes only what it wrote): the dataset's
-attributes ``pieces`` ((P, 2) int64: element offset, size, sorted) and ``sha256``
-(the block digests of piece 0, then piece 1, ...) with ``block`` elements per block.
+attributes ``pieces`` ((P, 2) int64: element offset, size, sorted) and ``xxh3_128``
+(``sha256`` in format 1: the block digests of piece 0, then piece 1, ...) with ``block`` elements per block.
 
 HDF5 metadata (dataset creation, attributes) is collective in parallel HDF5: every
 rank makes the same calls with the same values, so the pieces' offsets and digests
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .outcome import allgather_rows
-from .checksum import block_elements, submit_digests
+from .checksum import ALGORITHMS, WRITE, block_elements, submit_digests
 from .errors import CheckpointError
 from .failpoint import failpoint
 from .direct import PieceWriter
@@ -48,14 +48,14 @@ def write_shared(path, snap, expected: dict, comm, *, step: int, timeout: float 
     tensors = list(expected)
     ids = {t: i for i, t in enumerate(tensors)}
     rows, digs = [], []
-    with ThreadPoolExecutor(max_workers=threads) as pool:  # hashlib releases the GIL
+    with ThreadPoolExecutor(max_workers=threads) as pool:  # xxhash releases the GIL
         pending = [submit_digests(pool, p.data, block_elements(p.data.dtype.itemsize)) for p in snap.pieces]
         for p, result in zip(snap.pieces, pending):
             d = result()
             rows.append((ids[p.tensor], p.offset, p.size, len(d)))
             digs.append(d)
     rows_a = np.array(rows, dtype=np.int64).reshape(-1, 4)
-    digs_a = np.concatenate(digs) if digs else np.zeros((0, 32), np.uint8)
+    digs_a = np.concatenate(digs) if digs else np.zeros((0, ALGORITHMS[WRITE][0]), np.uint8)
     every_rows = np.concatenate(allgather_rows(comm, rows_a, timeout=timeout))
     every_dig = np.concatenate(allgather_rows(comm, digs_a, timeout=timeout))
     starts = np.concatenate([[0], np.cumsum(every_rows[:, 3])]).astype(np.int64)
@@ -73,7 +73,7 @@ def write_shared(path, snap, expected: dict, comm, *, step: int, timeout: float 
             ds.attrs["shape"] = np.array(shape, dtype=np.int64)
             ds.attrs["pieces"] = every_rows[order][:, 1:3]
             ds.attrs["block"] = np.int64(block_elements(ds.dtype.itemsize))
-            ds.attrs["sha256"] = np.concatenate([every_dig[starts[i]:starts[i + 1]] for i in order])
+            ds.attrs[WRITE] = np.concatenate([every_dig[starts[i]:starts[i + 1]] for i in order])
             mine[name] = ds
         # Each rank's hyperslabs go straight to the storage HDF5 allocated (early, never
         # filled, page aligned), through this rank's own descriptors, O_DIRECT where the

@@ -95,7 +95,8 @@ def shares(segs, targets, size: int) -> list[list[int]]:
 def read_share(reader, segs, mine, hosts) -> None:
     for k in mine:
         j, pos, n, tid, lo = segs[k]
-        reader.read(tid, lo, hosts[j][pos:pos + n])
+        reader.read(tid, lo, hosts[j][pos:pos + n], wait=False)
+    reader.wait()
 
 
 def share(comm, segs, owners, hosts, timeout: float) -> None:

@@ -194,7 +194,49 @@ def test_a_flipped_byte_is_refused_naming_file_and_tensor(tmp_path):
     with pytest.raises(CheckpointError) as e:
         _restore_all(ckpt, flat, opt)
     assert "rank-00001.h5" in str(e.value) and dataset.rpartition("/")[0].lstrip("/") in str(e.value)
-    assert "SHA-256" in str(e.value)
+    assert "XXH3-128 checksum mismatch" in str(e.value)
+
+
+# A format-1 checkpoint (SHA-256 data blocks), written by the hpcdp of 2026-12-01 before
+# the switch to XXH3-128: _save_as(root, 4, *_state(seed=3), 2), 30 KB, kept as it was.
+FORMAT1 = os.path.join(os.path.dirname(__file__), "data", "ckpt-format1", "step-00000004")
+
+
+def test_new_checkpoints_carry_xxh3_and_say_format_2(tmp_path):
+    flat, opt = _state()
+    ckpt = _save_as(tmp_path / "ck", 1, flat, opt, 1)
+    with h5py.File(ckpt / "rank-00000.h5", "r") as f:
+        assert int(f.attrs["format_version"]) == 2
+        ds = f[f"param/p0/0"]
+        assert "sha256" not in ds.attrs and ds.attrs["xxh3_128"].shape == (1, 16)
+        import xxhash
+        assert ds.attrs["xxh3_128"][0].tobytes() == xxhash.xxh3_128_digest(ds[()].tobytes())
+
+
+def test_a_format_1_checkpoint_restores_and_its_damage_is_refused(tmp_path):
+    import shutil
+    flat, opt = _state(seed=3)
+    ckpt = tmp_path / "step-00000004"
+    shutil.copytree(FORMAT1, ckpt)
+    with h5py.File(ckpt / "rank-00001.h5", "r") as f:
+        assert int(f.attrs["format_version"]) == 1 and "sha256" in f["param/p0/" + sorted(f["param/p0"])[0]].attrs
+    for m in (1, 2, 3):  # any rank count reads it, bit for bit
+        for r in range(m):
+            off, size = shard_range(flat.numel, m, r)
+            targets = [Piece("param", off, np.empty(size, np.float32))]
+            targets += [Piece(f"optim/{k}", off, np.empty(size, np.float32)) for k in opt.names]
+            load(ckpt, targets, flat.layout, expected_tensors(flat, opt), "adamw", None)
+            assert np.array_equal(targets[0].array, flat.data[off:off + size])
+            for t in targets[1:]:
+                assert np.array_equal(t.array, opt.state[t.buffer.split("/")[1]][off:off + size])
+    path = ckpt / "rank-00001.h5"
+    with h5py.File(path, "r") as f:
+        where = f["optim/v/p2/" + sorted(f["optim/v/p2"])[0]].id.get_offset() + 2
+    raw = bytearray(path.read_bytes())
+    raw[where] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"rank-00001.h5, tensor optim/v/p2 .*SHA-256 checksum mismatch"):
+        _restore_all(ckpt, flat, opt)
 
 
 def test_a_truncated_or_missing_file_is_refused(tmp_path):
