@@ -287,7 +287,8 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     nbytes = sendbuf.nbytes
     if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None
-    T = sig[0]
+    # the arrays themselves as MPI buffers: mpi4py maps their (native) format code to the
+    # same datatype as sig[0] (both come from its type table), without a [buf, T] list
     if recvbuf is None or recvbuf is sendbuf:
         s, result = IN_PLACE, sendbuf
     elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
@@ -295,9 +296,9 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
           or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous)):
         return None
     else:
-        s, result = [sendbuf, T], recvbuf
+        s, result = sendbuf, recvbuf
     try:
-        req = ctx.data.Iallreduce(s, [result, T], sig[1])
+        req = ctx.data.Iallreduce(s, result, sig[1])
     except _REFUSED:
         return None
     seq = ctx.seq
@@ -309,6 +310,8 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     if not blocking:
         return FastRequest(ctx, req, (seq, "allreduce", dtype, sendbuf.size, -1, "native", op),
                            ledger, (nbytes, nbytes), timeout, result, after)
+    if after is None and ledger is None and req.Test():
+        return result  # the common small case: done at the first test
     _finish(ctx, req, seq, "allreduce", dtype, sendbuf.size, op, ledger, (nbytes, nbytes),
             timeout, after)
     return result
@@ -351,8 +354,8 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
     else:
         result = target = recvbuf
     try:
-        if counts is None:
-            req = ctx.data.Ireduce_scatter_block([sendbuf, T], [target, T], sig[1])
+        if counts is None:  # (arrays as buffers: see lean_allreduce)
+            req = ctx.data.Ireduce_scatter_block(sendbuf, target, sig[1])
         else:
             req = ctx.data.Ireduce_scatter([sendbuf, T], [target, T], counts, sig[1])
     except _REFUSED:
@@ -373,6 +376,8 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
     if not blocking:
         return FastRequest(ctx, req, (seq, "reduce_scatter", sendbuf.dtype, n, -1, "native", op),
                            ledger, nbytes, timeout, result, after)
+    if after is None and ledger is None and req.Test():
+        return result
     _finish(ctx, req, seq, "reduce_scatter", sendbuf.dtype, n, op, ledger, nbytes, timeout,
             after)
     return result
@@ -395,12 +400,13 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
           or sendbuf.size != mine or not sendbuf.flags.c_contiguous):
         return None
     else:
-        s = [sendbuf, T]
+        s = sendbuf  # (arrays as buffers: see lean_allreduce)
     try:
         if counts is None:
-            req = ctx.data.Iallgather(s, [full, T])
+            req = ctx.data.Iallgather(s, full)
         else:
-            req = ctx.data.Iallgatherv(s, [full, counts, _bounds(ctx, n)[1], T])
+            req = ctx.data.Iallgatherv(s if in_place else [sendbuf, T],
+                                       [full, counts, _bounds(ctx, n)[1], T])
     except _REFUSED:
         return None
     seq = ctx.seq
@@ -411,5 +417,7 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
     if not blocking:
         return FastRequest(ctx, req, (seq, "all_gather", full.dtype, n, -1, "native", ""),
                            ledger, nbytes, timeout, result)
+    if ledger is None and req.Test():
+        return result
     _finish(ctx, req, seq, "all_gather", full.dtype, n, "", ledger, nbytes, timeout, None)
     return result
