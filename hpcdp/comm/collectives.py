@@ -34,6 +34,7 @@ from hpcdp.comm.debug import debug_check
 from hpcdp.comm.native import native_all_gather, native_reduce_scatter
 from hpcdp.comm.ops import resolve
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
+from hpcdp.comm.compiled import blocking
 from hpcdp.comm.compiled.engine import blocking_call, ring_request
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 from hpcdp.shard import shard_range
@@ -201,7 +202,10 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
               segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None, wire=None):
     """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (or in place); returns it."""
     if max_message_bytes is None and (wire is None or wire == "float32"):
-        out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
+        if algorithm == "ring":
+            out = blocking.allreduce(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes)
+        else:
+            out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
         if out is not None:
             return out
     return blocking_call(iallreduce, sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm,
@@ -301,7 +305,12 @@ def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", l
                    wire=None):
     """This rank's chunk (``shard_range``) of the reduction over all ranks."""
     if max_message_bytes is None and (wire is None or wire == "float32"):
-        out = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
+        if algorithm == "ring":
+            out = blocking.reduce_scatter(sendbuf, recvbuf, comm, op, ledger, timeout,
+                                          segment_bytes)
+        else:
+            out = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger,
+                                           timeout, True)
         if out is not None:
             return out
     return blocking_call(ireduce_scatter, sendbuf, recvbuf, comm=comm, op=op,
@@ -373,7 +382,10 @@ def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None, wire=None):
     """Every rank's chunk, concatenated in rank order (``shard_range`` positions)."""
     if max_message_bytes is None and (wire is None or wire == "float32"):
-        out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
+        if algorithm == "ring":
+            out = blocking.all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes)
+        else:
+            out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
         if out is not None:
             return out
     return blocking_call(iall_gather, sendbuf, recvbuf, comm=comm, algorithm=algorithm,

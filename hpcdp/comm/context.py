@@ -108,6 +108,10 @@ class CommContext:
         self.shard_cache: dict = {}  # n -> counts/displacements for MPI's v-collectives
         self.ctrl_reqs: list = []    # control requests in flight (their buffers stay alive)
         self.lean_bounds: dict = {}  # (collective, algorithm) -> bytes bound of hpcdp.comm.fast
+        # hpcdp.comm.fast.signature: (collective, op, algorithm, dtype) -> the lean decision,
+        # valid for hpcdp.comm.auto.generation() == lean_gen
+        self.lean_sigs: dict = {}
+        self.lean_gen = -1
         self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))
         self.timeout = default_timeout()
         self.cuda_aware = None  # decided lazily by hpcdp.comm.device
@@ -115,6 +119,8 @@ class CommContext:
         # needed) and the compiled ring's plans (shape key -> Plan, with reusable states)
         self.engine: str | None = None
         self.compiled_plans: dict = {}
+        # hpcdp.comm.compiled.blocking: a blocking ring call's signature -> its ready plan
+        self.blocking_plans: dict = {}
 
     def keep(self, reqs) -> None:
         """Hold control requests (and so their buffers) until they complete."""
@@ -171,6 +177,13 @@ def _setup(comm, timeout: float) -> CommContext:
         if idle % 64 == 0:
             os.sched_yield()
     return CommContext(comm, data, ctrl)
+
+
+def known_context(comm) -> CommContext | None:
+    """``comm``'s context if a collective already set it up (the fast fronts' look-up,
+    hpcdp.comm.fast and hpcdp.comm.compiled.blocking), else None: no MPI call."""
+    hit = _LAST.get(id(comm))
+    return hit[1] if hit is not None and hit[0] is comm else None
 
 
 def get_context(comm, timeout: float | None = None) -> CommContext:

@@ -3,7 +3,8 @@
 Below the crossovers of hpcdp.comm.auto, MPI's own collective over shared memory
 or a network is latency-bound and hard to beat from Python; what hpcdp adds must
 then cost as little as possible. For host numpy buffers and a built-in op, a call
-here is: the argument checks, a sequence number, one MPI call (``Iallreduce``,
+here is: the argument checks (the decision for the call's signature cached on the
+communicator's context, :func:`signature`), a sequence number, one MPI call (``Iallreduce``,
 ``Ireduce_scatter_block`` / ``Ireduce_scatter``, ``Iallgather`` / ``Iallgatherv``)
 and a ``Test`` loop that looks at the clock every 64 polls. Nothing else goes on
 the wire; past the deadline the missing-rank diagnosis runs as for every request
@@ -11,8 +12,9 @@ the wire; past the deadline the missing-rank diagnosis runs as for every request
 (:func:`hpcdp.comm.volume.native_bytes`).
 
 :class:`FastRequest` has the request interface (``test``, ``wait``, ``expire``,
-``done``, ``result``) with ``__slots__`` and no generator: about a microsecond of
-Python per call on top of MPI's (``hpcdp bench comm-overhead``).
+``done``, ``result``) with ``__slots__`` and no generator; a blocking call makes no
+request object at all. About 2 us of Python per call on top of MPI's non-blocking
+call + Test (``hpcdp bench comm-overhead``).
 """
 
 from __future__ import annotations
@@ -209,14 +211,34 @@ def _bound(ctx, collective, algorithm) -> int:
     return bound
 
 
-def _lean_ctx(comm, collective, algorithm, nbytes):
-    hit = _LAST.get(id(comm))
-    if hit is None or hit[0] is not comm:
+def signature(ctx, collective, op, algorithm, dtype):
+    """The lean path's cached decision for one call signature: ``(MPI datatype, MPI op,
+    mean?, byte bound)``, or None when the lean path never takes it (a user op, a
+    byte-swapped or unknown dtype, an algorithm other than "auto"/"native", "auto"
+    with no native rows). Checked once per (collective, op, algorithm, dtype) and
+    kept on the context (``CommContext.lean_sigs``) until hpcdp.comm.auto.forget."""
+    sigs = ctx.lean_sigs
+    gen = generation()
+    if ctx.lean_gen != gen:
+        sigs.clear()
+        ctx.lean_gen = gen
+    key = (collective, op, algorithm, dtype)
+    try:
+        return sigs[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable op (a callable with state): not lean
         return None
-    ctx = hit[1]
-    if ctx.debug or ctx.failed is not None or ctx.size == 1 or nbytes == 0:
-        return None
-    return ctx if nbytes < _bound(ctx, collective, algorithm) else None
+    spec = _SPECS.get(op) if op.__class__ is str else None
+    if collective == "all_gather":
+        spec = _SPECS["sum"]  # no op: the datatype alone matters
+    T = _TYPES.get(dtype.char) if dtype.isnative else None  # MPI reads native byte order
+    bound = _bound(ctx, collective, algorithm)
+    hit = None if spec is None or T is None or bound == 0 else (T, spec[0], spec[1], bound)
+    if len(sigs) > 4096:
+        sigs.clear()
+    sigs[key] = hit
+    return hit
 
 
 def spin(ctx, req, call, timeout, started=None) -> None:
@@ -238,36 +260,37 @@ def spin(ctx, req, call, timeout, started=None) -> None:
                     raise diagnose(ctx, call, time.monotonic() - started, limit, (), joined=True)
 
 
-def _end(ctx, req, call, ledger, nbytes, timeout, result, after, blocking):
-    """Non-blocking: the FastRequest. Blocking: wait here and return the result, with
-    no request object when the first Test already succeeds (the common small case)."""
-    if not blocking:
-        return FastRequest(ctx, req, call, ledger, nbytes, timeout, result, after)
+def _finish(ctx, req, seq, name, dtype, n, op, ledger, nbytes, timeout, after):
+    """A blocking lean call's end: wait under the deadline (the call tuple built only
+    then), the mean's division or the in-place copy, the ledger."""
     if not req.Test():
-        spin(ctx, req, call, timeout)
+        spin(ctx, req, (seq, name, dtype, n, -1, "native", op), timeout)
     if after is not None:
         after()
     if ledger is not None:
-        ledger.record(call[1], nbytes[0], nbytes[1], 1, 1, calls=1)
-    return result
+        ledger.count_call(name, nbytes[0], nbytes[1], 1, 1)
 
 
 def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
-    spec = _SPECS.get(op) if op.__class__ is str else None
-    if spec is None or sendbuf.__class__ is not np.ndarray \
+    if op.__class__ is not str or sendbuf.__class__ is not np.ndarray \
             or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
         return None  # (a strided 1-D buffer: mpi4py refuses it below)
-    dtype = sendbuf.dtype
-    T = _TYPES.get(dtype.char) if dtype.isnative else None  # MPI reads native byte order
-    nbytes = sendbuf.nbytes
     hit = _LAST.get(id(comm))
-    if T is None or hit is None or hit[0] is not comm:
+    if hit is None or hit[0] is not comm:
         return None
     ctx = hit[1]
-    if ctx.debug or ctx.failed is not None or ctx.size == 1 or nbytes == 0:
+    if ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None
-    if nbytes >= _bound(ctx, "allreduce", algorithm):
+    dtype = sendbuf.dtype
+    sig = ctx.lean_sigs.get(("allreduce", op, algorithm, dtype), False) \
+        if ctx.lean_gen == generation() else False
+    if sig is False:
+        sig = signature(ctx, "allreduce", op, algorithm, dtype)
+    nbytes = sendbuf.nbytes
+    if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None
+    # the arrays themselves as MPI buffers: mpi4py maps their (native) format code to the
+    # same datatype as sig[0] (both come from its type table), without a [buf, T] list
     if recvbuf is None or recvbuf is sendbuf:
         s, result = IN_PLACE, sendbuf
     elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
@@ -275,30 +298,51 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
           or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous)):
         return None
     else:
-        s, result = [sendbuf, T], recvbuf
+        s, result = sendbuf, recvbuf
     try:
-        req = ctx.data.Iallreduce(s, [result, T], spec[0])
+        req = ctx.data.Iallreduce(s, result, sig[1])
     except _REFUSED:
         return None
     seq = ctx.seq
     ctx.seq = seq + 1
     after = None
-    if spec[1]:
+    if sig[2]:
         def after():
             _mean(result.reshape(-1), ctx.size)
-    return _end(ctx, req, (seq, "allreduce", dtype, sendbuf.size, -1, "native", op),
-                ledger, (nbytes, nbytes), timeout, result, after, blocking)
+    if not blocking:
+        return FastRequest(ctx, req, (seq, "allreduce", dtype, sendbuf.size, -1, "native", op),
+                           ledger, (nbytes, nbytes), timeout, result, after)
+    if after is None and ledger is None and req.Test():
+        return result  # the common small case: done at the first test
+    _finish(ctx, req, seq, "allreduce", dtype, sendbuf.size, op, ledger, (nbytes, nbytes),
+            timeout, after)
+    return result
+
+
+def _lean_ctx(comm, collective, op, algorithm, buf):
+    """(context, signature) of a lean reduce-scatter / all-gather on ``buf`` (the
+    full-length buffer), or (None, None)."""
+    hit = _LAST.get(id(comm))
+    if hit is None or hit[0] is not comm:
+        return None, None
+    ctx = hit[1]
+    if ctx.debug or ctx.failed is not None or ctx.size == 1:
+        return None, None
+    sig = signature(ctx, collective, op, algorithm, buf.dtype)
+    nbytes = buf.nbytes
+    if sig is None or nbytes >= sig[3] or nbytes == 0:
+        return None, None
+    return ctx, sig
 
 
 def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
-    spec = _SPECS.get(op) if op.__class__ is str else None
-    if spec is None or sendbuf.__class__ is not np.ndarray or not sendbuf.flags.c_contiguous \
-            or sendbuf.ndim != 1:
+    if op.__class__ is not str or sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1 \
+            or not sendbuf.flags.c_contiguous:
         return None
-    ctx = _lean_ctx(comm, "reduce_scatter", algorithm, sendbuf.nbytes)
-    T = _TYPES.get(sendbuf.dtype.char) if sendbuf.dtype.isnative else None
-    if ctx is None or T is None:
+    ctx, sig = _lean_ctx(comm, "reduce_scatter", op, algorithm, sendbuf)
+    if ctx is None:
         return None
+    T, mean = sig[0], sig[2]
     n, N = sendbuf.size, ctx.size
     off, size, counts = _chunk(ctx, n)
     in_place = recvbuf is None or recvbuf is sendbuf
@@ -312,10 +356,10 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
     else:
         result = target = recvbuf
     try:
-        if counts is None:
-            req = ctx.data.Ireduce_scatter_block([sendbuf, T], [target, T], spec[0])
+        if counts is None:  # (arrays as buffers: see lean_allreduce)
+            req = ctx.data.Ireduce_scatter_block(sendbuf, target, sig[1])
         else:
-            req = ctx.data.Ireduce_scatter([sendbuf, T], [target, T], counts, spec[0])
+            req = ctx.data.Ireduce_scatter([sendbuf, T], [target, T], counts, sig[1])
     except _REFUSED:
         if in_place:
             ctx.pool.put(raw)
@@ -323,26 +367,33 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
     seq = ctx.seq
     ctx.seq = seq + 1
     after = None
-    if in_place or spec[1]:
+    if in_place or mean:
         def after():
-            if spec[1]:
+            if mean:
                 _mean(target.reshape(-1), N)
             if in_place:
                 result[...] = target
                 ctx.pool.put(raw)
-    return _end(ctx, req, (seq, "reduce_scatter", sendbuf.dtype, n, -1, "native", op),
-                ledger, (sendbuf.nbytes, size * sendbuf.itemsize), timeout, result, after, blocking)
+    nbytes = (sendbuf.nbytes, size * sendbuf.itemsize)
+    if not blocking:
+        return FastRequest(ctx, req, (seq, "reduce_scatter", sendbuf.dtype, n, -1, "native", op),
+                           ledger, nbytes, timeout, result, after)
+    if after is None and ledger is None and req.Test():
+        return result
+    _finish(ctx, req, seq, "reduce_scatter", sendbuf.dtype, n, op, ledger, nbytes, timeout,
+            after)
+    return result
 
 
 def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking=False):
     in_place = recvbuf is None or recvbuf is sendbuf
     full = sendbuf if in_place else recvbuf
-    if full.__class__ is not np.ndarray or not full.flags.c_contiguous or full.ndim != 1:
+    if full.__class__ is not np.ndarray or full.ndim != 1 or not full.flags.c_contiguous:
         return None
-    ctx = _lean_ctx(comm, "all_gather", algorithm, full.nbytes)
-    T = _TYPES.get(full.dtype.char) if full.dtype.isnative else None
-    if ctx is None or T is None:
+    ctx, sig = _lean_ctx(comm, "all_gather", "", algorithm, full)
+    if ctx is None:
         return None
+    T = sig[0]
     n = full.size
     _, mine, counts = _chunk(ctx, n)
     if in_place:
@@ -351,17 +402,24 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
           or sendbuf.size != mine or not sendbuf.flags.c_contiguous):
         return None
     else:
-        s = [sendbuf, T]
+        s = sendbuf  # (arrays as buffers: see lean_allreduce)
     try:
         if counts is None:
-            req = ctx.data.Iallgather(s, [full, T])
+            req = ctx.data.Iallgather(s, full)
         else:
-            req = ctx.data.Iallgatherv(s, [full, counts, _bounds(ctx, n)[1], T])
+            req = ctx.data.Iallgatherv(s if in_place else [sendbuf, T],
+                                       [full, counts, _bounds(ctx, n)[1], T])
     except _REFUSED:
         return None
     seq = ctx.seq
     ctx.seq = seq + 1
     item = full.itemsize
-    return _end(ctx, req, (seq, "all_gather", full.dtype, n, -1, "native", ""),
-                ledger, (mine * item, n * item), timeout, full if in_place else recvbuf, None,
-                blocking)
+    result = full if in_place else recvbuf
+    nbytes = (mine * item, n * item)
+    if not blocking:
+        return FastRequest(ctx, req, (seq, "all_gather", full.dtype, n, -1, "native", ""),
+                           ledger, nbytes, timeout, result)
+    if ledger is None and req.Test():
+        return result
+    _finish(ctx, req, seq, "all_gather", full.dtype, n, "", ledger, nbytes, timeout, None)
+    return result

@@ -17,6 +17,7 @@ from hpcdp.comm import CollectiveTimeout, Ledger, all_gather, allreduce, iallred
     iall_gather, reduce_scatter
 from hpcdp.comm.compiled import active_engine, engine, set_engine
 from hpcdp.comm.compiled.request import CompiledRingRequest
+from hpcdp.comm.context import get_context
 from hpcdp.shard import shard_range
 
 pytestmark = pytest.mark.mpi
@@ -79,12 +80,46 @@ CASES = [(d, 256) for d in DTYPES] + [(d, None) for d in (np.float32, np.float64
 @pytest.mark.parametrize("dtype,seg", CASES,
                          ids=[f"{np.dtype(d).name}-{'seg256' if s else 'whole'}" for d, s in CASES])
 def test_bitwise_equal_to_the_python_ring(comm, dtype, seg):
+    ctx = get_context(comm)
+    fronts = ctx.blocking_plans
     for n in lengths(comm.Get_size()):
         ref, ref_ledger = run_all(comm, "python", dtype, n, seg)
-        got, got_ledger = run_all(comm, "compiled", dtype, n, seg)
-        bad = [k for k in ref if ref[k] != got[k]]
+        ctx.compiled_plans.clear()  # (its cap of 256 plans must not drop this n's plans)
+        got, got_ledger = run_all(comm, "compiled", dtype, n, seg)  # request path, compiles
+        fronts.clear()
+        again, again_ledger = run_all(comm, "compiled", dtype, n, seg)  # the blocking front
+        bad = [k for k in ref if ref[k] != got[k] or ref[k] != again[k]]
         assert not bad, f"n={n}: {bad} differ"
-        assert got_ledger == ref_ledger, f"n={n}"
+        assert got_ledger == ref_ledger == again_ledger, f"n={n}"
+        if n and comm.Get_size() > 1:  # every repeated call of the second run took the front
+            names = {k[0] for k in fronts}
+            assert names == {"allreduce", "reduce_scatter", "all_gather"}, names
+            assert len(fronts) == 4 * 4 + 1, sorted(fronts)  # 4 ops x (ar, ar-out, rs, rs-out) + ag
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_blocking_front_keeps_debug_mode_and_the_engine_choice(comm):
+    from hpcdp.comm import CollectiveMismatch, set_debug
+
+    sub = comm.Dup()
+    set_engine(sub, "compiled")
+    N, r = sub.Get_size(), sub.Get_rank()
+    fronts = get_context(sub).blocking_plans
+    for n in (10, 11):  # both signatures warm on every rank: the front would take them
+        for _ in range(2):
+            allreduce(np.ones(n), comm=sub, algorithm="ring")
+    assert len(fronts) == 2
+    set_debug(sub, True)
+    try:
+        with pytest.raises(CollectiveMismatch) as err:
+            allreduce(np.ones(11 if r == N - 1 else 10), comm=sub, algorithm="ring", timeout=10)
+        assert "length=10" in str(err.value) and "length=11" in str(err.value)
+    finally:
+        set_debug(sub, False)
+    set_engine(sub, "python")  # the front follows set_engine: the Python ring runs
+    x = np.arange(10.0) + r
+    assert np.array_equal(allreduce(x.copy(), comm=sub, algorithm="ring"),
+                          np.arange(10.0) * N + N * (N - 1) / 2)
 
 
 def test_compiled_requests_run_for_the_compiled_dtypes(comm):
@@ -133,11 +168,16 @@ def test_fallback_when_mpi_cannot_be_bound(comm, monkeypatch, caplog):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_rank_that_never_arrives_is_named_from_compiled_code(comm):
+@pytest.mark.parametrize("path", ["first call", "repeated call"])
+def test_a_rank_that_never_arrives_is_named_from_compiled_code(comm, path):
     sub = comm.Dup()  # the timeout marks its communicator failed: keep COMM_WORLD usable
     rank, N = sub.Get_rank(), sub.Get_size()
     set_engine(sub, "compiled")
     allreduce(np.ones(4), comm=sub, algorithm="ring")  # everyone arrives here
+    if path == "repeated call":  # the missed call's signature is warm: the blocking front
+        allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")  # compiles: the request path
+        allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")
+        assert [k[1] for k in get_context(sub).blocking_plans] == [1 << 16]
     if rank == N - 1:
         time.sleep(4)  # never calls the next one
     else:

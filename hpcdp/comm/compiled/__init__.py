@@ -4,6 +4,7 @@
 - binding.py: the MPI functions, bound from the library mpi4py loaded (ABI by handle size)
 - kernels.py: the ring's state machine as one compiled function
 - request.py: CompiledRingRequest, the request interface over it
+- blocking.py: the blocking ring calls' fast front (a cached plan per call signature)
 - progress.py: the progress thread (sleeps, never busy-polls)
 - engine.py: choosing the engine (``HPCDP_COMM_ENGINE``, ``set_engine``), the fallback
 

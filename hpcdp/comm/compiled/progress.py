@@ -84,3 +84,4 @@ class ProgressThread:
             with self._cond:
                 if self._queue and self._queue[0] is req:
                     self._queue.popleft()
+            req = None  # hold no finished request (its buffers) while waiting for the next

@@ -242,14 +242,7 @@ class CompiledRingRequest(Request):
         return code
 
     def _failed(self):
-        err = int(self.st[K.ST_ERR])
-        try:
-            text = MPI.Get_error_string(err)
-        except Exception:  # noqa: BLE001 - the code itself is the message then
-            text = "unknown error"
-        raise CommError(f"collective {self.name!r} (sequence number {self.seq}) on rank "
-                        f"{self.ctx.rank}: an MPI call in the compiled ring returned error "
-                        f"{err} ({text})")
+        raise failure(self.ctx, self.name, self.seq, self.st)
 
     def _finish(self):
         """Complete once: the final copy, the ledger (hpcdp.comm.requests.Request)."""
@@ -306,9 +299,26 @@ class CompiledRingRequest(Request):
         return self.result
 
     def _timeout(self, limit, joined=False):
-        from hpcdp.comm.diagnose import diagnose
+        return timed_out(self.ctx, self.call, self.started, limit, self.st, joined)
 
-        waiting = {self.left} if int(self.st[K.ST_OPEN_R]) > 0 or int(self.st[K.ST_LEFT_RECV]) \
-            else set()
-        return diagnose(self.ctx, self.call, time.monotonic() - self.started, limit, waiting,
-                        joined=joined)
+
+def failure(ctx, name, seq, st) -> CommError:
+    """The error of an MPI call that failed inside compiled code (``st[ST_ERR]``)."""
+    err = int(st[K.ST_ERR])
+    try:
+        text = MPI.Get_error_string(err)
+    except Exception:  # noqa: BLE001 - the code itself is the message then
+        text = "unknown error"
+    return CommError(f"collective {name!r} (sequence number {seq}) on rank {ctx.rank}: an MPI "
+                     f"call in the compiled ring returned error {err} ({text})")
+
+
+def timed_out(ctx, call, started, limit, st, joined=False):
+    """The missing-rank diagnosis' error for a compiled ring past its deadline (or
+    joining a peer's diagnosis): this rank still waits on its left neighbour when a
+    receive is open or owed."""
+    from hpcdp.comm.diagnose import diagnose
+
+    waiting = {(ctx.rank - 1) % ctx.size} if int(st[K.ST_OPEN_R]) > 0 \
+        or int(st[K.ST_LEFT_RECV]) else set()
+    return diagnose(ctx, call, time.monotonic() - started, limit, waiting, joined=joined)

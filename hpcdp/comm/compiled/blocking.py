@@ -1,0 +1,203 @@
+"""The blocking compiled ring's fast front: a repeated call runs as one compiled call.
+
+A blocking ``allreduce`` / ``reduce_scatter`` / ``all_gather`` with
+``algorithm="ring"`` on a communicator whose ring runs compiled
+(hpcdp.comm.compiled.engine) spends most of its time, at small sizes, in Python:
+the general front's checks, the call tuple, the registered start, a request object
+and its ledger record. Here a call's signature ``(collective, length, dtype,
+op, in place, segment_bytes)`` is checked once by the general path (whose first
+call also compiles the plan's code outside any deadline); its plan
+(hpcdp.comm.compiled.request.Plan) is then cached per signature on the
+communicator's context (``CommContext.blocking_plans``), and a repeated call is:
+a few buffer checks, a sequence number, a state from the plan, one compiled
+``advance`` in ``BLOCK`` mode up to the deadline, and the ledger's counters.
+
+Every guarantee stays: the same plan and kernel as the request path (bit-for-bit
+results), the same ledger figures, the deadline (``comm.timeout`` or ``timeout=``)
+and the missing-rank diagnosis when it passes or a peer starts one (the call tuple
+is built only then), an MPI error from compiled code as a CommError. Anything else
+returns None and takes the general path: a first call, debug mode, a failed
+communicator, one rank, an empty or non-numpy buffer, a non-contiguous, read-only
+or byte-swapped one, a dtype or op compiled code does not take, the Python engine,
+an unbindable MPI (the general path's fallback and its log line).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hpcdp.comm.compiled import kernels as K
+from hpcdp.comm.compiled.engine import compiled_engine, engine_name
+from hpcdp.comm.compiled.request import failure, plan_for, timed_out
+from hpcdp.comm.context import known_context
+from hpcdp.comm.ops import resolve
+from hpcdp.comm.requests import MAX_MESSAGE_BYTES
+from hpcdp.shard import shard_range
+
+_OPS = frozenset(("sum", "mean", "max", "min"))
+_KINDS = frozenset("bBhHiIlLqQefd")
+_MAX_ENTRIES = 256
+_PHASES = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}
+
+
+class Entry:
+    """One signature's ready plan and the constants of its calls."""
+
+    __slots__ = ("plan", "engine", "half", "off", "size", "op_name")
+
+    def __init__(self, plan, engine, half, off, size, op_name):
+        self.plan, self.engine, self.half = plan, engine, half
+        self.off, self.size, self.op_name = off, size, op_name
+
+
+def _ok(buf) -> bool:
+    """A host buffer compiled code takes as it is: 1-D, contiguous, writeable, native."""
+    if buf.__class__ is not np.ndarray or buf.ndim != 1:
+        return False
+    flags = buf.flags
+    return flags.c_contiguous and flags.writeable and buf.dtype.isnative
+
+
+def _entry(ctx, key, name, n, dtype, op, same, segment_bytes):
+    """The cached entry of ``key``, or a new one when the plan has run once (its code is
+    compiled), or None (the general path then runs and compiles it)."""
+    hit = ctx.blocking_plans.get(key)
+    if hit is not None:
+        return hit
+    if dtype.char not in _KINDS or engine_name(ctx) != "compiled":
+        return None
+    engine = compiled_engine()
+    if engine is None:
+        return None
+    seg_bytes = MAX_MESSAGE_BYTES if segment_bytes is None else min(int(segment_bytes),
+                                                                    MAX_MESSAGE_BYTES)
+    if seg_bytes < 1:
+        return None  # the general path says what is wrong
+    seg = max(1, seg_bytes // dtype.itemsize)
+    op_obj = None if op is None else resolve(op)
+    own_work = name == "reduce_scatter" and not same
+    plan = plan_for(ctx, engine, n, seg, _PHASES[name], same, dtype, op_obj, own_work)
+    if not plan.warm:
+        return None
+    off, size = shard_range(n, ctx.size, ctx.rank)
+    if len(ctx.blocking_plans) >= _MAX_ENTRIES:
+        ctx.blocking_plans.clear()
+    hit = ctx.blocking_plans[key] = Entry(plan, engine, dtype == np.float16, off, size,
+                                          "" if op is None else op)
+    return hit
+
+
+def _run(ctx, name, e, work, src, dtype, n, ledger, timeout):
+    """One blocking compiled ring call on a ready entry: its state, done (the caller
+    gives it back to the plan), or the diagnosis' / the MPI error raised."""
+    plan = e.plan
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    state = plan.take()
+    if work is None:  # out-of-place reduce-scatter: the chunks pass through the state's buffer
+        work = state.work
+    P = state.P
+    P[K.P_TAGBASE] = (seq % plan.seq_mod) * plan.step_space
+    P[K.P_FRESH] = 1
+    limit = ctx.timeout if timeout is None else float(timeout)
+    started = time.monotonic()
+    if e.half:  # float16 is reduced on its bits (hpcdp.comm.compiled.kernels)
+        w, s = work.view(np.uint16), src.view(np.uint16)
+    else:
+        w, s = work, src
+    code = e.engine.advance(K.BLOCK, started + limit, state.I, state.H, w, s, state.tmp,
+                            state.div, state.X, state.stat)
+    st = state.st
+    if code != K.DONE:
+        if code == K.FAILED:
+            raise failure(ctx, name, seq, st)
+        call = (seq, name, dtype, n, -1, "ring", e.op_name)
+        raise timed_out(ctx, call, started, limit, st, joined=code == K.PEER)
+    if ledger is not None:
+        ledger.count_call(name, int(st[K.ST_SENT_B]), int(st[K.ST_RECV_B]),
+                          int(st[K.ST_SENT_M]), int(st[K.ST_RECV_M]))
+    return state
+
+
+def _front(comm):
+    ctx = known_context(comm)
+    if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1 \
+            or ctx.engine != "compiled":
+        return None
+    return ctx
+
+
+def _reducing(name, sendbuf, recvbuf, comm, op, segment_bytes):
+    """(context, entry, in place) of a reducing call the front takes, or None. An
+    out-of-place buffer's length is the caller's to check against the entry."""
+    if op.__class__ is not str or op not in _OPS or not _ok(sendbuf):
+        return None
+    ctx = _front(comm)
+    if ctx is None:
+        return None
+    same = recvbuf is None or recvbuf is sendbuf
+    dtype, n = sendbuf.dtype, sendbuf.size
+    if n == 0 or not (same or (_ok(recvbuf) and recvbuf.dtype == dtype)):
+        return None
+    e = _entry(ctx, (name, n, dtype.char, op, same, segment_bytes), name, n, dtype, op, same,
+               segment_bytes)
+    return None if e is None else (ctx, e, same)
+
+
+def allreduce(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
+    """A blocking ring allreduce through the fast front, or None (module docstring)."""
+    hit = _reducing("allreduce", sendbuf, recvbuf, comm, op, segment_bytes)
+    if hit is None:
+        return None
+    ctx, e, same = hit
+    work = sendbuf if same else recvbuf
+    if work.size != sendbuf.size:
+        return None
+    e.plan.give(_run(ctx, "allreduce", e, work, sendbuf, sendbuf.dtype, sendbuf.size, ledger,
+                     timeout))
+    return work
+
+
+def reduce_scatter(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
+    """A blocking ring reduce-scatter through the fast front, or None."""
+    hit = _reducing("reduce_scatter", sendbuf, recvbuf, comm, op, segment_bytes)
+    if hit is None:
+        return None
+    ctx, e, same = hit
+    if not same and recvbuf.size != e.size:
+        return None
+    off, size = e.off, e.size
+    state = _run(ctx, "reduce_scatter", e, sendbuf if same else None, sendbuf, sendbuf.dtype,
+                 sendbuf.size, ledger, timeout)
+    if same:
+        e.plan.give(state)
+        return sendbuf[off:off + size]
+    recvbuf[...] = state.work[off:off + size]
+    e.plan.give(state)
+    return recvbuf
+
+
+def all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes):
+    """A blocking ring all-gather through the fast front, or None."""
+    if not _ok(sendbuf):
+        return None
+    ctx = _front(comm)
+    if ctx is None:
+        return None
+    same = recvbuf is None or recvbuf is sendbuf
+    full = sendbuf if same else recvbuf
+    if not same and not (_ok(recvbuf) and recvbuf.dtype == sendbuf.dtype):
+        return None
+    dtype, n = full.dtype, full.size
+    if n == 0:
+        return None
+    e = _entry(ctx, ("all_gather", n, dtype.char, None, True, segment_bytes), "all_gather", n,
+               dtype, None, True, segment_bytes)
+    if e is None or (not same and sendbuf.size != e.size):
+        return None
+    if not same:
+        full[e.off:e.off + e.size] = sendbuf
+    e.plan.give(_run(ctx, "all_gather", e, full, full, dtype, n, ledger, timeout))
+    return full
