@@ -29,9 +29,11 @@ gathers and reduces again (accumulation multiplies all three).
 
 Prefetch follows the order recorded on the first step (which runs without prefetch,
 and where every unit moment is agreed across ranks: order.py); ``prefetch = 0``
-gathers each unit only when it is needed. On this single thread a prefetched ring
-advances only when the code polls it (at the next hook), so prefetch overlaps less
-than on a GPU with its own communication stream (docs/zero.md measures it).
+gathers each unit only when it is needed. With the Python ring a prefetched gather
+advances only when the code polls it (at the next hook); with the compiled engine
+the progress thread advances it while compute runs (hpcdp.comm.compiled.progress).
+``step_stats`` reports ``gather_s`` (the unit gathers' in-flight time) beside
+``gather_wait_s`` (the time blocked on them); docs/zero.md.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class ZeroStage3(ZeroStrategy):
         self._checking, self._moment, self._broken = False, 0, False
         self._events: list = []
         self._next_fwd = self._next_bwd = None   # prefetch maps, built after step 1
+        self._gathers: list = []  # this step's unit all-gathers (step_stats: gather_s)
 
     # -- gathering ---------------------------------------------------------------------
     def _launch_gather(self, b: int) -> None:
@@ -98,6 +101,7 @@ class ZeroStage3(ZeroStrategy):
         buf = self.backend.alloc((bk.size,), self.flat.dtype, "working")
         self.backend.copy_(self._chunk_view(buf, b), self._shard_of(self.pshard, b))
         self._pbuf[b], self._preq[b] = buf, self._all_gather(buf)
+        self._gathers.append(self._preq[b])
 
     def _poll(self) -> None:
         """Advance every request in flight: reduce-scatters and prefetched gathers."""
@@ -228,6 +232,17 @@ class ZeroStage3(ZeroStrategy):
         self._next_fwd, self._next_bwd = after(fwd), after(bwd)
         self._events = []
 
+    def step_stats(self) -> dict:
+        """The common figures plus ``gather_s``: the wall time during which at least
+        one unit all-gather was in flight (the union of the requests' [start,
+        completion] intervals), against ``gather_wait_s``, the time the training
+        thread was blocked on them: ``1 - gather_wait_s / gather_s`` of the gathers
+        was hidden behind compute."""
+        out = super().step_stats()
+        out["gather_s"] = inflight_union(self._gathers)
+        self._gathers = []
+        return out
+
     def step(self) -> None:
         self._update([self.pshard], [self.gshard])
         self._steps += 1
@@ -263,4 +278,17 @@ class ZeroStage3(ZeroStrategy):
         super().close()
 
 
-__all__ = ["ZeroStage3"]
+def inflight_union(requests) -> float:
+    """Seconds during which at least one of ``requests`` was in flight (completed
+    ones: [started, done_at] on time.monotonic's clock; others are skipped)."""
+    spans = sorted((r.started, r.done_at) for r in requests
+                   if getattr(r, "done_at", None) is not None)
+    total, end = 0.0, float("-inf")
+    for a, z in spans:
+        if z > end:
+            total += z - max(a, end)
+            end = z
+    return total
+
+
+__all__ = ["ZeroStage3", "inflight_union"]
