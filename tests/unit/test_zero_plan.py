@@ -178,12 +178,10 @@ def test_the_cluster_measurement_script_predicts_hybrid_and_flat_inter_node_byte
 
 
 def test_inflight_union_counts_overlapping_gathers_once():
-    from types import SimpleNamespace as R
-
     from hpcdp.strategies.zero.stage3 import inflight_union
 
-    reqs = [R(started=0.0, done_at=2.0), R(started=1.0, done_at=3.0),  # overlap: [0, 3]
-            R(started=1.5, done_at=2.5),                                # inside it
-            R(started=5.0, done_at=6.0), R(started=9.0, done_at=None)]  # not done: skipped
-    assert inflight_union(reqs) == 4.0
+    spans = [(0.0, 2.0), (1.0, 3.0),  # overlapping: [0, 3]
+             (1.5, 2.5),              # inside it
+             (5.0, 6.0)]
+    assert inflight_union(spans) == 4.0
     assert inflight_union([]) == 0.0

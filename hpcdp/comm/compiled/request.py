@@ -291,13 +291,15 @@ class CompiledRingRequest(Request):
     def test(self) -> bool:
         if self.done:
             return True
-        if self.progresses_alone:
+        drive = not self.progresses_alone
+        if not drive:
             # The progress thread advances it: a test is a read of the counters its
             # compiled passes write (aligned int64 stores), no lock and no compiled
             # call (each would release and retake the GIL, a hand-off to the progress
             # thread on a machine without a spare core). Completed but not finished
             # yet (the progress thread waits for the GIL to run _finish): finish here
-            # if it has let go of the lock.
+            # if it has let go of the lock. Past the deadline the thread has given the
+            # request up: then test() makes the passes itself, as without the thread.
             st = self.st
             if st[K.ST_LEFT_RECV] == 0 and st[K.ST_LEFT_SEND] == 0 and \
                     self.lock.acquire(False):
@@ -306,7 +308,8 @@ class CompiledRingRequest(Request):
                 finally:
                     self.lock.release()
                 return True
-        elif self.lock.acquire(False):
+            drive = time.monotonic() > self.started + self.timeout
+        if drive and self.lock.acquire(False):
             try:
                 if not self.done and self._advance(K.ONCE, 0.0) == K.DONE:
                     self._finish()

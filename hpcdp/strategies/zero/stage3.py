@@ -93,7 +93,7 @@ class ZeroStage3(ZeroStrategy):
         self._checking, self._moment, self._broken = False, 0, False
         self._events: list = []
         self._next_fwd = self._next_bwd = None   # prefetch maps, built after step 1
-        self._gathers: list = []  # this step's unit all-gathers (step_stats: gather_s)
+        self._spans: list = []  # this step's unit all-gathers, (start, completion): gather_s
 
     # -- gathering ---------------------------------------------------------------------
     def _launch_gather(self, b: int) -> None:
@@ -101,7 +101,6 @@ class ZeroStage3(ZeroStrategy):
         buf = self.backend.alloc((bk.size,), self.flat.dtype, "working")
         self.backend.copy_(self._chunk_view(buf, b), self._shard_of(self.pshard, b))
         self._pbuf[b], self._preq[b] = buf, self._all_gather(buf)
-        self._gathers.append(self._preq[b])
 
     def _poll(self) -> None:
         """Advance every request in flight: reduce-scatters and prefetched gathers."""
@@ -112,6 +111,9 @@ class ZeroStage3(ZeroStrategy):
 
     def _bind_params(self, b: int) -> None:
         bk = self.plan.buckets[b]
+        req = self._preq[b]
+        if getattr(req, "done_at", None) is not None:  # spans only: no buffer kept alive
+            self._spans.append((req.started, req.done_at))
         self._preq[b] = None
         self.flat.bind(bk.offset, bk.size, data=self._pbuf[b])
 
@@ -188,6 +190,7 @@ class ZeroStage3(ZeroStrategy):
 
     # -- the step ----------------------------------------------------------------------
     def zero_grad(self) -> None:
+        self._spans = []  # (gathers between steps, e.g. evaluation's, are not the step's)
         self.backend.fill_(self.gshard, 0.0)
         self._codec_zero()
         self._micro = 0
@@ -239,8 +242,8 @@ class ZeroStage3(ZeroStrategy):
         thread was blocked on them: ``1 - gather_wait_s / gather_s`` of the gathers
         was hidden behind compute."""
         out = super().step_stats()
-        out["gather_s"] = inflight_union(self._gathers)
-        self._gathers = []
+        out["gather_s"] = inflight_union(self._spans)
+        self._spans = []
         return out
 
     def step(self) -> None:
@@ -278,13 +281,11 @@ class ZeroStage3(ZeroStrategy):
         super().close()
 
 
-def inflight_union(requests) -> float:
-    """Seconds during which at least one of ``requests`` was in flight (completed
-    ones: [started, done_at] on time.monotonic's clock; others are skipped)."""
-    spans = sorted((r.started, r.done_at) for r in requests
-                   if getattr(r, "done_at", None) is not None)
+def inflight_union(spans) -> float:
+    """Seconds during which at least one of the ``(start, end)`` intervals was open
+    (a request's [started, done_at] on time.monotonic's clock)."""
     total, end = 0.0, float("-inf")
-    for a, z in spans:
+    for a, z in sorted(spans):
         if z > end:
             total += z - max(a, end)
             end = z
