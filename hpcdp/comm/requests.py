@@ -64,6 +64,7 @@ class Request:
         self.started = time.monotonic()
         self._polls = 0
         self.done = False
+        self.done_at = None
         self.result = None
         self.sent_bytes = self.recv_bytes = self.sent_msgs = self.recv_msgs = 0
         self._recv_src: dict = {}  # id(request) -> source rank, for timeout messages
@@ -141,6 +142,7 @@ class Request:
         raise NotImplementedError
 
     def _complete(self) -> None:
+        self.done_at = time.monotonic()  # the in-flight interval: [started, done_at]
         self.done = True
         for raw in self._scratch:
             self.ctx.pool.put(raw)

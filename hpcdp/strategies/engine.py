@@ -195,7 +195,16 @@ def wait_progressing(req, progress) -> None:
     """Block until ``req`` completes, calling ``progress()`` (other requests in flight,
     e.g. the engine's) while polling, so nothing in flight starves on this single
     thread. If ``req`` makes no progress for its timeout, its wait() raises
-    CollectiveTimeout naming the ranks that never arrived."""
+    CollectiveTimeout naming the ranks that never arrived.
+
+    A request that progresses on its own (``progresses_alone``: the compiled
+    engine's progress thread advances it and everything in flight before it) is
+    waited on instead: its wait() drives it in compiled code, with no test() loop
+    competing with the progress thread for the request and the GIL."""
+    if getattr(req, "progresses_alone", False):
+        req.wait()
+        progress()
+        return
     polls, deadline = 0, None
     while not req.test():
         progress()

@@ -253,3 +253,46 @@ def test_states_are_reused_and_buckets_progress_alone(comm):
     finally:
         set_engine(comm, "python")
     assert overlap_algorithm(comm, "auto") == "auto"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["thread", "calls"])
+def test_who_advances_a_nonblocking_request(comm, mode):
+    """With the progress thread, a launch and the caller's test() make no compiled call
+    on the calling thread (the thread posts and advances; test() reads its counters:
+    no GIL hand-off per hook); with
+    HPCDP_COMM_PROGRESS=calls there is no thread and the caller's test() calls drive
+    it. Same result either way."""
+    import threading
+
+    eng = engine.compiled_engine()
+    calls = {"caller": 0, "other": 0}
+    caller = threading.current_thread()
+    real = eng.advance
+
+    def counted(*args):
+        calls["caller" if threading.current_thread() is caller else "other"] += 1
+        return real(*args)
+
+    set_engine(comm, "compiled")
+    was = eng.progress.enabled
+    eng.progress.enabled = mode == "thread"
+    try:
+        x = np.full(1 << 18, 1.0, np.float32)
+        iallreduce(x.copy(), comm=comm, algorithm="ring", segment_bytes=1 << 16).wait()
+        eng.advance = counted  # the plan is warm: a launch makes no compiled call now
+        comm.Barrier()
+        req = iallreduce(x, comm=comm, algorithm="ring", segment_bytes=1 << 16)
+        assert req.progresses_alone == (mode == "thread")
+        deadline = time.monotonic() + 30
+        while not req.test():
+            assert time.monotonic() < deadline
+        assert np.array_equal(x, np.full(x.size, comm.Get_size(), np.float32))
+        if mode == "thread":  # (the thread's own passes: progress.background_advance)
+            assert calls["caller"] == 0
+        else:
+            assert calls["caller"] >= 1 and calls["other"] == 0
+    finally:
+        eng.advance = real
+        eng.progress.enabled = was
+        set_engine(comm, "python")

@@ -144,6 +144,9 @@ def test_ledger_bytes_equal_the_formula_exactly(stage, accum):
         allt = np.empty_like(tot)
         world.comm.Allreduce(tot, allt)
         assert allt[0] == 2 * (world.size - 1) * flat.nbytes
+    if stage == 3:  # the unit gathers' in-flight time covers the time blocked on them
+        for s in stats:
+            assert 0 < s["gather_s"] and 0 <= s["gather_wait_s"] <= s["gather_s"] + 0.05
     if stage == 3 and accum == 1:
         tot = np.array([sent], dtype=np.int64)
         allt = np.empty_like(tot)

@@ -175,3 +175,13 @@ def test_the_cluster_measurement_script_predicts_hybrid_and_flat_inter_node_byte
     out = subprocess.run([sys.executable, str(ROOT / "jobs/zero_hybrid_cluster.py"), "--help"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "--rates" in out.stdout
+
+
+def test_inflight_union_counts_overlapping_gathers_once():
+    from hpcdp.strategies.zero.stage3 import inflight_union
+
+    spans = [(0.0, 2.0), (1.0, 3.0),  # overlapping: [0, 3]
+             (1.5, 2.5),              # inside it
+             (5.0, 6.0)]
+    assert inflight_union(spans) == 4.0
+    assert inflight_union([]) == 0.0

@@ -52,7 +52,7 @@ class CompiledEngine:
         self.request = CompiledRingRequest  # imported once, not per call
         self.advance = kernels.advance
         self._sleep = kernels.sleep_us
-        self.progress = ProgressThread()
+        self.progress = ProgressThread(binding.usleep)
 
     def sleep_us(self, us: int) -> None:
         """Sleep ``us`` microseconds in compiled code without the GIL (a stand-in for a

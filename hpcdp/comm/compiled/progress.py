@@ -9,15 +9,24 @@ finds nothing to do it sleeps (``usleep``, doubling from 1 us to
 hpcdp.comm.compiled.request.BACKOFF_US), so on a machine without a spare core it
 takes a few percent of one, never a busy-polled core. The thread's timer slack is
 set to 1 us (``prctl(PR_SET_TIMERSLACK)``, Linux) so those short sleeps are short.
-With nothing in flight it blocks on a condition variable. A request is picked up
-PICKUP_DELAY_S after it started at the earliest, so a blocking call (start, then
-wait at once) runs on its own thread alone.
+
+The launching thread hands a request over without waking anyone: it appends it to
+the queue and bumps a counter in a numpy array (``submit``); the idle thread waits
+for that counter in compiled code without the GIL (:func:`idle_wait`, sleeping 1 us
+doubling to IDLE_MAX_US), and only after IDLE_LIMIT_US with nothing queued blocks on
+a condition variable, which ``submit`` then notifies. (Notifying a sleeping thread
+from every launch cost the training thread its core on a machine without a spare
+one: the woken thread preempts the waker; docs/results.md.) A warm plan's first
+pass (its first posts) is the thread's too, so a launch makes no MPI call and no
+GIL-releasing call on the training thread (hpcdp.comm.compiled.request).
 
 The thread never raises: a request whose deadline passes (or that a waiting thread
 takes over, see CompiledRingRequest.wait) is left to the thread that waits on it,
 which runs the timeout diagnosis or completes it. MPI is initialised with
 MPI_THREAD_MULTIPLE (mpi4py's default); with a lower thread level the engine keeps
-requests on the calling thread (hpcdp.comm.compiled.engine).
+requests on the calling thread (hpcdp.comm.compiled.engine), and so does
+``HPCDP_COMM_PROGRESS=calls`` (:func:`progress_mode`): then the caller's ``test()``
+calls progress them.
 """
 
 from __future__ import annotations
@@ -27,10 +36,15 @@ import ctypes
 import threading
 import time
 
+import numpy as np
+from numba import njit
+
 from hpcdp.comm.compiled import kernels as K
+from hpcdp.comm.compiled.ccall import ccall
 
 PR_SET_TIMERSLACK = 29
-PICKUP_DELAY_S = 50e-6
+IDLE_MAX_US = 1000      # the idle thread's longest sleep between looks at the queue
+IDLE_LIMIT_US = 200_000  # idle this long: block on the condition (submit then wakes it)
 
 
 def _short_timer_slack() -> None:
@@ -40,34 +54,85 @@ def _short_timer_slack() -> None:
         pass
 
 
-class ProgressThread:
-    """The per-process progress thread (module docstring)."""
+@njit(nogil=True, cache=True)
+def idle_wait(posted, seen, usleep, max_us, limit_us):
+    """Sleep (``usleep``, doubling from 1 us to ``max_us``) until ``posted[0]`` is no
+    longer ``seen`` (a request was queued: the new count) or ``limit_us`` passed (-1).
+    No GIL: the launching thread only writes the counter, it wakes nobody."""
+    slept, us = 0, 1
+    while posted[0] == seen:
+        if slept >= limit_us:
+            return -1
+        ccall(usleep, (np.uint32(us),))
+        slept += us
+        us = min(2 * us, max_us)
+    return posted[0]
 
-    def __init__(self):
+
+PROGRESS_MODES = ("thread", "calls")
+
+
+def progress_mode() -> str:
+    """``HPCDP_COMM_PROGRESS``: ``thread`` (default: the progress thread advances
+    non-blocking compiled collectives) or ``calls`` (no thread: they advance only in
+    the caller's ``test()`` calls, one compiled pass each, at the points where the
+    training loop polls: the grad-ready hooks between backward ops and ZeRO-3's
+    unit hooks; the comparison of the two is in docs/results.md)."""
+    import os
+
+    raw = os.environ.get("HPCDP_COMM_PROGRESS", "").strip().lower() or "thread"
+    if raw not in PROGRESS_MODES:
+        raise ValueError(f"HPCDP_COMM_PROGRESS must be one of {PROGRESS_MODES}, got {raw!r}")
+    return raw
+
+
+class ProgressThread:
+    """The per-process progress thread (module docstring). ``enabled`` is False
+    with ``HPCDP_COMM_PROGRESS=calls`` (:func:`progress_mode`)."""
+
+    def __init__(self, usleep: int = 0):
+        self.enabled = progress_mode() == "thread"
+        self.usleep = usleep  # libc's usleep (hpcdp.comm.compiled.binding)
         self._queue: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._thread = None
+        self._posted = np.zeros(1, dtype=np.int64)  # requests queued so far (idle_wait reads it)
+        self._waiting = False  # blocked on the condition (only then does submit notify)
         self.passes = 0  # background calls made (benchmarks report it)
+        if self.enabled:  # compiled (or loaded from the cache) now, not inside a deadline
+            idle_wait(self._posted, -1, self.usleep, 1, 0)
 
     def submit(self, req) -> None:
         with self._cond:
             self._queue.append(req)
+            self._posted[0] += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hpcdp-progress",
                                                 daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._waiting:  # only a thread blocked on the condition needs a wake-up
+                self._cond.notify()
+
+    def _idle(self, seen: int) -> None:
+        """Nothing queued: wait in compiled code for the counter to move, then (idle
+        for IDLE_LIMIT_US) on the condition."""
+        if idle_wait(self._posted, seen, self.usleep, IDLE_MAX_US, IDLE_LIMIT_US) >= 0:
+            return
+        with self._cond:
+            while not self._queue:
+                self._waiting = True
+                self._cond.wait()
+                self._waiting = False
 
     def _run(self) -> None:
         _short_timer_slack()
         while True:
             with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                req = self._queue[0]
-            if not req.done and int(req.st[K.ST_STOP]) == 0 and \
-                    time.monotonic() - req.started < PICKUP_DELAY_S:
-                time.sleep(PICKUP_DELAY_S)  # a blocking call waits at once: leave it alone
+                req = self._queue[0] if self._queue else None
+                seen = int(self._posted[0])
+            if req is None:
+                self._idle(seen)
+                continue
             wanted = not req.done and int(req.st[K.ST_STOP]) == 0
             if wanted and not req.lock.acquire(False):
                 time.sleep(20e-6)  # the training thread is in its test(): retry shortly

@@ -1,13 +1,17 @@
 """CompiledRingRequest: hpcdp.comm.ring's RingRequest with its loop in compiled code.
 
-Same constructor, same results, same ledger, same timeouts: ``test()`` runs the
-compiled passes once, ``wait()`` runs them in a nogil loop until done or the
-deadline (then the missing-rank diagnosis, hpcdp.comm.diagnose, as for every
-request), and a non-blocking request is also handed to the rank's progress thread
-(hpcdp.comm.compiled.progress), which advances it while the training thread
-computes. A per-request lock makes exactly one thread advance it at a time;
-``wait()`` asks the progress thread to hand over (``ST_STOP``) and then drives
-the request itself at full speed.
+Same constructor, same results, same ledger, same timeouts: ``wait()`` runs the
+compiled passes in a nogil loop until done or the deadline (then the missing-rank
+diagnosis, hpcdp.comm.diagnose, as for every request). A non-blocking request is
+handed to the rank's progress thread (hpcdp.comm.compiled.progress), which makes
+its passes (from the first, for a warm plan) while the training thread computes;
+``test()`` is then a read of the counters those passes write (no lock, no compiled
+call, no GIL hand-off), and it finishes the request (final copy, ledger) itself if
+the thread has completed it but not yet got the GIL back. Without the thread
+(``HPCDP_COMM_PROGRESS=calls``, or no MPI_THREAD_MULTIPLE) ``test()`` runs the
+compiled passes once. A per-request lock makes exactly one thread advance it at a
+time; ``wait()`` asks the progress thread to hand over (``ST_STOP``) and then
+drives the request itself at full speed.
 
 Plans (the chunk/segment layout and the dependency rules of hpcdp.comm.ring, the op
 and the dtype) are built once per (length, segment, phases, in-place, dtype, op) and
@@ -223,6 +227,17 @@ class CompiledRingRequest(Request):
         self.left = (ctx.rank - 1) % ctx.size
         if defer and plan.warm:  # a blocking call: wait() makes the first pass (one compiled call)
             return
+        background = background and engine.progress.enabled
+        if background and plan.warm:
+            # The progress thread makes the first pass too (its posts included): the
+            # launching thread makes no MPI call and no GIL-releasing call, so it
+            # hands nothing over. Until that pass resets the state, its counters
+            # are the previous call's (zero): mark it not done for test()'s read.
+            self.st[K.ST_LEFT_RECV] = 1
+            self.st[K.ST_STOP] = 0  # a wait() on the previous call left it set
+            self.progresses_alone = True
+            engine.progress.submit(self)
+            return
         code = self._advance(K.ONCE, 0.0)  # the plan's first call compiles (outside any deadline)
         plan.warm = True
         if code == K.DONE:
@@ -269,7 +284,25 @@ class CompiledRingRequest(Request):
     def test(self) -> bool:
         if self.done:
             return True
-        if self.lock.acquire(False):
+        drive = not self.progresses_alone
+        if not drive:
+            # The progress thread advances it: a test is a read of the counters its
+            # compiled passes write (aligned int64 stores), no lock and no compiled
+            # call (each would release and retake the GIL, a hand-off to the progress
+            # thread on a machine without a spare core). Completed but not finished
+            # yet (the progress thread waits for the GIL to run _finish): finish here
+            # if it has let go of the lock. Past the deadline the thread has given the
+            # request up: then test() makes the passes itself, as without the thread.
+            st = self.st
+            if st[K.ST_LEFT_RECV] == 0 and st[K.ST_LEFT_SEND] == 0 and \
+                    self.lock.acquire(False):
+                try:
+                    self._finish()
+                finally:
+                    self.lock.release()
+                return True
+            drive = time.monotonic() > self.started + self.timeout
+        if drive and self.lock.acquire(False):
             try:
                 if not self.done and self._advance(K.ONCE, 0.0) == K.DONE:
                     self._finish()

@@ -29,9 +29,11 @@ gathers and reduces again (accumulation multiplies all three).
 
 Prefetch follows the order recorded on the first step (which runs without prefetch,
 and where every unit moment is agreed across ranks: order.py); ``prefetch = 0``
-gathers each unit only when it is needed. On this single thread a prefetched ring
-advances only when the code polls it (at the next hook), so prefetch overlaps less
-than on a GPU with its own communication stream (docs/zero.md measures it).
+gathers each unit only when it is needed. With the Python ring a prefetched gather
+advances only when the code polls it (at the next hook); with the compiled engine
+the progress thread advances it while compute runs (hpcdp.comm.compiled.progress).
+``step_stats`` reports ``gather_s`` (the unit gathers' in-flight time) beside
+``gather_wait_s`` (the time blocked on them); docs/zero.md.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class ZeroStage3(ZeroStrategy):
         self._checking, self._moment, self._broken = False, 0, False
         self._events: list = []
         self._next_fwd = self._next_bwd = None   # prefetch maps, built after step 1
+        self._spans: list = []  # this step's unit all-gathers, (start, completion): gather_s
 
     # -- gathering ---------------------------------------------------------------------
     def _launch_gather(self, b: int) -> None:
@@ -108,6 +111,9 @@ class ZeroStage3(ZeroStrategy):
 
     def _bind_params(self, b: int) -> None:
         bk = self.plan.buckets[b]
+        req = self._preq[b]
+        if getattr(req, "done_at", None) is not None:  # spans only: no buffer kept alive
+            self._spans.append((req.started, req.done_at))
         self._preq[b] = None
         self.flat.bind(bk.offset, bk.size, data=self._pbuf[b])
 
@@ -184,6 +190,7 @@ class ZeroStage3(ZeroStrategy):
 
     # -- the step ----------------------------------------------------------------------
     def zero_grad(self) -> None:
+        self._spans = []  # (gathers between steps, e.g. evaluation's, are not the step's)
         self.backend.fill_(self.gshard, 0.0)
         self._codec_zero()
         self._micro = 0
@@ -228,6 +235,17 @@ class ZeroStage3(ZeroStrategy):
         self._next_fwd, self._next_bwd = after(fwd), after(bwd)
         self._events = []
 
+    def step_stats(self) -> dict:
+        """The common figures plus ``gather_s``: the wall time during which at least
+        one unit all-gather was in flight (the union of the requests' [start,
+        completion] intervals), against ``gather_wait_s``, the time the training
+        thread was blocked on them: ``1 - gather_wait_s / gather_s`` of the gathers
+        was hidden behind compute."""
+        out = super().step_stats()
+        out["gather_s"] = inflight_union(self._spans)
+        self._spans = []
+        return out
+
     def step(self) -> None:
         self._update([self.pshard], [self.gshard])
         self._steps += 1
@@ -263,4 +281,15 @@ class ZeroStage3(ZeroStrategy):
         super().close()
 
 
-__all__ = ["ZeroStage3"]
+def inflight_union(spans) -> float:
+    """Seconds during which at least one of the ``(start, end)`` intervals was open
+    (a request's [started, done_at] on time.monotonic's clock)."""
+    total, end = 0.0, float("-inf")
+    for a, z in sorted(spans):
+        if z > end:
+            total += z - max(a, end)
+            end = z
+    return total
+
+
+__all__ = ["ZeroStage3", "inflight_union"]
