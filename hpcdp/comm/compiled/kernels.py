@@ -71,23 +71,28 @@ ST_LEN = 18  # ST_TS, ST_TS + 1: a struct timespec
 
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _reduce(op, out, a, b_, lo, abase, n):
-    # out[lo + i] = a[abase + i] (op) b[lo + i]: numpy's np.add / np.maximum /
-    # np.minimum elementwise (max, min: NaN in either propagates, as numpy's).
+@njit(nogil=True, cache=True)
+def _reduce(op, out, a, b_):
+    # out = a (op) b over three equal-length contiguous slices: numpy's np.add /
+    # np.maximum / np.minimum elementwise (max, min: NaN in either propagates, as
+    # numpy's). Its own function on slices, not inlined into _pass: there LLVM kept
+    # the loop scalar (one vaddss per element); here it vectorises it (vaddps on
+    # ymm registers, with a runtime overlap check), the same IEEE operation per
+    # element, so the same bits.
+    n = out.size
     if op == OP_SUM:
         for i in range(n):
-            out[lo + i] = a[abase + i] + b_[lo + i]
+            out[i] = a[i] + b_[i]
     elif op == OP_MAX:
         for i in range(n):
-            x, y = a[abase + i], b_[lo + i]
+            x, y = a[i], b_[i]
             r = x if x > y else y
-            out[lo + i] = x if x != x else r
+            out[i] = x if x != x else r
     else:
         for i in range(n):
-            x, y = a[abase + i], b_[lo + i]
+            x, y = a[i], b_[i]
             r = x if x < y else y
-            out[lo + i] = x if x != x else r
+            out[i] = x if x != x else r
 
 # float16: Numba has no half arithmetic on the CPU, so half buffers travel as uint16
 # and each element is converted, computed in float32 and rounded back, exactly as
@@ -267,7 +272,7 @@ def _pass(P, hv, steps, off, size, nseg, work, src, tmp, div, st, recv_st, send_
                 if P[P_HALF]:
                     _reduce_half(P[P_OP], work, tmp, src, slo, abase, ln)
                 else:
-                    _reduce(P[P_OP], work, tmp, src, slo, abase, ln)
+                    _reduce(P[P_OP], work[slo:slo + ln], tmp[abase:abase + ln], src[slo:slo + ln])
                 if t == P[P_LAST_RS] and P[P_MEAN]:
                     if P[P_HALF]:
                         _finalize_half(work, slo, ln, N)
