@@ -79,9 +79,8 @@ def _reduce(op, out, a, b_):
     # out = a (op) b over three equal-length contiguous slices: numpy's np.add /
     # np.maximum / np.minimum elementwise (max, min: NaN in either propagates, as
     # numpy's). Its own function on slices, not inlined into _pass: there LLVM kept
-    # the loop scalar (one vaddss per element); here it vectorises it (vaddps on
-    # ymm registers, with a runtime overlap check), the same IEEE operation per
-    # element, so the same bits.
+    # the loop scalar (one vaddss per element); here it vectorises it (vaddps for
+    # float32, inspect_asm), the same IEEE operation per element, so the same bits.
     n = out.size
     if op == OP_SUM:
         for i in range(n):
