@@ -20,7 +20,10 @@ received at step t is reduced and immediately forwarded as segment k of step
 t+1 (Isend/Irecv), so sending one segment overlaps receiving and adding the
 next. Received reduce-scatter segments land in a scratch of two chunk-sized
 slots (step parity), reused once the segment two steps back has been reduced:
-scratch memory is ``2 * ceil(n/N)`` elements, not ``n``. Messages of one step
+scratch memory is ``2 * ceil(n/N)`` elements, not ``n``. An out-of-place
+reduce-scatter runs its other chunks through a pooled full-length scratch, and its
+last step reduces this rank's chunk straight into the caller's output (no final
+copy). Messages of one step
 share one tag and are posted in segment order on both sides (MPI keeps order per
 sender and tag), steps have distinct tags, and concurrent requests distinct
 tag ranges (sequence numbers).
@@ -60,13 +63,16 @@ class RingRequest(Request):
 
     def __init__(self, ctx, name, call, ledger, timeout, *, work, src, op, phases,
                  segment_bytes=DEFAULT_SEGMENT_BYTES, max_message_bytes=None,
-                 result=None, final_copy=None, wire=None):
+                 result=None, final_out=None, wire=None):
         super().__init__(ctx, name, call, ledger, timeout, max_message_bytes)
         N, r = ctx.size, ctx.rank
         if work is None:  # out-of-place reduce-scatter: chunks pass through a pooled scratch
             work = self._scratch_like(src, src.size)
         self.work, self.src, self.op, self.N = work, src, op, N
-        self.result, self._final_copy = result, final_copy
+        self.result = result
+        # out-of-place reduce-scatter: ``(out, off, size)``, this rank's chunk of the
+        # scratch is ``out`` itself: the last step reduces straight into it (no copy)
+        self.final_out = final_out
         self.left, self.right = (r - 1) % N, (r + 1) % N
         self.wire = wire
         itemsize = work.dtype.itemsize if wire is None else wire.itemsize
@@ -201,7 +207,11 @@ class RingRequest(Request):
         if kind == REDUCE:
             lo, hi = self._seg(rc, k)
             base = (t % 2) * self.mc + k * self.seg
-            out = self.work[lo:hi]
+            if t == self.last_rs and self.final_out is not None:
+                res, roff, _ = self.final_out
+                out = res[lo - roff:hi - roff]
+            else:
+                out = self.work[lo:hi]
             got = self.tmp[base:base + hi - lo]
             if self.wire is not None:  # widen exactly, add in float32
                 self.wire.widen(got, self.w32[:hi - lo])
@@ -265,9 +275,6 @@ class RingRequest(Request):
             if self.sends_open:
                 progressed |= self._test_sends()
         if self.left_recv == 0 and self.left_send == 0:
-            if self._final_copy is not None:
-                dst, src = self._final_copy
-                dst[...] = src
             return True
         return False
 

@@ -155,8 +155,9 @@ def overlap_algorithm(comm, algorithm: str) -> str:
 def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, segment_bytes,
                  max_message_bytes=None, result=None, final_out=None, background=True, wire=None):
     """A ring collective on the context's engine (module docstring). ``final_out``
-    ``(out, off, size)``: an out-of-place reduce-scatter copies ``work[off:off+size]``
-    (its scratch) to ``out`` on completion. ``wire``: a 16-bit hpcdp.comm.wire.Wire
+    ``(out, off, size)``: an out-of-place reduce-scatter's last step reduces this
+    rank's chunk ``[off, off+size)`` straight into ``out`` (the rest of the chunks pass
+    through a scratch). ``wire``: a 16-bit hpcdp.comm.wire.Wire
     (the Python ring only)."""
     if wire is not None and engine_name(ctx) == "compiled" and not _STATE.get("wire_told"):
         _STATE["wire_told"] = True
@@ -174,8 +175,6 @@ def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, seg
                 defer=blocking)
     req = RingRequest(ctx, name, call, ledger, timeout, work=work, src=src, op=op,
                       phases=phases, segment_bytes=segment_bytes,
-                      max_message_bytes=max_message_bytes, result=result, wire=wire)
-    if final_out is not None:
-        out, off, size = final_out
-        req._final_copy = (out, req.work[off:off + size])
+                      max_message_bytes=max_message_bytes, result=result, final_out=final_out,
+                      wire=wire)
     return req

@@ -53,8 +53,11 @@ P_N, P_T, P_S, P_SEG, P_ITEM, P_LEFT, P_RIGHT, P_LAST_RS, P_OP, P_MEAN, P_INT, \
     O_ST, O_STEPS, O_OFF, O_SIZE, O_NSEG, O_RST, O_SST, O_COPY, O_RMETA, O_SMETA, \
     O_RNEXT, O_SNEXT, O_END, \
     F_ISEND, F_IRECV, F_TESTSOME, F_IPROBE, F_CLOCK, F_USLEEP, F_YIELD, P_HALF, \
-    P_FRESH, P_TAGBASE, P_NULL = range(40)
-P_LEN = 40
+    P_FRESH, P_TAGBASE, P_NULL, P_RES_OFF = range(41)
+P_LEN = 41
+# P_RES_OFF: an out-of-place reduce-scatter's last step reduces its chunk straight
+# into the caller's output ``res`` (``res[i - P_RES_OFF]`` for buffer index i); -1:
+# every step writes ``work``
 # A state is reused call after call (hpcdp.comm.compiled.request.State): ``I`` holds
 # the live part [0, L) (L = P[O_END]) and the plan's template after it [L, 2L). The
 # caller sets P_FRESH and the call's tag base (P_TAGBASE) in the live part; the next
@@ -71,23 +74,27 @@ ST_LEN = 18  # ST_TS, ST_TS + 1: a struct timespec
 
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _reduce(op, out, a, b_, lo, abase, n):
-    # out[lo + i] = a[abase + i] (op) b[lo + i]: numpy's np.add / np.maximum /
-    # np.minimum elementwise (max, min: NaN in either propagates, as numpy's).
+@njit(nogil=True, cache=True)
+def _reduce(op, out, a, b_):
+    # out = a (op) b over three equal-length contiguous slices: numpy's np.add /
+    # np.maximum / np.minimum elementwise (max, min: NaN in either propagates, as
+    # numpy's). Its own function on slices, not inlined into _pass: there LLVM kept
+    # the loop scalar (one vaddss per element); here it vectorises it (vaddps for
+    # float32, inspect_asm), the same IEEE operation per element, so the same bits.
+    n = out.size
     if op == OP_SUM:
         for i in range(n):
-            out[lo + i] = a[abase + i] + b_[lo + i]
+            out[i] = a[i] + b_[i]
     elif op == OP_MAX:
         for i in range(n):
-            x, y = a[abase + i], b_[lo + i]
+            x, y = a[i], b_[i]
             r = x if x > y else y
-            out[lo + i] = x if x != x else r
+            out[i] = x if x != x else r
     else:
         for i in range(n):
-            x, y = a[abase + i], b_[lo + i]
+            x, y = a[i], b_[i]
             r = x if x < y else y
-            out[lo + i] = x if x != x else r
+            out[i] = x if x != x else r
 
 # float16: Numba has no half arithmetic on the CPU, so half buffers travel as uint16
 # and each element is converted, computed in float32 and rounded back, exactly as
@@ -161,9 +168,9 @@ def _half_div(x, n):
 
 
 @njit(nogil=True, cache=True)
-def _reduce_half(op, out, a, b_, lo, abase, n):
-    for i in range(n):
-        out[lo + i] = _half_op(op, a[abase + i], b_[lo + i])
+def _reduce_half(op, out, a, b_):
+    for i in range(out.size):
+        out[i] = _half_op(op, a[i], b_[i])
 
 
 @njit(nogil=True, cache=True)
@@ -240,7 +247,7 @@ def _post_recvs(P, hv, steps, off, size, nseg, work, tmp, st, recv_st, recv_next
             recv_next[t] += 1
 
 @njit(nogil=True, cache=True)
-def _pass(P, hv, steps, off, size, nseg, work, src, tmp, div, st, recv_st, send_st, recv_next,
+def _pass(P, hv, steps, off, size, nseg, work, src, res, tmp, div, st, recv_st, send_st, recv_next,
           send_next, copy_after, rreq, rmeta, sreq, smeta, idx, outc, stat):
     """One round of tests and the work they release; True if anything moved."""
     T, S, seg, hs, N = P[P_T], P[P_S], P[P_SEG], P[P_HSIZE], P[P_N]
@@ -264,15 +271,20 @@ def _pass(P, hv, steps, off, size, nseg, work, src, tmp, div, st, recv_st, send_
                 slo = off[rc] + k * seg
                 ln = min(seg, off[rc] + size[rc] - slo)
                 abase = (t % 2) * P[P_MC] + k * seg
+                dst, dlo = work, slo
+                if t == P[P_LAST_RS] and P[P_RES_OFF] >= 0:
+                    dst, dlo = res, slo - P[P_RES_OFF]
                 if P[P_HALF]:
-                    _reduce_half(P[P_OP], work, tmp, src, slo, abase, ln)
+                    _reduce_half(P[P_OP], dst[dlo:dlo + ln], tmp[abase:abase + ln],
+                                 src[slo:slo + ln])
                 else:
-                    _reduce(P[P_OP], work, tmp, src, slo, abase, ln)
+                    _reduce(P[P_OP], dst[dlo:dlo + ln], tmp[abase:abase + ln],
+                            src[slo:slo + ln])
                 if t == P[P_LAST_RS] and P[P_MEAN]:
                     if P[P_HALF]:
-                        _finalize_half(work, slo, ln, N)
+                        _finalize_half(dst, dlo, ln, N)
                     else:
-                        _finalize(work, slo, ln, P[P_INT], div)
+                        _finalize(dst, dlo, ln, P[P_INT], div)
                 t2 = t + 2
                 if t2 < T and steps[t2, 2] == REDUCE and k < nseg[steps[t2, 1]]:
                     recv_st[t2 * S + k] = 1
@@ -328,8 +340,9 @@ def _reset(I, H):
 
 
 @njit(nogil=True, cache=True)
-def advance(mode, deadline, I, H, work, src, tmp, div, X, stat):
-    """See the module docstring (modes and return codes). ``H``: the receive
+def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
+    """See the module docstring (modes and return codes). ``res``: the output of
+    an out-of-place reduce-scatter (P_RES_OFF; else ``work``). ``H``: the receive
     then the send request handles (T*S each); ``X`` (int32): Testsome's
     indices, then its count / Iprobe's flag in the last slot."""
     P = I[:P_LEN]
@@ -362,7 +375,7 @@ def advance(mode, deadline, I, H, work, src, tmp, div, X, stat):
     while True:
         moved = True
         while moved:
-            moved = _pass(P, hv, steps, off, size, nseg, work, src, tmp, div, st, recv_st,
+            moved = _pass(P, hv, steps, off, size, nseg, work, src, res, tmp, div, st, recv_st,
                           send_st, recv_next, send_next, copy_after, rreq, rmeta, sreq,
                           smeta, idx, outc, stat)
             if st[ST_ERR] != 0:

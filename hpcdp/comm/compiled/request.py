@@ -87,6 +87,7 @@ class Plan:
         P[K.P_STATUS_TAG], P[K.P_HSIZE], P[K.P_ANY] = ctx.status_tag, b.handle_size, b.any_source
         P[K.P_BACKOFF] = BACKOFF_US
         P[K.P_NULL] = b.request_null
+        P[K.P_RES_OFF] = int(off[r]) if own_work and self.has_rs else -1
         if op is not None:
             P[K.P_OP] = engine.op_code(op)
             P[K.P_MEAN] = int(op.is_mean)
@@ -211,14 +212,11 @@ class CompiledRingRequest(Request):
         if own_work:
             work = state.work
         self.work, self.src, self.result = work, src, result
-        self._final_copy = None
-        if final_out is not None:
-            out, off, size = final_out
-            self._final_copy = (out, work[off:off + size])
+        res = work if final_out is None else final_out[0]  # kernels.P_RES_OFF
         if dtype == np.float16:
-            self.views = (work.view(np.uint16), src.view(np.uint16))
+            self.views = (work.view(np.uint16), src.view(np.uint16), res.view(np.uint16))
         else:
-            self.views = (work, src)
+            self.views = (work, src, res)
         P = state.P
         P[K.P_TAGBASE] = (self.seq % plan.seq_mod) * plan.step_space
         P[K.P_FRESH] = 1
@@ -249,8 +247,8 @@ class CompiledRingRequest(Request):
     # -- the compiled calls ----------------------------------------------------
     def _advance(self, mode, deadline):
         s = self.state
-        work, src = self.views
-        code = self.engine.advance(mode, deadline, s.I, s.H, work, src, s.tmp, s.div, s.X,
+        work, src, res = self.views
+        code = self.engine.advance(mode, deadline, s.I, s.H, work, src, res, s.tmp, s.div, s.X,
                                    s.stat)
         if code == K.FAILED:
             self._failed()
@@ -266,9 +264,6 @@ class CompiledRingRequest(Request):
         st = self.st
         self.sent_bytes, self.recv_bytes = int(st[K.ST_SENT_B]), int(st[K.ST_RECV_B])
         self.sent_msgs, self.recv_msgs = int(st[K.ST_SENT_M]), int(st[K.ST_RECV_M])
-        if self._final_copy is not None:
-            dst, src = self._final_copy
-            dst[...] = src
         self._complete()
         self.plan.give(self.state)
 
