@@ -89,9 +89,11 @@ def _entry(ctx, key, name, n, dtype, op, same, segment_bytes):
     return hit
 
 
-def _run(ctx, name, e, work, src, dtype, n, ledger, timeout):
+def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
     """One blocking compiled ring call on a ready entry: its state, done (the caller
-    gives it back to the plan), or the diagnosis' / the MPI error raised."""
+    gives it back to the plan), or the diagnosis' / the MPI error raised. ``res``: an
+    out-of-place reduce-scatter's output, which the last step reduces into directly
+    (kernels.P_RES_OFF); else the work buffer."""
     plan = e.plan
     seq = ctx.seq
     ctx.seq = seq + 1
@@ -103,11 +105,13 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout):
     P[K.P_FRESH] = 1
     limit = ctx.timeout if timeout is None else float(timeout)
     started = time.monotonic()
+    if res is None:
+        res = work
     if e.half:  # float16 is reduced on its bits (hpcdp.comm.compiled.kernels)
-        w, s = work.view(np.uint16), src.view(np.uint16)
+        w, s, o = work.view(np.uint16), src.view(np.uint16), res.view(np.uint16)
     else:
-        w, s = work, src
-    code = e.engine.advance(K.BLOCK, started + limit, state.I, state.H, w, s, state.tmp,
+        w, s, o = work, src, res
+    code = e.engine.advance(K.BLOCK, started + limit, state.I, state.H, w, s, o, state.tmp,
                             state.div, state.X, state.stat)
     st = state.st
     if code != K.DONE:
@@ -170,13 +174,9 @@ def reduce_scatter(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
         return None
     off, size = e.off, e.size
     state = _run(ctx, "reduce_scatter", e, sendbuf if same else None, sendbuf, sendbuf.dtype,
-                 sendbuf.size, ledger, timeout)
-    if same:
-        e.plan.give(state)
-        return sendbuf[off:off + size]
-    recvbuf[...] = state.work[off:off + size]
+                 sendbuf.size, ledger, timeout, res=None if same else recvbuf)
     e.plan.give(state)
-    return recvbuf
+    return sendbuf[off:off + size] if same else recvbuf
 
 
 def all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes):
