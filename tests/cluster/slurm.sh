@@ -118,6 +118,9 @@ write_conf() {  # nodes cpus
     echo "SelectTypeParameters=CR_Core"
     echo "SchedulerType=sched/backfill"
     echo "MpiDefault=pmi2"
+    # job ids that never repeat across starts (tests/slurm/local-slurm.sh says why: MPICH
+    # names its /dev/shm segments after them, and killed ranks leave theirs behind)
+    echo "FirstJobId=$(( $(date +%s) % 60000000 + 1000 ))"
     echo "ReturnToService=2"
     echo "SlurmdParameters=config_overrides"
     echo "SlurmdTimeout=10"

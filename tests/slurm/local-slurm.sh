@@ -34,6 +34,8 @@ LOCK=/run/lock/hpcdp-local-slurm.lock
 case ${SLURM_CONF:-} in /run/hpcdp-cluster-slurm-*) unset SLURM_CONF ;; esac
 
 say() { echo "local-slurm: $*"; }
+# A first job id this start has to itself (seconds of the clock, below Slurm's MaxJobId)
+first_job_id() { echo $(( $(date +%s) % 60000000 + 1000 )); }
 die() { echo "local-slurm: $2" >&2; exit "$1"; }
 
 cmd=${1:-}; shift || true
@@ -131,6 +133,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 MpiDefault=pmi2
+# Job ids that never repeat across starts: MPICH names its shared-memory segments after
+# the PMI job id, and a rank killed in an earlier session (a fault test) leaves its
+# segment in /dev/shm; a new job 2 then attached to the old job 2's segment and failed in
+# MPI_Init ("Message truncated", every session's job 2).
+FirstJobId=$(first_job_id)
 ReturnToService=2
 SlurmdParameters=config_overrides
 StateSaveLocation=$STATE/ctld
