@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm.auto import generation, native_below
-from hpcdp.comm.context import _LAST
+from hpcdp.comm.context import known_context
 from hpcdp.comm.debug import SPIN_POLLS
 from hpcdp.comm.diagnose import diagnose, peer_failed
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, Request
@@ -275,11 +275,8 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     if op.__class__ is not str or sendbuf.__class__ is not np.ndarray \
             or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
         return None  # (a strided 1-D buffer: mpi4py refuses it below)
-    hit = _LAST.get(id(comm))
-    if hit is None or hit[0] is not comm:
-        return None
-    ctx = hit[1]
-    if ctx.debug or ctx.failed is not None or ctx.size == 1:
+    ctx = known_context(comm)
+    if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None
     dtype = sendbuf.dtype
     sig = ctx.lean_sigs.get(("allreduce", op, algorithm, dtype), False) \
@@ -322,11 +319,8 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
 def _lean_ctx(comm, collective, op, algorithm, buf):
     """(context, signature) of a lean reduce-scatter / all-gather on ``buf`` (the
     full-length buffer), or (None, None)."""
-    hit = _LAST.get(id(comm))
-    if hit is None or hit[0] is not comm:
-        return None, None
-    ctx = hit[1]
-    if ctx.debug or ctx.failed is not None or ctx.size == 1:
+    ctx = known_context(comm)
+    if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None, None
     sig = signature(ctx, collective, op, algorithm, buf.dtype)
     nbytes = buf.nbytes

@@ -49,25 +49,21 @@ class Ledger:
         """Add to the totals of ``name``; ``calls`` counts completed collectives."""
         if min(sent_bytes, recv_bytes, sent_msgs, recv_msgs, calls) < 0:
             raise ValueError(f"Ledger.record({name!r}): counts must be >= 0")
-        with self._lock:
-            e = self._entries.get(name)
-            if e is None:
-                e = self._entries[name] = Entry()
-            e.calls += calls
-            e.sent_bytes += int(sent_bytes)
-            e.recv_bytes += int(recv_bytes)
-            e.sent_msgs += int(sent_msgs)
-            e.recv_msgs += int(recv_msgs)
+        self._add(name, calls, int(sent_bytes), int(recv_bytes), int(sent_msgs),
+                  int(recv_msgs))
 
     def count_call(self, name: str, sent_bytes: int, recv_bytes: int, sent_msgs: int,
                    recv_msgs: int) -> None:
         """One completed collective's figures (Python ints >= 0, from hpcdp's own code):
         :meth:`record` without its argument checks, for the per-call fast fronts."""
+        self._add(name, 1, sent_bytes, recv_bytes, sent_msgs, recv_msgs)
+
+    def _add(self, name, calls, sent_bytes, recv_bytes, sent_msgs, recv_msgs) -> None:
         with self._lock:
             e = self._entries.get(name)
             if e is None:
                 e = self._entries[name] = Entry()
-            e.calls += 1
+            e.calls += calls
             e.sent_bytes += sent_bytes
             e.recv_bytes += recv_bytes
             e.sent_msgs += sent_msgs

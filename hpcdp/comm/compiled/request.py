@@ -6,7 +6,7 @@ diagnosis, hpcdp.comm.diagnose, as for every request). A non-blocking request is
 handed to the rank's progress thread (hpcdp.comm.compiled.progress), which makes
 its passes (from the first, for a warm plan) while the training thread computes;
 ``test()`` is then a read of the counters those passes write (no lock, no compiled
-call, no GIL hand-off), and it finishes the request (final copy, ledger) itself if
+call, no GIL hand-off), and it finishes the request (the ledger) itself if
 the thread has completed it but not yet got the GIL back. Without the thread
 (``HPCDP_COMM_PROGRESS=calls``, or no MPI_THREAD_MULTIPLE) ``test()`` runs the
 compiled passes once. A per-request lock makes exactly one thread advance it at a
@@ -258,7 +258,7 @@ class CompiledRingRequest(Request):
         raise failure(self.ctx, self.name, self.seq, self.st)
 
     def _finish(self):
-        """Complete once: the final copy, the ledger (hpcdp.comm.requests.Request)."""
+        """Complete once: the counts and the ledger (hpcdp.comm.requests.Request)."""
         if self.done:
             return
         st = self.st
