@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.comm.cost import Link, Profile, profile_from_dict
+from hpcdp.comm import volume as V
+from hpcdp.comm.cost import SEGMENT_BYTES, Link, Profile, profile_from_dict
 from hpcdp.launch import loadavg
 
 
@@ -99,9 +100,6 @@ def fit_ring_beta(probe: dict, gamma: float, per_msg: float = 0.0) -> float:
     ``S * ring_beta`` (2(N-1)/N of the buffer sent at N = 2) plus the reduction of half
     the buffer (``gamma``). 0 (not measured: the Sendrecv line's beta is used) without
     that probe or when the slope is not above the reduction."""
-    from hpcdp.comm import volume as V
-    from hpcdp.comm.cost import SEGMENT_BYTES
-
     pts = sorted(probe.get("ring_large") or [])
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return 0.0
@@ -112,12 +110,6 @@ def fit_ring_beta(probe: dict, gamma: float, per_msg: float = 0.0) -> float:
 
     slope = (t2 - t1 - (msgs(s2) - msgs(s1)) * per_msg) / (s2 - s1)
     return max(0.0, slope - gamma / 2)
-
-
-def _large_msg(link: Link) -> float:
-    """The wire's per-message cost of the ring's 1 MiB segments."""
-    from hpcdp.comm.cost import SEGMENT_BYTES
-    return link.alpha_at(SEGMENT_BYTES)
 
 
 def measure_copy(nbytes: int = 4 << 20, reps: int = 20) -> float:
@@ -176,7 +168,7 @@ def refit_small(profile: Profile, max_bytes: int) -> Profile:
     if all(sz <= max_bytes for sz, _ in probe.get("ring_large") or [[max_bytes + 1, 0]]):
         soft = fit_software(small, link, profile.gamma_s_per_byte)
         link.ring_beta_s_per_byte = fit_ring_beta(probe, profile.gamma_s_per_byte,
-                                                  _large_msg(link) + soft["msg_s"])
+                                                  link.segment_alpha_s + soft["msg_s"])
     soft = fit_software(small, link, profile.gamma_s_per_byte)
     inter = profile.inter if profile.provenance.get("inter_measured") else link
     return replace(profile, name=f"{profile.name}-upto{max_bytes}B", intra=link, inter=inter,
@@ -307,7 +299,7 @@ def run(args) -> Profile:
     copy = measure_copy()
     soft = fit_software(intra or inter, link_intra, gamma)
     for link, probe in ((link_intra, intra or inter), (link_inter, inter or intra)):
-        link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, _large_msg(link) + soft["msg_s"])
+        link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, link.segment_alpha_s + soft["msg_s"])
     opt_s = measure_optimizer(cfg, wl.params)
     for kind, link in (("intra", link_intra), ("inter", link_inter if inter else None)):
         if link is not None and link.eager_bytes:
