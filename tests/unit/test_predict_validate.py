@@ -54,6 +54,12 @@ def test_predict_writes_table_json_plot(tmp_path, capsys):
     assert effs == sorted(effs, reverse=True)
     assert set(res["crossovers"]) >= {"ring_latency_reaches_bandwidth_at",
                                       "hierarchical_beats_ring_from", "parameter_server"}
+    # the crossover in bytes per rank count: example-cluster's 15 us per message against
+    # its 4 us alpha, software-bound below ~ N x 275 KB
+    wire = res["crossovers"]["ring_wire_bound_from_bytes"]
+    assert sorted(int(n) for n in wire) == [2, 4, 8, 16, 32, 64]
+    assert wire["64"] > wire["32"] > 32 * 4 and "bound by the wire, not hpcdp's software" in \
+        (out / "predict.txt").read_text()
     assert (out / "predict.png").stat().st_size > 0
     assert "crossovers" in (out / "predict.txt").read_text()
 
