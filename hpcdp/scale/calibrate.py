@@ -8,7 +8,8 @@ What is measured, and what each fit gives (docs/scaling.md has the reasoning):
    8 KiB buffer in 4-64 eager segments at equal bytes (slope: one pipelined message's
    software, ``msg_s``; on the Python engine too under the compiled one, for the
    few-step collectives' ``few_step_msg_s``), 8-byte ring and recursive allreduces
-   (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug mode's per-peer fingerprints);
+   (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug
+   mode's per-peer fingerprints);
 2. in this process: ``gamma`` (a NumPy add, the ring's reduction) and the optimizer's
    time per parameter for the config's optimizer;
 3. one-rank training steps of the config at three batch sizes (``B/2, B, 2B``): the
@@ -144,10 +145,10 @@ def fit_software(probe: dict, link: Link, gamma: float) -> dict:
     ``msg_s``: the slope over 4-64 eager segments of one 8 KiB ring at equal bytes
     (``segments_small``; :func:`segment_slope`): a step's segments are independent, so
     they pipeline and each extra one costs its posting, polling and bookkeeping, not the
-    wire's latency, which the model adds per dependent message (``alpha``). Under the compiled engine the same
-    on the Python engine gives ``few_step_msg_s`` (the few-step collectives, recursive
-    doubling among them, still run as Python requests; 0: they run on the ring's
-    engine, ``msg_s``). ``call_s``: each 8-byte call less its messages. Probes recorded
+    wire's latency, which the model adds per dependent message (``alpha``). Under the
+    compiled engine the same on the Python engine gives ``few_step_msg_s`` (the few-step
+    collectives, recursive doubling among them, still run as Python requests; 0: they
+    run on the ring's engine, ``msg_s``). ``call_s``: each 8-byte call less its messages. Probes recorded
     before ``segments_small``: the same over the 256 KiB ring's 2 KiB-128 KiB segments."""
     small = probe.get("segments_small")
     pts, buf = (small, SMALL_BUFFER) if small else (probe["segments"], probe.get("segments_bytes", 256 << 10))
