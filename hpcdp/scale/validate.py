@@ -15,8 +15,8 @@ Two kinds of points:
 - training steps: an ``hpcdp scale`` study of the config (weak and strong, DDP variants,
   compute-only baselines) at ``--ranks``, every point predicted by the same profile.
 
-The calibration (``--calibrate``) fits on two ranks: MPI exchanges, one 256 KiB ring with
-varied segments, 8-byte calls, and one-rank steps at three batch sizes. So every
+The calibration (``--calibrate``) fits on two ranks: MPI exchanges, an 8 KiB and a 256 KiB
+ring with varied segments, 8-byte calls, and one-rank steps at three batch sizes. So every
 collective at 3 or more ranks, every size but 8 bytes at 2 ranks, and every multi-rank
 step is held out; points the profile was fitted on are marked ``cal`` and left out of the
 summary, as are oversubscribed points (more ranks than cores: outside the model), which
