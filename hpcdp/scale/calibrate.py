@@ -5,7 +5,7 @@ What is measured, and what each fit gives (docs/scaling.md has the reasoning):
 1. ``hpcdp.scale.linkprobe`` on 2 ranks of one node (and, with ``--inter``, on 2 nodes):
    the exchange line ``alpha + S * beta`` (the link: less mpi4py's own cost of the
    ``Sendrecv`` call, ``py_call_s``, so the wire's C-level line), hpcdp's ring on an
-   8 KiB buffer in 4-64 eager segments at equal bytes (slope: one pipelined message's
+   8 KiB buffer in 4-16 eager segments at equal bytes (slope: one pipelined message's
    software, ``msg_s``; on the Python engine too under the compiled one, for the
    few-step collectives' ``few_step_msg_s``), 8-byte ring and recursive allreduces
    (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug
@@ -142,7 +142,7 @@ def fit_software(probe: dict, link: Link, gamma: float) -> dict:
     """``msg_s``, ``few_step_msg_s``, ``call_s`` (ring, recursive) and ``ctrl_msg_s`` from
     a linkprobe result, with ``link`` the wire's line (:func:`wire_exchange`).
 
-    ``msg_s``: the slope over 4-64 eager segments of one 8 KiB ring at equal bytes
+    ``msg_s``: the slope over 4-16 eager segments of one 8 KiB ring at equal bytes
     (``segments_small``; :func:`segment_slope`): a step's segments are independent, so
     they pipeline and each extra one costs its posting, polling and bookkeeping, not the
     wire's latency, which the model adds per dependent message (``alpha``). Under the

@@ -14,7 +14,7 @@ inter-node one), each timed like ``hpcdp bench collectives`` (warmup, barrier, m
   the environment selects) at two large sizes (RING_SIZES, those within
   ``--max-bytes``): the slope between them is what a large ring step costs per byte,
   working buffers and cache effects included (hpcdp.scale.calibrate.fit_ring_beta);
-- ``segments_small``: the same on an 8 KiB buffer cut into 128 B-2 KiB segments (4-64
+- ``segments_small``: the same on an 8 KiB buffer cut into 512 B-2 KiB segments (4-16
   messages at equal bytes, all below the eager limits): the segments of a step are
   independent, so they pipeline and the slope is the cost of a message's posting,
   polling and bookkeeping (hpcdp's and MPI's C code), without the wire's latency, which
@@ -53,9 +53,12 @@ EXCHANGE_SIZES = [8, 64, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 26214
 SEGMENT_BUFFER = 256 << 10
 SEGMENTS = [2048, 8192, 32768, 131072]
 # equal bytes, eager segments only (below shared memory's 4 KiB cells, UCX's 8100 B):
-# 4-64 messages whose slope is hpcdp's (and MPI's C) cost per message, no latency
+# 4-16 messages whose slope is hpcdp's (and MPI's C) cost per message, no latency. Not
+# more: with 32-64 small messages in flight a loaded trial took 20x longer per message
+# (1.16-1.28 ms against 53 us at 16), a cliff, not a slope
+
 SMALL_BUFFER = 8192
-SMALL_SEGMENTS = [128, 256, 512, 1024, 2048]
+SMALL_SEGMENTS = [512, 1024, 2048]
 RING_SIZES = [2 << 20, 16 << 20]
 
 
