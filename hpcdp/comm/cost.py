@@ -70,6 +70,12 @@ class Link:
     def ring_beta(self) -> float:
         return self.ring_beta_s_per_byte or self.beta_s_per_byte
 
+    @property
+    def segment_alpha_s(self) -> float:
+        """The wire's cost per message of one of the ring's full segments
+        (``SEGMENT_BYTES``: the protocol large ring steps travel by)."""
+        return self.alpha_at(SEGMENT_BYTES)
+
     def _eager(self, m: float) -> bool:
         return not self.eager_bytes or m <= self.eager_bytes
 

@@ -81,6 +81,11 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--reuse", action="store_true",
                    help="--validate: take the measurements already in --out (from an earlier "
                         "--validate) and predict them with --profile")
+    p.add_argument("--statistic", default="auto", choices=["auto", "fastest", "steady", "median"],
+                   help="--validate: a collective point's figure from its repeats: fastest, "
+                        "median, steady (the fastest not below 3/4 of its bytes' time at the "
+                        "link's rate: drops a rate-limited link's burst) or auto (default: "
+                        "steady where the ranks span nodes, fastest within a node)")
     p.add_argument("--no-study", action="store_true",
                    help="--validate: the collectives only (no training study)")
     p.add_argument("--sizes", default="8:64M",

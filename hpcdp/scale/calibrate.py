@@ -3,9 +3,13 @@
 What is measured, and what each fit gives (docs/scaling.md has the reasoning):
 
 1. ``hpcdp.scale.linkprobe`` on 2 ranks of one node (and, with ``--inter``, on 2 nodes):
-   the exchange line ``alpha + S * beta`` (the link), hpcdp's ring over several segment
-   sizes (slope: one message in hpcdp = ``alpha + msg_s``), 8-byte ring and recursive
-   allreduces (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug mode's per-peer fingerprints);
+   the exchange line ``alpha + S * beta`` (the link: less mpi4py's own cost of the
+   ``Sendrecv`` call, ``py_call_s``, so the wire's C-level line), hpcdp's ring on an
+   8 KiB buffer in 4-16 eager segments at equal bytes (slope: one pipelined message's
+   software, ``msg_s``; on the Python engine too under the compiled one, for the
+   few-step collectives' ``few_step_msg_s``), 8-byte ring and recursive allreduces
+   (per-call cost ``call_s``), and one control-message pair (``ctrl_msg_s``: debug
+   mode's per-peer fingerprints);
 2. in this process: ``gamma`` (a NumPy add, the ring's reduction) and the optimizer's
    time per parameter for the config's optimizer;
 3. one-rank training steps of the config at three batch sizes (``B/2, B, 2B``): the
@@ -32,8 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.comm.cost import Link, Profile, profile_from_dict
+from hpcdp.comm import volume as V
+from hpcdp.comm.cost import SEGMENT_BYTES, Link, Profile, profile_from_dict
 from hpcdp.launch import loadavg
+from hpcdp.scale.linkprobe import SMALL_BUFFER
 
 
 # -- fits (pure: unit-tested on synthetic timings) ------------------------------------
@@ -99,9 +105,6 @@ def fit_ring_beta(probe: dict, gamma: float, per_msg: float = 0.0) -> float:
     ``S * ring_beta`` (2(N-1)/N of the buffer sent at N = 2) plus the reduction of half
     the buffer (``gamma``). 0 (not measured: the Sendrecv line's beta is used) without
     that probe or when the slope is not above the reduction."""
-    from hpcdp.comm import volume as V
-    from hpcdp.comm.cost import SEGMENT_BYTES
-
     pts = sorted(probe.get("ring_large") or [])
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return 0.0
@@ -112,12 +115,6 @@ def fit_ring_beta(probe: dict, gamma: float, per_msg: float = 0.0) -> float:
 
     slope = (t2 - t1 - (msgs(s2) - msgs(s1)) * per_msg) / (s2 - s1)
     return max(0.0, slope - gamma / 2)
-
-
-def _large_msg(link: Link) -> float:
-    """The wire's per-message cost of the ring's 1 MiB segments."""
-    from hpcdp.comm.cost import SEGMENT_BYTES
-    return link.alpha_at(SEGMENT_BYTES)
 
 
 def measure_copy(nbytes: int = 4 << 20, reps: int = 20) -> float:
@@ -132,15 +129,54 @@ def measure_copy(nbytes: int = 4 << 20, reps: int = 20) -> float:
     return best / nbytes
 
 
+def wire_exchange(probe: dict) -> list:
+    """The probe's exchange points less mpi4py's own cost of a ``Sendrecv`` call
+    (``py_call_s``, measured to ``MPI.PROC_NULL``): the wire's C-level line, what hpcdp's
+    compiled ring (MPI's C functions, no Python per message) pays. Probes recorded
+    before ``py_call_s`` existed: the exchanges as they are."""
+    py = float(probe.get("py_call_s") or 0.0)
+    return [[s, t - py if t > 2 * py else t / 2] for s, t in probe["exchange"]]
+
+
 def fit_software(probe: dict, link: Link, gamma: float) -> dict:
-    """``msg_s``, ``call_s`` (ring, recursive) and ``ctrl_msg_s`` from a linkprobe result."""
-    _, per_msg = fit_line([m for m, _ in probe["segments"]], [t for _, t in probe["segments"]])
-    msg_s = max(0.0, per_msg - link.alpha_s)
+    """``msg_s``, ``few_step_msg_s``, ``call_s`` (ring, recursive) and ``ctrl_msg_s`` from
+    a linkprobe result, with ``link`` the wire's line (:func:`wire_exchange`).
+
+    ``msg_s``: the slope over 4-16 eager segments of one 8 KiB ring at equal bytes
+    (``segments_small``; :func:`segment_slope`): a step's segments are independent, so
+    they pipeline and each extra one costs its posting, polling and bookkeeping, not the
+    wire's latency, which the model adds per dependent message (``alpha``). Under the
+    compiled engine the same on the Python engine gives ``few_step_msg_s`` (the few-step
+    collectives, recursive doubling among them, still run as Python requests; 0: they
+    run on the ring's engine, ``msg_s``). ``call_s``: each 8-byte call less its messages. Probes recorded
+    before ``segments_small``: the same over the 256 KiB ring's 2 KiB-128 KiB segments."""
+    small = probe.get("segments_small")
+    pts, buf = (small, SMALL_BUFFER) if small else (probe["segments"], probe.get("segments_bytes", 256 << 10))
+    msg_s = max(0.0, segment_slope(pts, buf, link, gamma))
+    few = 0.0
+    if probe.get("segments_small_python"):
+        few = max(0.0, segment_slope(probe["segments_small_python"], SMALL_BUFFER, link, gamma))
+    calls, a = probe["calls"], link.alpha_at(8)
     ctrl = probe["token_pair_s"] / 2  # debug mode's fingerprints (not on the normal path)
-    one = link.alpha_s + msg_s
-    calls = {"ring": max(0.0, probe["calls"]["ring"] - 2 * one - 4 * gamma),
-             "recursive": max(0.0, probe["calls"]["recursive"] - one - 8 * gamma)}
-    return {"msg_s": msg_s, "call_s": calls, "ctrl_msg_s": ctrl}
+    call = {"ring": max(0.0, calls["ring"] - 2 * (a + msg_s) - 4 * gamma),
+            "recursive": max(0.0, calls["recursive"] - (a + (few or msg_s)) - 8 * gamma)}
+    return {"msg_s": msg_s, "few_step_msg_s": few, "call_s": call, "ctrl_msg_s": ctrl}
+
+
+def segment_slope(points, buffer: int, link: Link, gamma: float) -> float:
+    """Seconds per message over ``[[messages, s], ...]`` of one 2-rank ring allreduce of
+    ``buffer`` bytes cut into segments: each point less what the wire charges it (its 2
+    dependent steps' ``alpha`` and its ``buffer`` bytes, both at the line of its segment
+    size, and the reduction of half the buffer), then the least-squares slope. With
+    every segment in one protocol (``segments_small``) that is the plain slope; over
+    the older probe's 2 KiB-128 KiB segments it keeps the rendezvous ones' line out of
+    the software (that probe's slope minus alpha had fitted 0)."""
+    xs, rs = [], []
+    for m, t in points:
+        size = buffer / m  # bytes of one message: buffer / 2 per rank's chunk, m / 2 per step
+        xs.append(m)
+        rs.append(t - 2 * link.alpha_at(size) - buffer * link.coll_beta_at(size) - buffer / 2 * gamma)
+    return float(np.polyfit(xs, rs, 1)[0]) if len(set(xs)) > 1 else 0.0
 
 
 def fit_compute(points, params: int, flops_per_sample: float, optimizer_s_per_param: float) -> dict:
@@ -172,16 +208,16 @@ def refit_small(profile: Profile, max_bytes: int) -> Profile:
     small = {**probe, "exchange": [[s, t] for s, t in probe["exchange"] if s <= max_bytes]}
     if len(small["exchange"]) < 2:
         raise SystemExit(f"--probe-max {max_bytes}: fewer than 2 probe sizes that small")
-    link = fit_link(small["exchange"])
+    link = fit_link(wire_exchange(small))
     if all(sz <= max_bytes for sz, _ in probe.get("ring_large") or [[max_bytes + 1, 0]]):
         soft = fit_software(small, link, profile.gamma_s_per_byte)
         link.ring_beta_s_per_byte = fit_ring_beta(probe, profile.gamma_s_per_byte,
-                                                  _large_msg(link) + soft["msg_s"])
+                                                  link.segment_alpha_s + soft["msg_s"])
     soft = fit_software(small, link, profile.gamma_s_per_byte)
     inter = profile.inter if profile.provenance.get("inter_measured") else link
     return replace(profile, name=f"{profile.name}-upto{max_bytes}B", intra=link, inter=inter,
-                   msg_s=soft["msg_s"], call_s={**profile.call_s, **soft["call_s"]},
-                   ctrl_msg_s=soft["ctrl_msg_s"])
+                   msg_s=soft["msg_s"], few_step_msg_s=soft["few_step_msg_s"],
+                   call_s={**profile.call_s, **soft["call_s"]}, ctrl_msg_s=soft["ctrl_msg_s"])
 
 
 # -- measurements ----------------------------------------------------------------------
@@ -200,6 +236,11 @@ def fastest_probe(probes: list):
                              for i, (s, _) in enumerate(probes[0]["ring_large"])]
     out["calls"] = {k: min(p["calls"][k] for p in probes) for k in probes[0]["calls"]}
     out["token_pair_s"] = min(p["token_pair_s"] for p in probes)
+    if all("py_call_s" in p for p in probes):
+        out["py_call_s"] = min(p["py_call_s"] for p in probes)
+    for key in ("segments_small", "segments_small_python"):
+        if all(key in p for p in probes):
+            out[key] = [[m, min(p[key][i][1] for p in probes)] for i, (m, _) in enumerate(probes[0][key])]
     out["rounds"] = len(probes)
     return out
 
@@ -300,14 +341,14 @@ def run(args) -> Profile:
     ranks = study_ranks(args.ranks)
     points = [(1, b, "bucketed") for b in batches] + [(k, k * batch, "compute_only") for k in ranks]
     intra, inter, best = measure_rounds(args, points, out, work)
-    link_inter = fit_link(inter["exchange"]) if inter else None
-    link_intra = fit_link(intra["exchange"]) if intra else link_inter
+    link_inter = fit_link(wire_exchange(inter)) if inter else None
+    link_intra = fit_link(wire_exchange(intra)) if intra else link_inter
     link_inter = link_inter or link_intra
     gamma = measure_gamma()
     copy = measure_copy()
     soft = fit_software(intra or inter, link_intra, gamma)
     for link, probe in ((link_intra, intra or inter), (link_inter, inter or intra)):
-        link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, _large_msg(link) + soft["msg_s"])
+        link.ring_beta_s_per_byte = fit_ring_beta(probe, gamma, link.segment_alpha_s + soft["msg_s"])
     opt_s = measure_optimizer(cfg, wl.params)
     for kind, link in (("intra", link_intra), ("inter", link_inter if inter else None)):
         if link is not None and link.eager_bytes:
@@ -316,7 +357,8 @@ def run(args) -> Profile:
                   flush=True)
     print(f"  link: alpha {link_intra.alpha_s * 1e6:.2f} us, beta {1e9 * link_intra.beta_s_per_byte:.3f} "
           f"ns/B, ring {1e9 * link_intra.ring_beta:.3f} ns/B; gamma {1e9 * gamma:.3f} ns/B; "
-          f"copy {1e9 * copy:.3f} ns/B; msg {soft['msg_s'] * 1e6:.1f} us; "
+          f"copy {1e9 * copy:.3f} ns/B; msg {soft['msg_s'] * 1e6:.2f} us (few-step "
+          f"{(soft['few_step_msg_s'] or soft['msg_s']) * 1e6:.2f} us); "
           f"optimizer {opt_s * 1e9:.2f} ns/param", flush=True)
     steps = {b: best[(1, b, "bucketed")] for b in batches}
     comp = fit_compute([[b, t] for b, t in steps.items()], wl.params, wl.flops_per_sample, opt_s)
@@ -333,7 +375,8 @@ def run(args) -> Profile:
         "description": args.description or f"measured by hpcdp scale --calibrate on {platform.node()}",
         "intra": link_intra.__dict__, "inter": link_inter.__dict__,
         "gamma_s_per_byte": gamma, "copy_s_per_byte": copy, "call_s": soft["call_s"], "msg_s": soft["msg_s"],
-        "ctrl_msg_s": soft["ctrl_msg_s"], "flops_per_s": comp["flops_per_s"],
+        "ctrl_msg_s": soft["ctrl_msg_s"], "few_step_msg_s": soft["few_step_msg_s"],
+        "flops_per_s": comp["flops_per_s"],
         "optimizer_s_per_param": opt_s, "step_overhead_s": comp["step_overhead_s"],
         "ranks_per_node": args.ranks_per_node or max(cores, max(ranks)), "nics_per_node": 1,
         "cores_per_node": cores, "overlap": args.overlap, "contention": contention,
@@ -344,7 +387,8 @@ def run(args) -> Profile:
             "config": str(args.config), "batch": batch,
             "inter_measured": bool(inter), "probes": [p["command"] for p in (intra, inter) if p],
             **{f"probe_{kind}": {k: p[k] for k in ("exchange", "segments", "calls", "token_pair_s",
-                                                   "ring_large") if k in p}
+                                                   "ring_large", "py_call_s", "segments_small",
+                                                   "segments_small_python") if k in p}
                for kind, p in (("intra", intra), ("inter", inter)) if p},
             "compute_steps": {str(b): t for b, t in steps.items()},
             "compute_fit": comp["fallback"] or "line over the batch sizes",

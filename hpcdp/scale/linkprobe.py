@@ -14,12 +14,25 @@ inter-node one), each timed like ``hpcdp bench collectives`` (warmup, barrier, m
   the environment selects) at two large sizes (RING_SIZES, those within
   ``--max-bytes``): the slope between them is what a large ring step costs per byte,
   working buffers and cache effects included (hpcdp.scale.calibrate.fit_ring_beta);
+- ``segments_small``: the same on an 8 KiB buffer cut into 512 B-2 KiB segments (4-16
+  messages at equal bytes, all below the eager limits): the segments of a step are
+  independent, so they pipeline and the slope is the cost of a message's posting,
+  polling and bookkeeping (hpcdp's and MPI's C code), without the wire's latency, which
+  only a step's dependent message pays; under the compiled engine the same on the
+  Python engine (``segments_small_python``: the Python requests the few-step
+  collectives still run as);
 - ``calls``: hpcdp's ring and recursive-doubling allreduce of 8 bytes (per-call cost);
+- ``py_call_s`` (each rank alone): mpi4py's own cost of one ``Sendrecv`` call, to
+  ``MPI.PROC_NULL`` (MPI returns at once): the Python in every ``exchange`` point, which
+  hpcdp's compiled ring does not pay (it calls MPI's C functions), so the calibration
+  takes it off the exchanges to get the wire's line;
 - ``tokens`` (rank 0 alone): posting one arrival token each way and reaping it, the
   per-peer control cost every hpcdp collective pays.
 
 JSON on rank 0: ``{"meta": ..., "exchange": [[bytes, s]...], "segments": [[messages,
-s]...], "segments_bytes": S, "ring_large": [[bytes, s]...], "calls": {"ring": s, "recursive": s}, "token_pair_s": s}``.
+s]...], "segments_bytes": S, "segments_small": [[messages, s]...][, "segments_small_python": ...],
+"ring_large": [[bytes, s]...], "calls": {"ring": s, "recursive": s}, "py_call_s": s,
+"token_pair_s": s}``.
 """
 
 from __future__ import annotations
@@ -39,6 +52,13 @@ EXCHANGE_SIZES = [8, 64, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 26214
                   1 << 20, 4 << 20, 16 << 20]
 SEGMENT_BUFFER = 256 << 10
 SEGMENTS = [2048, 8192, 32768, 131072]
+# equal bytes, eager segments only (below shared memory's 4 KiB cells, UCX's 8100 B):
+# 4-16 messages whose slope is hpcdp's (and MPI's C) cost per message, no latency. Not
+# more: with 32-64 small messages in flight a loaded trial took 20x longer per message
+# (1.16-1.28 ms against 53 us at 16), a cliff, not a slope
+
+SMALL_BUFFER = 8192
+SMALL_SEGMENTS = [512, 1024, 2048]
 RING_SIZES = [2 << 20, 16 << 20]
 
 
@@ -84,6 +104,36 @@ def token_pair_s(reps: int = 4000) -> float:
     return best
 
 
+def py_call_s(reps: int = 4000) -> float:
+    """mpi4py's cost of one ``Sendrecv`` of 8 bytes to ``MPI.PROC_NULL`` (MPI does nothing):
+    the buffer parsing and call that every ``exchange`` point carries once."""
+    from mpi4py import MPI
+
+    comm, null = MPI.COMM_WORLD, MPI.PROC_NULL
+    a, b = np.ones(8, np.uint8), np.empty(8, np.uint8)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            comm.Sendrecv([a, MPI.BYTE], null, 0, [b, MPI.BYTE], null, 0)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def _segments(comm, rounds: int, buffer: int, segments: list) -> list:
+    """hpcdp's ring allreduce of one ``buffer``-byte float32 buffer cut into segments of
+    each size (the engine ``comm`` runs on): ``[[messages, s], ...]``."""
+    from hpcdp.comm import allreduce
+
+    x = np.ones(buffer // 4, np.float32)
+    y = np.empty_like(x)
+    fns = {seg: (lambda seg=seg: allreduce(x, y, comm=comm, algorithm="ring", segment_bytes=seg))
+           for seg in segments}
+    times = _rounds(fns, {seg: 50 for seg in segments}, rounds, comm)
+    chunk = buffer // 2
+    return [[2 * -(-chunk // seg), times[seg]] for seg in segments]
+
+
 def run(args) -> dict:
     from mpi4py import MPI
 
@@ -104,14 +154,15 @@ def run(args) -> dict:
     times = _rounds(fns, iters, args.rounds, comm)
     out["exchange"] = [[S, times[S]] for S in sizes]
 
-    x = np.ones(SEGMENT_BUFFER // 4, np.float32)
-    y = np.empty_like(x)
-    fns = {seg: (lambda seg=seg: allreduce(x, y, comm=comm, algorithm="ring", segment_bytes=seg))
-           for seg in SEGMENTS}
-    times = _rounds(fns, {seg: 50 for seg in SEGMENTS}, args.rounds, comm)
-    chunk = SEGMENT_BUFFER // 2
-    out["segments"] = [[2 * -(-chunk // seg), times[seg]] for seg in SEGMENTS]
+    out["segments"] = _segments(comm, args.rounds, SEGMENT_BUFFER, SEGMENTS)
     out["segments_bytes"] = SEGMENT_BUFFER
+    out["segments_small"] = _segments(comm, args.rounds, SMALL_BUFFER, SMALL_SEGMENTS)
+    from hpcdp.comm.compiled import active_engine, set_engine
+
+    if active_engine(comm) == "compiled":  # the few-step collectives' Python requests
+        set_engine(comm, "python")
+        out["segments_small_python"] = _segments(comm, args.rounds, SMALL_BUFFER, SMALL_SEGMENTS)
+        set_engine(comm, "compiled")
 
     ring_sizes = [S for S in RING_SIZES if S <= args.max_bytes]
     if len(ring_sizes) == 2:
@@ -125,6 +176,8 @@ def run(args) -> dict:
     small, res = np.ones(2, np.float32), np.empty(2, np.float32)
     fns = {a: (lambda a=a: allreduce(small, res, comm=comm, algorithm=a)) for a in ("ring", "recursive")}
     out["calls"] = _rounds(fns, {"ring": 300, "recursive": 300}, args.rounds, comm)
+    comm.Barrier()
+    out["py_call_s"] = py_call_s()
     comm.Barrier()
     if rank == 0:
         out["token_pair_s"] = token_pair_s()

@@ -309,6 +309,35 @@ def ring_bound(p: Profile, nbytes: int, per_node: int, max_ranks: int = 4096, it
     return who, since
 
 
+def ring_wire_bytes(p: Profile, N: int, per_node: int, itemsize: int = 4,
+                    max_bytes: int = 1 << 40):
+    """The crossover in bytes: the smallest allreduce of the flat ring at ``N`` ranks
+    from which the wire (latency + bandwidth) takes at least as long as hpcdp's
+    software (per message, per call), to one item; ``N * itemsize`` (its smallest
+    size) when the wire bounds it at every size, None when hpcdp's software bounds it
+    up to ``max_bytes``. Per message the ring is wire-bound once ``alpha + m beta >=
+    msg_s`` for its messages of m = S/N bytes; the per-call cost moves the crossover to
+    larger buckets on few ranks."""
+    t = Topology.of(N, per_node)
+
+    def wire(S):
+        c = ring_allreduce(p, S, t, itemsize)
+        return c.latency_s + c.bandwidth_s >= c.software_s
+
+    lo = N * itemsize
+    if wire(lo):
+        return lo
+    hi = 2 * lo
+    while not wire(hi):
+        if hi >= max_bytes:
+            return None
+        lo, hi = hi, 2 * hi
+    while hi - lo > itemsize:  # wire(lo) false, wire(hi) true
+        mid = (lo + hi) // (2 * itemsize) * itemsize
+        lo, hi = (mid, hi) if not wire(mid) else (lo, mid)
+    return hi
+
+
 def hierarchical_crossover(p: Profile, nbytes: int, per_node: int, ranks: list,
                            itemsize: int = 4):
     """First N of ``ranks`` (>= 2 nodes) where the hierarchical allreduce beats the flat

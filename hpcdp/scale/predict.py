@@ -91,6 +91,7 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
     bucket = max(wl.buckets) * wl.itemsize
     lat, soft = M.ring_latency_crossover(profile, bucket, per_node, itemsize=wl.itemsize)
     bound, bound_from = M.ring_bound(profile, bucket, per_node, max(max(ranks), 2), wl.itemsize)
+    wire_bytes = {str(N): M.ring_wire_bytes(profile, N, per_node, wl.itemsize) for N in ranks if N > 1}
     ps = {}
     for label, strategy, kw in strategies:
         if strategy == "ps":
@@ -111,11 +112,22 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
             "software_reaches_bandwidth_at": soft,
             "ring_bound_at_max_ranks": bound,
             "ring_bound_from": bound_from,
+            "ring_wire_bound_from_bytes": wire_bytes,
+            "itemsize": wl.itemsize,
             "hierarchical_beats_ring_from": hier,
             "parameter_server": ps,
         },
         "allreduce_at_max_ranks": {"ranks": max(ranks), "sizes": sizes, "seconds": curve},
     }
+
+
+def _bytes(b) -> str:
+    if b is None:
+        return "never (software-bound up to 1 TiB)"
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << k:
+            return f"{b / (1 << k):.3g} {unit}"
+    return f"{b} B"
 
 
 def format_predict(res: dict) -> str:
@@ -145,6 +157,11 @@ def format_predict(res: dict) -> str:
     what = {"wire": "the wire (latency + bandwidth)", "software": "hpcdp's software (per message, per call)"}
     lines.append(f"  the flat ring is bound by {what[c['ring_bound_at_max_ranks']]} from N = "
                  f"{c['ring_bound_from']} up to N = {max(res['ranks'])}")
+    wb = c.get("ring_wire_bound_from_bytes") or {}
+    if wb:
+        lines.append("  the flat ring's allreduce is bound by the wire, not hpcdp's software, from "
+                     + ", ".join(f"N = {n}: " + ("every size" if b == int(n) * c["itemsize"]
+                                                 else _bytes(b)) for n, b in wb.items()))
     lines.append(f"  hierarchical allreduce faster than the flat ring from N = "
                  f"{c['hierarchical_beats_ring_from'] or 'never in this range'}")
     for label, v in c["parameter_server"].items():

@@ -27,7 +27,8 @@ def _probe(alpha, beta, msg, ctrl, call_ring, call_rd, gamma):
     one = alpha + msg
     return {
         "exchange": [[s, (alpha + s * beta) * f] for s, f in zip(sizes, NOISE)],
-        "segments": [[m, 4e-4 + m * one] for m in (128, 32, 8, 2)],
+        # a step's segments pipeline: each costs hpcdp's software, not the wire's latency
+        "segments": [[m, 4e-4 + m * msg] for m in (128, 32, 8, 2)],
         "calls": {"ring": call_ring + 2 * one + 4 * gamma,   # no control messages per call
                   "recursive": call_rd + one + 8 * gamma},
         "token_pair_s": 2 * ctrl,
@@ -74,14 +75,63 @@ def test_synthetic_model_timings_recover_the_profile():
                   "recursive": CM.recursive_allreduce(p, 8, t2).total_s},
         "token_pair_s": 2 * p.ctrl_msg_s,
     }
-    base = CM.ring_allreduce(p, 256 << 10, t2).total_s - 2 * (p.intra.alpha_s + p.msg_s)
-    probe["segments"] = [[m, base + m * (p.intra.alpha_s + p.msg_s)] for m in (128, 32, 8, 2)]
+    base = CM.ring_allreduce(p, 256 << 10, t2).total_s - 2 * p.msg_s
+    probe["segments"] = [[m, base + m * p.msg_s] for m in (128, 32, 8, 2)]  # pipelined segments
     link = C.fit_link(probe["exchange"])
     soft = C.fit_software(probe, link, p.gamma_s_per_byte)
     assert link.alpha_s == pytest.approx(4e-6) and link.beta_s_per_byte == pytest.approx(3e-10)
     assert soft["msg_s"] == pytest.approx(1e-5)
     assert soft["call_s"]["ring"] == pytest.approx(5e-5, rel=1e-3)
     assert soft["call_s"]["recursive"] == pytest.approx(3e-5, rel=1e-3)
+
+
+def test_the_wire_and_hpcdps_software_are_separated_at_equal_bytes():
+    """The compiled engine's case: hpcdp's cost per ring message (1 us) below the wire's
+    alpha (2 us), mpi4py's Sendrecv call (0.3 us) in every exchange, the few-step
+    collectives' Python requests at 12 us a message. A step's segments pipeline, so
+    over the segment count at equal bytes each costs its software only; timings
+    generated that way and by the cost model fit back to each figure (slope minus the
+    Sendrecv alpha, the rule before, gave msg_s = 0 and priced every message at alpha)."""
+    truth = dict(name="engine", intra={"alpha_s": 2e-6, "beta_s_per_byte": 2e-10},
+                 gamma_s_per_byte=3e-11, call_s={"ring": 4e-6, "recursive": 1.8e-5}, msg_s=1e-6,
+                 few_step_msg_s=1.2e-5, ctrl_msg_s=1e-6, flops_per_s=1e10, optimizer_s_per_param=0.0)
+    p = CM.profile_from_dict(truth)
+    t2, py = CM.Topology(1, 2), 3e-7
+    msgs = (16, 8, 4)
+    probe = {
+        "exchange": [[s, py + p.intra.alpha_s + s * p.intra.beta_s_per_byte]
+                     for s in (8, 512, 4096, 1 << 20)],
+        "segments": [[m, 1e-4 + m * 1.2e-6] for m in (128, 32, 8, 2)],
+        "segments_small": [[m, 1e-5 + m * 1e-6] for m in msgs],
+        "segments_small_python": [[m, 4e-5 + m * 1.2e-5] for m in msgs],
+        "calls": {"ring": CM.ring_allreduce(p, 8, t2).total_s,
+                  "recursive": CM.recursive_allreduce(p, 8, t2).total_s},
+        "token_pair_s": 2e-6, "py_call_s": py,
+    }
+    link = C.fit_link(C.wire_exchange(probe))
+    assert link.alpha_s == pytest.approx(2e-6, rel=1e-6)
+    soft = C.fit_software(probe, link, p.gamma_s_per_byte)
+    assert soft["msg_s"] == pytest.approx(1e-6, rel=1e-6)
+    assert soft["few_step_msg_s"] == pytest.approx(1.2e-5, rel=1e-6)
+    assert soft["call_s"]["ring"] == pytest.approx(4e-6, rel=1e-2)
+    assert soft["call_s"]["recursive"] == pytest.approx(1.8e-5, rel=1e-3)
+    # the rule before (slope minus the Sendrecv alpha), on the same probe: 0
+    slope = C.fit_line(*zip(*probe["segments_small"]))[1]
+    assert slope - C.fit_link(probe["exchange"]).alpha_s < 0
+    # an older probe (the 256 KiB ring's 2 KiB-128 KiB segments, no segments_small): the
+    # same rule, each point less its wire (rendezvous segments at their own line)
+    old = {k: v for k, v in probe.items() if k not in ("segments_small", "segments_small_python")}
+    two_lines = CM.Link(2e-6, 2e-10, eager_bytes=4096, rndv_alpha_s=7e-6, rndv_beta_s_per_byte=1e-10)
+    S = 256 << 10
+    old["segments"] = [[m, 1e-5 + m * 1e-6 + 2 * two_lines.alpha_at(S / m) + S * two_lines.coll_beta_at(S / m)
+                        + S / 2 * p.gamma_s_per_byte] for m in (128, 32, 8, 2)]
+    assert C.fit_software(old, two_lines, p.gamma_s_per_byte)["msg_s"] == pytest.approx(1e-6, rel=1e-6)
+    # a probe on the Python engine (no Python-engine segments): few-step = msg_s (0)
+    no_py = {k: v for k, v in probe.items() if k != "segments_small_python"}
+    assert C.fit_software(no_py, link, p.gamma_s_per_byte)["few_step_msg_s"] == 0.0
+    two = C.fastest_probe([probe, {**probe, "py_call_s": 1e-7, "segments_small":
+                                   [[m, t / 2] for m, t in probe["segments_small"]]}])
+    assert two["py_call_s"] == 1e-7 and two["segments_small"][0] == [16, probe["segments_small"][0][1] / 2]
 
 
 def test_profile_round_trip(tmp_path):

@@ -266,6 +266,23 @@ def test_what_bounds_the_ring_and_from_which_n():
     assert c(since // 2).latency_s + c(since // 2).bandwidth_s < c(since // 2).software_s
 
 
+def test_the_crossover_in_bytes_where_the_wire_bounds_the_ring():
+    """Per message the ring is wire-bound once alpha + (S/N) beta >= msg_s: with msg_s
+    5 us, alpha 1 us, beta 1 ns/B, from messages of ~4 KB, S ~ N x 4 KB (the per-call
+    cost shifts it a little); msg_s below alpha: every size; no bandwidth: never."""
+    p = prof(msg_s=5e-6)
+    for N in (64, 1024):
+        S = M.ring_wire_bytes(p, N, per_node=1 << 20)
+        c = lambda s: M.ring_allreduce(p, s, CM.Topology.of(N, 1 << 20))  # noqa: E731
+        assert c(S).latency_s + c(S).bandwidth_s >= c(S).software_s
+        assert c(S - 4).latency_s + c(S - 4).bandwidth_s < c(S - 4).software_s
+        assert 0.9 * N * 4000 < S < 1.2 * N * 4000 * 1.05 and S % 4 == 0
+    assert M.ring_wire_bytes(prof(msg_s=5e-7), 64, per_node=1 << 20) == 64 * 4  # every size
+    assert M.ring_wire_bytes(prof(msg_s=5e-6, intra={"alpha_s": 1e-6, "beta_s_per_byte": 0.0},
+                                  inter={"alpha_s": 1e-6, "beta_s_per_byte": 0.0}),
+                             64, per_node=1 << 20, max_bytes=1 << 30) is None
+
+
 def test_few_step_collectives_can_have_their_own_cost_per_message():
     """few_step_msg_s prices the messages of recursive doubling / halving and Bruck (Python
     requests under the compiled engine) apart from the ring's msg_s; 0 keeps msg_s."""

@@ -33,6 +33,12 @@ def test_calibrates_then_studies(tmp_path):
     prof = load_profile(str(results / "profile.toml"))
     assert prof.flops_per_s > 0 and set(prof.contention) == {1, 2}
     assert prof.provenance["config"] == str(cfg)
+    # the probe's equal-bytes segments and mpi4py's own call are recorded and fitted; on
+    # the Python engine the few-step collectives run on the ring's engine (0: msg_s)
+    probe = prof.provenance["probe_intra"]
+    assert [m for m, _ in probe["segments_small"]] == [16, 8, 4]
+    assert 0 < probe["py_call_s"] < probe["exchange"][0][1] and "segments_small_python" not in probe
+    assert prof.msg_s > 0 and prof.few_step_msg_s == 0.0
     res = json.loads((results / "scale.json").read_text())
     assert res["profile"] == "profile"
     assert [p["ranks"] for p in res["weak"]] == [1, 2]
