@@ -9,7 +9,7 @@ For each collective, message size and algorithm it times ``iters`` back-to-back
 calls (after ``warmup`` untimed ones and a barrier), takes each rank's mean, keeps
 the slowest rank's, and repeats that in ``repeats`` interleaved rounds (every
 algorithm once per round, so a load spike on a shared machine hits all of them);
-the table shows the median round. The size S is the full buffer (NCCL-tests'
+the table shows the median round (time and bandwidth). The size S is the full buffer (NCCL-tests'
 convention: the allreduce buffer, reduce-scatter's input, all-gather's output).
 Columns, as NCCL-tests define them:
 
@@ -17,7 +17,10 @@ Columns, as NCCL-tests define them:
 - ``busbw = algbw * factor``: the per-link bandwidth a ring needs for that time,
   comparable across world sizes and with the hardware's: factor 2(N-1)/N for
   allreduce, (N-1)/N for reduce-scatter and all-gather
-- ``vs_mpi = t / t(MPI)`` in the same run (below 1: faster than MPI)
+- ``vs_mpi``: the median over rounds of ``t / t(MPI)`` in the same round (below 1:
+  faster than MPI; a ratio of paired rounds, not of two medians), and ``q1-q3`` its
+  interquartile range over the rounds: a cell whose range straddles 1 is not decided
+  by this run (more rounds, or a quieter machine)
 
 Algorithms: ``mpi`` (blocking ``Allreduce`` / ``Reduce_scatter`` / ``Allgatherv``,
 the baseline), ``native`` (MPI's non-blocking collective polled under hpcdp's
@@ -144,6 +147,16 @@ def _iters(nbytes: int, fixed: int, most: int = 2000) -> int:
     return int(min(2000, most, max(10, (200 << 20) // max(nbytes, 1))))
 
 
+def paired_ratios(times, baseline) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) over the rounds of each round's time
+    over the baseline's time in the same round: the rounds interleave every algorithm,
+    so a load spike or a slow spell of the machine that spans a round divides out
+    instead of landing on one side of the ratio (as with a ratio of two medians)."""
+    ratios = [t / b for t, b in zip(times, baseline)]
+    q1, med, q3 = np.percentile(ratios, (25, 50, 75))
+    return float(q1), float(med), float(q3)
+
+
 def _time(fn, iters: int, warmup: int, comm) -> float:
     from mpi4py import MPI
 
@@ -223,7 +236,7 @@ def run(args) -> list[dict]:
                   f"segment {human(seg)}B, engine {engine}, MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}, "
                   f"load average {load[0]:.2f}")
             print(f"{'size':>8} {'algorithm':>10} {'time_us':>11} {'algbw_GB/s':>11} "
-                  f"{'busbw_GB/s':>11} {'vs_mpi':>7}")
+                  f"{'busbw_GB/s':>11} {'vs_mpi':>7} {'q1-q3':<11}")
         for nbytes in sizes:
             fns = _calls(collective, opts["algos"], comm, nbytes, dtype, seg)
             iters = max(1, _iters(nbytes, args.iters, args.max_iters) // args.repeats)
@@ -231,18 +244,19 @@ def run(args) -> list[dict]:
             for _ in range(args.repeats):  # interleaved, so load spikes hit every algorithm
                 for algo, fn in fns.items():
                     samples[algo].append(_time(fn, iters, args.warmup, comm))
-            t_mpi = float(np.median(samples["mpi"]))
             for algo in fns:
                 t = float(np.median(samples[algo]))
+                q1, vs, q3 = paired_ratios(samples[algo], samples["mpi"])
                 algbw = nbytes / t / 1e9
                 row = {"collective": collective, "size": nbytes, "algorithm": algo,
                        "time_us": t * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-                       "vs_mpi": t / t_mpi, "iters": iters, "repeats": args.repeats,
+                       "vs_mpi": vs, "vs_mpi_q1": q1, "vs_mpi_q3": q3,
+                       "iters": iters, "repeats": args.repeats,
                        "samples_us": [v * 1e6 for v in samples[algo]]}
                 rows.append(row)
                 if rank == 0:
                     print(f"{human(nbytes):>8} {algo:>10} {t * 1e6:11.2f} {algbw:11.3f} "
-                          f"{algbw * factor:11.3f} {t / t_mpi:7.2f}", flush=True)
+                          f"{algbw * factor:11.3f} {vs:7.2f} {q1:5.2f}-{q3:<5.2f}", flush=True)
     if rank == 0 and args.json:
         meta = {"world_size": N, "dtype": dtype.name, "segment_bytes": seg, "engine": engine,
                 "collectives": list(opts["collectives"]),

@@ -22,3 +22,17 @@ def test_bench_collectives_runs_the_compiled_engine(tmp_path):
     data = json.loads(out.read_text())
     assert data["meta"]["engine"] == "compiled"
     assert {r["algorithm"] for r in data["rows"]} == {"mpi", "ring"}
+    for r in data["rows"]:  # vs_mpi: the median of per-round paired ratios, with its quartiles
+        assert r["vs_mpi_q1"] <= r["vs_mpi"] <= r["vs_mpi_q3"], r
+        if r["algorithm"] == "mpi":
+            assert r["vs_mpi"] == r["vs_mpi_q1"] == r["vs_mpi_q3"] == 1.0, r
+
+
+def test_vs_mpi_pairs_each_round_with_the_baseline_of_the_same_round():
+    from hpcdp.bench.collectives import paired_ratios
+
+    # rounds 1 and 3 ran in slow spells of the machine that hit both: paired, the ring is
+    # 0.5x MPI in two rounds of three; the ratio of the two medians (4 / 3) would say 1.33x
+    ring, mpi = [1.0, 4.0, 9.0], [2.0, 3.0, 18.0]
+    q1, med, q3 = paired_ratios(ring, mpi)
+    assert (q1, med) == (0.5, 0.5) and abs(q3 - (0.5 + 0.5 * (4.0 / 3.0 - 0.5))) < 1e-12
