@@ -60,9 +60,11 @@ P_LEN = 41
 # every step writes ``work``
 # A state is reused call after call (hpcdp.comm.compiled.request.State): ``I`` holds
 # the live part [0, L) (L = P[O_END]) and the plan's template after it [L, 2L). The
-# caller sets P_FRESH and the call's tag base (P_TAGBASE) in the live part; the next
-# ``advance`` then resets the live part from the template, writes the tags and sets
-# every request handle to MPI_REQUEST_NULL (P_NULL) inside compiled code.
+# caller writes the call's tag base + 1 into P_FRESH of the live part (one store); the
+# next ``advance`` then resets the live part from the template (P_TAGBASE = the base,
+# P_FRESH = 0), writes the tags and sets every request handle to MPI_REQUEST_NULL
+# (P_NULL) inside compiled code. The reset keeps st[ST_STOP]: a waiting thread may
+# have asked for the request before the progress thread's first pass (request.wait).
 # after the 2*T*S request handles, H holds the handles of the data communicator, the
 # control communicator and MPI_BYTE (H's dtype is the ABI's handle width)
 H_COMM, H_CTRL, H_BYTE = 0, 1, 2
@@ -327,9 +329,12 @@ def _pass(P, hv, steps, off, size, nseg, work, src, res, tmp, div, st, recv_st, 
 def _reset(I, H):
     """A fresh call on a reused state (the comment at P_FRESH)."""
     L = I[O_END]
-    base = I[P_TAGBASE]
+    base = I[P_FRESH] - 1
+    stop = I[I[O_ST] + ST_STOP]
     for i in range(L):
         I[i] = I[L + i]
+    I[P_TAGBASE] = base
+    I[I[O_ST] + ST_STOP] = stop
     T, S = I[P_T], I[P_S]
     o = I[O_STEPS]
     for t in range(T):
