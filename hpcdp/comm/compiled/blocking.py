@@ -29,7 +29,7 @@ from time import monotonic
 import numpy as np
 
 from hpcdp.comm.compiled import kernels as K
-from hpcdp.comm.compiled.kernels import BLOCK, DONE, P_FRESH
+from hpcdp.comm.compiled.kernels import BLOCK, DONE, FRESH_SHIFT
 from hpcdp.comm.compiled.engine import compiled_engine, engine_name
 from hpcdp.comm.compiled.request import failure, plan_for, timed_out
 from hpcdp.comm.context import known_context
@@ -117,44 +117,42 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
     seq = ctx.seq
     ctx.seq = seq + 1
     state = e.state
-    if state is None:  # re-entered (a call from another thread while one runs)
-        state = e.plan.take()
+    if state is None:  # re-entered (a call from another thread while one runs), or a
+        state = e.plan.take()  # failed call kept its state (its requests may be live)
     else:
         e.state = None
-    try:
-        if work is None:  # out-of-place reduce-scatter: the chunks pass through the state's buffer
-            work = state.work
-        # the call's tag base; nonzero asks the next pass to reset the state (kernels.P_FRESH)
-        state.P[P_FRESH] = (seq % e.tag_mod) * e.tag_step + 1
-        limit = ctx.timeout if timeout is None else float(timeout)
-        if res is None:
-            res = work
-        if e.half:  # float16 is reduced on its bits (hpcdp.comm.compiled.kernels)
-            work, src, res = work.view(np.uint16), src.view(np.uint16), res.view(np.uint16)
-        started = monotonic()
-        call = e.call
-        if call is not None:
-            code = call(BLOCK, started + limit, state.I, state.H, work, src, res, state.tmp,
-                        state.div, state.X, state.stat)
-        else:
-            args = (BLOCK, started + limit, state.I, state.H, work, src, res, state.tmp,
+    if work is None:  # out-of-place reduce-scatter: the chunks pass through the state's buffer
+        work = state.work
+    # BLOCK with the call's tag base + 1: advance resets the state first (kernels.P_FRESH)
+    mode = BLOCK | ((seq % e.tag_mod) * e.tag_step + 1) << FRESH_SHIFT
+    limit = ctx.timeout if timeout is None else float(timeout)
+    if res is None:
+        res = work
+    if e.half:  # float16 is reduced on its bits (hpcdp.comm.compiled.kernels)
+        work, src, res = work.view(np.uint16), src.view(np.uint16), res.view(np.uint16)
+    started = monotonic()
+    call = e.call
+    if call is not None:
+        code = call(mode, started + limit, state.I, state.H, work, src, res, state.tmp,
                     state.div, state.X, state.stat)
-            code = e.engine.advance(*args)
-            e.call = _bound(e.engine.advance, args)
-        st = state.st
-        if code != DONE:
-            if code == K.FAILED:
-                raise failure(ctx, name, seq, st)
-            raise timed_out(ctx, (seq, name, dtype, n, -1, "ring", e.op_name), started, limit,
-                            st, joined=code == K.PEER)
-        if ledger is not None:
-            ledger.count_call(name, int(st[K.ST_SENT_B]), int(st[K.ST_RECV_B]),
-                              int(st[K.ST_SENT_M]), int(st[K.ST_RECV_M]))
-    finally:
-        if e.state is None:
-            e.state = state
-        else:
-            e.plan.give(state)
+    else:
+        args = (mode, started + limit, state.I, state.H, work, src, res, state.tmp,
+                state.div, state.X, state.stat)
+        code = e.engine.advance(*args)
+        e.call = _bound(e.engine.advance, args)
+    st = state.st
+    if code != DONE:  # the state is dropped: MPI may still hold its buffers
+        if code == K.FAILED:
+            raise failure(ctx, name, seq, st)
+        raise timed_out(ctx, (seq, name, dtype, n, -1, "ring", e.op_name), started, limit,
+                        st, joined=code == K.PEER)
+    if ledger is not None:
+        ledger.count_call(name, int(st[K.ST_SENT_B]), int(st[K.ST_RECV_B]),
+                          int(st[K.ST_SENT_M]), int(st[K.ST_RECV_M]))
+    if e.state is None:
+        e.state = state
+    else:
+        e.plan.give(state)
 
 
 def _front(comm):
