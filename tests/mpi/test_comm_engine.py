@@ -7,7 +7,9 @@ fallback) on this MPI, the fallback when MPI cannot be bound, a rank that never
 arrives named from compiled code, and progress while the calling thread sleeps.
 """
 
+import contextlib
 import logging
+import os
 import time
 
 import numpy as np
@@ -25,6 +27,19 @@ pytestmark = pytest.mark.mpi
 DTYPES = [np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
           np.int64, np.uint64]
 OPS = ["sum", "mean", "max", "min"]
+
+
+@contextlib.contextmanager
+def progress_by(mode):
+    """Run the block with the progress thread (``thread``) or without (``calls``),
+    whatever HPCDP_COMM_PROGRESS=auto chose for this machine."""
+    eng = engine.compiled_engine()
+    was = eng.progress.enabled
+    eng.progress.enabled = mode == "thread"
+    try:
+        yield eng
+    finally:
+        eng.progress.enabled = was
 
 
 def lengths(N):
@@ -199,28 +214,38 @@ def test_a_rank_that_never_arrives_is_named_from_compiled_code(comm, path):
 @pytest.mark.parametrize("how", ["time.sleep", "nogil kernel"])
 def test_done_when_the_caller_wakes_without_a_poll(comm, how):
     """Started, then the caller sleeps: the progress thread completes it; no test() or
-    wait() is called before ``done`` is read."""
+    wait() is called before ``done`` is read. Both shapes run once before (blocking):
+    their code is compiled (or loaded from Numba's cache) outside the sleep, which
+    must overlap on every rank (with an empty cache each rank compiles at its own pace,
+    so one rank's sleep could end before its peer had started)."""
     set_engine(comm, "compiled")
     N = comm.Get_size()
     try:
-        x = np.full(1 << 18, 1.0, np.float32)  # 1 MiB: several rendezvous messages
-        full = np.zeros(1 << 16, np.float64)
-        off, size = shard_range(full.size, N, comm.Get_rank())
-        full[off:off + size] = comm.Get_rank()
-        comm.Barrier()
-        reqs = [iallreduce(x, comm=comm, algorithm="ring", segment_bytes=1 << 16),
-                iall_gather(full, comm=comm, algorithm="ring")]
-        if how == "time.sleep":
-            time.sleep(2.0)
-        else:
-            engine.compiled_engine().sleep_us(2_000_000)
-        assert [r.done for r in reqs] == [True, True]
-        assert np.array_equal(x, np.full(x.size, N, np.float32))
-        want = np.concatenate([np.full(shard_range(full.size, N, p)[1], p, np.float64)
-                               for p in range(N)])
-        assert np.array_equal(full, want)
+        with progress_by("thread"):
+            x = np.full(1 << 18, 1.0, np.float32)  # 1 MiB: several rendezvous messages
+            full = np.zeros(1 << 16, np.float64)
+            allreduce(x.copy(), comm=comm, algorithm="ring", segment_bytes=1 << 16)
+            all_gather(full.copy(), comm=comm, algorithm="ring")
+            off, size = shard_range(full.size, N, comm.Get_rank())
+            full[off:off + size] = comm.Get_rank()
+            comm.Barrier()
+            reqs = [iallreduce(x, comm=comm, algorithm="ring", segment_bytes=1 << 16),
+                    iall_gather(full, comm=comm, algorithm="ring")]
+            _sleep_then_check(how, reqs, x, full, N)
     finally:
         set_engine(comm, "python")
+
+
+def _sleep_then_check(how, reqs, x, full, N):
+    if how == "time.sleep":
+        time.sleep(2.0)
+    else:
+        engine.compiled_engine().sleep_us(2_000_000)
+    assert [r.done for r in reqs] == [True, True]
+    assert np.array_equal(x, np.full(x.size, N, np.float32))
+    want = np.concatenate([np.full(shard_range(full.size, N, p)[1], p, np.float64)
+                           for p in range(N)])
+    assert np.array_equal(full, want)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -243,12 +268,17 @@ def test_states_are_reused_and_buckets_progress_alone(comm):
             assert np.array_equal(x, np.full(1000, float(N * i + N * (N - 1) // 2)))
         plans = [p for k, p in get_context(comm).compiled_plans.items() if k[0] == 1000
                  and k[4] == "d"]
-        assert len(plans) == 1 and len(plans[0].free) == 1  # one state, back after each call
-        reqs = [iallreduce(np.ones(1 << 16, np.float32), comm=comm, algorithm="ring",
-                           ledger=ledger) for _ in range(3)]
-        assert all(r.progresses_alone or r.done for r in reqs)
-        for r in reqs:
-            r.wait()
+        # one state in all: the first call's (the request path) went back to the plan,
+        # the blocking front's entry took it for the repeated calls and keeps it
+        held = [e.state for e in get_context(comm).blocking_plans.values() if
+                e.plan is plans[0]]
+        assert len(plans) == 1 and not plans[0].free and len(held) == 1 and held[0] is not None
+        with progress_by("thread"):
+            reqs = [iallreduce(np.ones(1 << 16, np.float32), comm=comm, algorithm="ring",
+                               ledger=ledger) for _ in range(3)]
+            assert all(r.progresses_alone or r.done for r in reqs)
+            for r in reqs:
+                r.wait()
         assert ledger.totals()["allreduce"]["calls"] == 8
     finally:
         set_engine(comm, "python")
@@ -295,4 +325,73 @@ def test_who_advances_a_nonblocking_request(comm, mode):
     finally:
         eng.advance = real
         eng.progress.enabled = was
+        set_engine(comm, "python")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_wait_asked_before_the_threads_first_pass_takes_the_request_over(comm):
+    """wait() sets ST_STOP, then takes the lock. If the progress thread had already
+    picked the request up, its first pass resets the state from the plan's template:
+    that reset must keep ST_STOP, so the pass hands the request over after its posts
+    (PROGRESS) instead of keeping it to the end or its deadline while wait() blocks.
+    Here rank 0 makes that first pass itself, with ST_STOP set, while its peers wait
+    at a barrier (so the collective cannot complete within the pass)."""
+    from hpcdp.comm.compiled import kernels as K
+
+    set_engine(comm, "compiled")
+    try:
+        x = np.ones(1 << 10, np.float32)
+        allreduce(x.copy(), comm=comm, algorithm="ring")  # the plan is warm
+        iallreduce(x.copy(), comm=comm, algorithm="ring").wait()
+        code = K.PROGRESS
+        if comm.Get_rank() == 0:
+            # a launch whose first pass is still to come (as a warm launch's for the thread)
+            req = engine.blocking_call(iallreduce, x, comm=comm, algorithm="ring")
+            req.st[K.ST_STOP] = 1  # wait()'s request, before that pass
+            with req.lock:
+                code = req.background_pass(time.monotonic() + 3.0)
+            comm.Barrier()
+            req.wait()
+        else:
+            comm.Barrier()
+            iallreduce(x, comm=comm, algorithm="ring").wait()
+        assert np.array_equal(x, np.full(x.size, comm.Get_size(), np.float32))
+        assert code == K.PROGRESS, code  # not TIMEOUT (-1): the pass ran to its deadline
+    finally:
+        set_engine(comm, "python")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_default_progress_mode_follows_the_spare_cores(comm, monkeypatch, caplog):
+    """HPCDP_COMM_PROGRESS unset is ``auto``: without a spare core (as many ranks as
+    CPUs, this machine and CI) no progress thread, a request advances in test();
+    the decision is logged; explicit modes are kept."""
+    from hpcdp.comm.compiled import progress as prog
+
+    monkeypatch.delenv("HPCDP_COMM_PROGRESS", raising=False)
+    mask, node = len(os.sched_getaffinity(0)), os.cpu_count()
+    ranks = prog.local_ranks(world_size=comm.Get_size())[0]
+    eng = engine.compiled_engine()
+    with caplog.at_level(logging.INFO, logger="hpcdp.comm"):
+        fresh = prog.ProgressThread(eng.binding.usleep)
+    assert "compiled collectives progress by" in caplog.text and f"{ranks} ranks" in caplog.text
+    if mask == node:  # not bound to CPUs (mpiexec's default)
+        assert fresh.mode == ("thread" if node >= 2 * ranks else "calls"), (mask, node, ranks)
+    assert fresh.enabled == (fresh.mode == "thread")
+    monkeypatch.setenv("HPCDP_COMM_PROGRESS", "thread")
+    assert prog.ProgressThread(eng.binding.usleep).enabled
+    monkeypatch.setenv("HPCDP_COMM_PROGRESS", "calls")
+    assert not prog.ProgressThread(eng.binding.usleep).enabled
+    set_engine(comm, "compiled")
+    was = eng.progress
+    eng.progress = fresh
+    try:
+        x = np.ones(1 << 12, np.float32)
+        iallreduce(x.copy(), comm=comm, algorithm="ring").wait()  # warm
+        req = iallreduce(x, comm=comm, algorithm="ring")
+        assert req.progresses_alone == (fresh.mode == "thread")
+        req.wait()
+        assert np.array_equal(x, np.full(x.size, comm.Get_size(), np.float32))
+    finally:
+        eng.progress = was
         set_engine(comm, "python")

@@ -192,3 +192,30 @@ def test_a_registered_algorithm_is_known_to_auto_volume_and_the_cost_model():
         choose_allreduce(8, 2, "tree")
     with pytest.raises(ValueError, match="'auto' is hpcdp.comm.auto's choice"):
         algorithms.register(algorithms.Algorithm("allreduce", "auto"))
+
+
+def test_auto_progress_runs_the_thread_only_with_a_spare_core(monkeypatch):
+    """HPCDP_COMM_PROGRESS=auto (the default): the progress thread when this rank's
+    affinity mask holds two CPUs for each rank that shares it, else progress in calls."""
+    from hpcdp.comm.compiled.progress import choose_progress, local_ranks, progress_mode
+
+    assert choose_progress(2, 2, 2) == "calls"     # this machine: 2 ranks, 2 cores
+    assert choose_progress(2, 2, 1) == "thread"    # one rank on 2 cores
+    assert choose_progress(16, 16, 8) == "thread"  # unbound, 2 CPUs a rank
+    assert choose_progress(16, 16, 9) == "calls"
+    assert choose_progress(2, 16, 8) == "thread"   # bound to 2 CPUs of its own
+    assert choose_progress(1, 16, 16) == "calls"   # bound to one CPU
+    assert choose_progress(4, 16, 8) == "thread"   # 4-CPU masks shared by 2 ranks each
+    assert choose_progress(4, 16, 16) == "calls"   # ... by 4 ranks each
+    assert local_ranks({"MPI_LOCALNRANKS": "3"}, 8) == (3, "MPI_LOCALNRANKS")
+    assert local_ranks({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 8)[0] == 4
+    assert local_ranks({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}, 8)[0] == 2
+    assert local_ranks({"MPI_LOCALNRANKS": ""}, 8)[0] == 8  # unknown: the whole job
+    monkeypatch.delenv("HPCDP_COMM_PROGRESS", raising=False)
+    assert progress_mode() == "auto"
+    for mode in ("thread", "calls", "auto"):
+        monkeypatch.setenv("HPCDP_COMM_PROGRESS", mode)
+        assert progress_mode() == mode
+    monkeypatch.setenv("HPCDP_COMM_PROGRESS", "threads")
+    with pytest.raises(ValueError, match="HPCDP_COMM_PROGRESS must be one of"):
+        progress_mode()

@@ -24,11 +24,12 @@ an unbindable MPI (the general path's fallback and its log line).
 
 from __future__ import annotations
 
-import time
+from time import monotonic
 
 import numpy as np
 
 from hpcdp.comm.compiled import kernels as K
+from hpcdp.comm.compiled.kernels import BLOCK, DONE, FRESH_SHIFT
 from hpcdp.comm.compiled.engine import compiled_engine, engine_name
 from hpcdp.comm.compiled.request import failure, plan_for, timed_out
 from hpcdp.comm.context import known_context
@@ -43,21 +44,30 @@ _PHASES = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": (
 
 
 class Entry:
-    """One signature's ready plan and the constants of its calls."""
+    """One signature's ready plan, the constants of its calls, its own state (a
+    blocking call gives it back before it returns, so one is enough; a re-entrant call
+    finding it taken uses one from the plan) and ``call``: the compiled ``advance``'s
+    entry point for exactly this signature's argument types (set after the entry's
+    first call through Numba's dispatcher), which skips the dispatcher's per-call type
+    resolution; the front only passes it arrays of those types (:func:`_ok`: 1-D,
+    C-contiguous, aligned, writeable, and the key's native dtype)."""
 
-    __slots__ = ("plan", "engine", "half", "off", "size", "op_name")
+    __slots__ = ("plan", "engine", "half", "off", "size", "op_name", "state", "call",
+                 "tag_mod", "tag_step")
 
     def __init__(self, plan, engine, half, off, size, op_name):
         self.plan, self.engine, self.half = plan, engine, half
         self.off, self.size, self.op_name = off, size, op_name
+        self.state = plan.take()
+        self.call = None
+        self.tag_mod, self.tag_step = plan.seq_mod, plan.step_space
 
 
 def _ok(buf) -> bool:
-    """A host buffer compiled code takes as it is: 1-D, contiguous, writeable, native."""
-    if buf.__class__ is not np.ndarray or buf.ndim != 1:
-        return False
-    flags = buf.flags
-    return flags.c_contiguous and flags.writeable and buf.dtype.isnative
+    """A host buffer compiled code takes as it is: a 1-D ndarray whose flags say
+    C-contiguous, aligned and writeable (``carray``); its dtype's byte order is the
+    key's (native: :func:`_entry` checks it once per signature)."""
+    return buf.__class__ is np.ndarray and buf.ndim == 1 and buf.flags.carray
 
 
 def _entry(ctx, key, name, n, dtype, op, same, segment_bytes):
@@ -66,7 +76,7 @@ def _entry(ctx, key, name, n, dtype, op, same, segment_bytes):
     hit = ctx.blocking_plans.get(key)
     if hit is not None:
         return hit
-    if dtype.char not in _KINDS or engine_name(ctx) != "compiled":
+    if dtype.char not in _KINDS or not dtype.isnative or engine_name(ctx) != "compiled":
         return None
     engine = compiled_engine()
     if engine is None:
@@ -89,65 +99,93 @@ def _entry(ctx, key, name, n, dtype, op, same, segment_bytes):
     return hit
 
 
+def _bound(advance, args):
+    """The compiled entry point of ``advance`` for ``args``' types (they have just
+    run through the dispatcher, so that specialisation exists), or None."""
+    try:
+        sig = tuple(advance.typeof_pyval(a) for a in args)
+        return advance.overloads[sig].entry_point
+    except (AttributeError, KeyError, TypeError):  # another Numba: keep the dispatcher
+        return None
+
+
 def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
-    """One blocking compiled ring call on a ready entry: its state, done (the caller
-    gives it back to the plan), or the diagnosis' / the MPI error raised. ``res``: an
-    out-of-place reduce-scatter's output, which the last step reduces into directly
+    """One blocking compiled ring call on a ready entry: done (its ledger figures
+    counted), or the diagnosis' / the MPI error raised. ``res``: an out-of-place
+    reduce-scatter's output, which the last step reduces into directly
     (kernels.P_RES_OFF); else the work buffer."""
-    plan = e.plan
     seq = ctx.seq
     ctx.seq = seq + 1
-    state = plan.take()
+    state = e.state
+    if state is None:  # re-entered (a call from another thread while one runs), or a
+        state = e.plan.take()  # failed call kept its state (its requests may be live)
+    else:
+        e.state = None
     if work is None:  # out-of-place reduce-scatter: the chunks pass through the state's buffer
         work = state.work
-    P = state.P
-    P[K.P_TAGBASE] = (seq % plan.seq_mod) * plan.step_space
-    P[K.P_FRESH] = 1
+    # BLOCK with the call's tag base + 1: advance resets the state first (kernels.P_FRESH)
+    mode = BLOCK | ((seq % e.tag_mod) * e.tag_step + 1) << FRESH_SHIFT
     limit = ctx.timeout if timeout is None else float(timeout)
-    started = time.monotonic()
     if res is None:
         res = work
     if e.half:  # float16 is reduced on its bits (hpcdp.comm.compiled.kernels)
-        w, s, o = work.view(np.uint16), src.view(np.uint16), res.view(np.uint16)
+        work, src, res = work.view(np.uint16), src.view(np.uint16), res.view(np.uint16)
+    started = monotonic()
+    call = e.call
+    if call is not None:
+        code = call(mode, started + limit, state.I, state.H, work, src, res, state.tmp,
+                    state.div, state.X, state.stat)
     else:
-        w, s, o = work, src, res
-    code = e.engine.advance(K.BLOCK, started + limit, state.I, state.H, w, s, o, state.tmp,
-                            state.div, state.X, state.stat)
+        args = (mode, started + limit, state.I, state.H, work, src, res, state.tmp,
+                state.div, state.X, state.stat)
+        code = e.engine.advance(*args)
+        e.call = _bound(e.engine.advance, args)
     st = state.st
-    if code != K.DONE:
+    if code != DONE:  # the state is dropped: MPI may still hold its buffers
         if code == K.FAILED:
             raise failure(ctx, name, seq, st)
-        call = (seq, name, dtype, n, -1, "ring", e.op_name)
-        raise timed_out(ctx, call, started, limit, st, joined=code == K.PEER)
+        raise timed_out(ctx, (seq, name, dtype, n, -1, "ring", e.op_name), started, limit,
+                        st, joined=code == K.PEER)
     if ledger is not None:
         ledger.count_call(name, int(st[K.ST_SENT_B]), int(st[K.ST_RECV_B]),
                           int(st[K.ST_SENT_M]), int(st[K.ST_RECV_M]))
-    return state
+    if e.state is None:
+        e.state = state
+    else:
+        e.plan.give(state)
 
 
 def _front(comm):
     ctx = known_context(comm)
-    if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1 \
-            or ctx.engine != "compiled":
+    if ctx is None or ctx.debug or ctx.failed is not None or ctx.engine != "compiled":
         return None
     return ctx
 
 
 def _reducing(name, sendbuf, recvbuf, comm, op, segment_bytes):
     """(context, entry, in place) of a reducing call the front takes, or None. An
-    out-of-place buffer's length is the caller's to check against the entry."""
-    if op.__class__ is not str or op not in _OPS or not _ok(sendbuf):
+    out-of-place buffer's length is the caller's to check against the entry. The
+    per-call checks are the buffers' and the context's; what an entry's key fixes
+    (op, dtype, length, ranks) was checked when the entry was made."""
+    if op.__class__ is not str or not _ok(sendbuf):
         return None
     ctx = _front(comm)
     if ctx is None:
         return None
     same = recvbuf is None or recvbuf is sendbuf
-    dtype, n = sendbuf.dtype, sendbuf.size
-    if n == 0 or not (same or (_ok(recvbuf) and recvbuf.dtype == dtype)):
+    dtype = sendbuf.dtype
+    if not (same or (_ok(recvbuf) and recvbuf.dtype == dtype)):
         return None
-    e = _entry(ctx, (name, n, dtype.char, op, same, segment_bytes), name, n, dtype, op, same,
-               segment_bytes)
-    return None if e is None else (ctx, e, same)
+    n = sendbuf.size
+    key = (name, n, dtype, op, same, segment_bytes)
+    e = ctx.blocking_plans.get(key)
+    if e is None:
+        if n == 0 or ctx.size == 1 or op not in _OPS:
+            return None
+        e = _entry(ctx, key, name, n, dtype, op, same, segment_bytes)
+        if e is None:
+            return None
+    return ctx, e, same
 
 
 def allreduce(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
@@ -159,8 +197,7 @@ def allreduce(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
     work = sendbuf if same else recvbuf
     if work.size != sendbuf.size:
         return None
-    e.plan.give(_run(ctx, "allreduce", e, work, sendbuf, sendbuf.dtype, sendbuf.size, ledger,
-                     timeout))
+    _run(ctx, "allreduce", e, work, sendbuf, sendbuf.dtype, sendbuf.size, ledger, timeout)
     return work
 
 
@@ -173,9 +210,8 @@ def reduce_scatter(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
     if not same and recvbuf.size != e.size:
         return None
     off, size = e.off, e.size
-    state = _run(ctx, "reduce_scatter", e, sendbuf if same else None, sendbuf, sendbuf.dtype,
-                 sendbuf.size, ledger, timeout, res=None if same else recvbuf)
-    e.plan.give(state)
+    _run(ctx, "reduce_scatter", e, sendbuf if same else None, sendbuf, sendbuf.dtype,
+         sendbuf.size, ledger, timeout, res=None if same else recvbuf)
     return sendbuf[off:off + size] if same else recvbuf
 
 
@@ -184,7 +220,7 @@ def all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes):
     if not _ok(sendbuf):
         return None
     ctx = _front(comm)
-    if ctx is None:
+    if ctx is None or ctx.size == 1:
         return None
     same = recvbuf is None or recvbuf is sendbuf
     full = sendbuf if same else recvbuf
@@ -193,11 +229,11 @@ def all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes):
     dtype, n = full.dtype, full.size
     if n == 0:
         return None
-    e = _entry(ctx, ("all_gather", n, dtype.char, None, True, segment_bytes), "all_gather", n,
+    e = _entry(ctx, ("all_gather", n, dtype, None, True, segment_bytes), "all_gather", n,
                dtype, None, True, segment_bytes)
     if e is None or (not same and sendbuf.size != e.size):
         return None
     if not same:
         full[e.off:e.off + e.size] = sendbuf
-    e.plan.give(_run(ctx, "all_gather", e, full, full, dtype, n, ledger, timeout))
+    _run(ctx, "all_gather", e, full, full, dtype, n, ledger, timeout)
     return full

@@ -37,6 +37,10 @@ from hpcdp.comm.compiled.ccall import ccall
 
 DONE, PROGRESS, IDLE, TIMEOUT, PEER, FAILED = 1, 2, 0, -1, -2, -3
 ONCE, BLOCK, BACKGROUND = 0, 1, 2
+# ``mode | (tag base + 1) << FRESH_SHIFT``: a mode that also asks for the reset
+# (P_FRESH), one Python integer instead of a store into the state (the blocking front)
+FRESH_SHIFT = 2
+FRESH_SHIFT_MASK = (1 << FRESH_SHIFT) - 1
 REDUCE = 0
 OP_SUM, OP_MAX, OP_MIN = 0, 1, 2
 WINDOW = 32        # posted receives per request (as hpcdp.comm.ring.WINDOW)
@@ -60,9 +64,11 @@ P_LEN = 41
 # every step writes ``work``
 # A state is reused call after call (hpcdp.comm.compiled.request.State): ``I`` holds
 # the live part [0, L) (L = P[O_END]) and the plan's template after it [L, 2L). The
-# caller sets P_FRESH and the call's tag base (P_TAGBASE) in the live part; the next
-# ``advance`` then resets the live part from the template, writes the tags and sets
-# every request handle to MPI_REQUEST_NULL (P_NULL) inside compiled code.
+# caller writes the call's tag base + 1 into P_FRESH of the live part (one store), or
+# passes it in the mode (FRESH_SHIFT); the next ``advance`` then resets the live part from the template (P_TAGBASE = the base,
+# P_FRESH = 0), writes the tags and sets every request handle to MPI_REQUEST_NULL
+# (P_NULL) inside compiled code. The reset keeps st[ST_STOP]: a waiting thread may
+# have asked for the request before the progress thread's first pass (request.wait).
 # after the 2*T*S request handles, H holds the handles of the data communicator, the
 # control communicator and MPI_BYTE (H's dtype is the ABI's handle width)
 H_COMM, H_CTRL, H_BYTE = 0, 1, 2
@@ -327,9 +333,12 @@ def _pass(P, hv, steps, off, size, nseg, work, src, res, tmp, div, st, recv_st, 
 def _reset(I, H):
     """A fresh call on a reused state (the comment at P_FRESH)."""
     L = I[O_END]
-    base = I[P_TAGBASE]
+    base = I[P_FRESH] - 1
+    stop = I[I[O_ST] + ST_STOP]
     for i in range(L):
         I[i] = I[L + i]
+    I[P_TAGBASE] = base
+    I[I[O_ST] + ST_STOP] = stop
     T, S = I[P_T], I[P_S]
     o = I[O_STEPS]
     for t in range(T):
@@ -346,6 +355,9 @@ def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
     then the send request handles (T*S each); ``X`` (int32): Testsome's
     indices, then its count / Iprobe's flag in the last slot."""
     P = I[:P_LEN]
+    if mode > BACKGROUND:  # a fresh call's tag base + 1 rides in the mode (FRESH_SHIFT)
+        P[P_FRESH] = mode >> FRESH_SHIFT
+        mode &= FRESH_SHIFT_MASK
     if P[P_FRESH] != 0:
         _reset(I, H)
     T, S, N = P[P_T], P[P_S], P[P_N]

@@ -26,13 +26,17 @@ which runs the timeout diagnosis or completes it. MPI is initialised with
 MPI_THREAD_MULTIPLE (mpi4py's default); with a lower thread level the engine keeps
 requests on the calling thread (hpcdp.comm.compiled.engine), and so does
 ``HPCDP_COMM_PROGRESS=calls`` (:func:`progress_mode`): then the caller's ``test()``
-calls progress them.
+calls progress them. The default, ``auto``, runs the thread only where this rank
+has a core to spare for it (:func:`choose_progress`: its affinity mask against the
+job's ranks on its node), else ``calls``; the choice is logged once.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import logging
+import os
 import threading
 import time
 
@@ -69,29 +73,84 @@ def idle_wait(posted, seen, usleep, max_us, limit_us):
     return posted[0]
 
 
-PROGRESS_MODES = ("thread", "calls")
+PROGRESS_MODES = ("auto", "thread", "calls")
+# launchers' variables for the number of this job's ranks on this node: MPICH's Hydra,
+# Open MPI, PMIx, Slurm (srun: "2" or "2(x3),1" per node)
+LOCAL_RANKS_ENV = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE",
+                   "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE")
+log = logging.getLogger("hpcdp.comm")
 
 
 def progress_mode() -> str:
-    """``HPCDP_COMM_PROGRESS``: ``thread`` (default: the progress thread advances
-    non-blocking compiled collectives) or ``calls`` (no thread: they advance only in
-    the caller's ``test()`` calls, one compiled pass each, at the points where the
-    training loop polls: the grad-ready hooks between backward ops and ZeRO-3's
-    unit hooks; the comparison of the two is in docs/results.md)."""
-    import os
-
-    raw = os.environ.get("HPCDP_COMM_PROGRESS", "").strip().lower() or "thread"
+    """``HPCDP_COMM_PROGRESS``: ``auto`` (default: :func:`choose_progress`), ``thread``
+    (the progress thread advances non-blocking compiled collectives) or ``calls`` (no
+    thread: they advance only in the caller's ``test()`` calls, one compiled pass each,
+    at the points where the training loop polls: the grad-ready hooks between backward
+    ops and ZeRO-3's unit hooks; the comparison of the two is in docs/results.md)."""
+    raw = os.environ.get("HPCDP_COMM_PROGRESS", "").strip().lower() or "auto"
     if raw not in PROGRESS_MODES:
         raise ValueError(f"HPCDP_COMM_PROGRESS must be one of {PROGRESS_MODES}, got {raw!r}")
     return raw
 
 
+def local_ranks(env=None, world_size: int = 1) -> tuple[int, str]:
+    """(ranks of this job on this node, where that came from): the launcher's variable
+    (LOCAL_RANKS_ENV), else every rank of the job (``world_size``: the cautious guess)."""
+    env = os.environ if env is None else env
+    for name in LOCAL_RANKS_ENV:
+        raw = env.get(name, "").strip()
+        head = raw.split(",")[0].split("(")[0]
+        if head.isdigit() and int(head) >= 1:
+            return int(head), name
+    return max(1, int(world_size)), "the job's size (no launcher variable)"
+
+
+def choose_progress(mask_cpus: int, node_cpus: int, ranks_on_node: int) -> str:
+    """``auto``'s rule: ``thread`` when this rank has a core to spare for it, else
+    ``calls``. The ranks whose CPUs overlap this rank's ``mask_cpus`` (its affinity
+    mask) are ``ranks_on_node`` when the mask is the whole node (``node_cpus``), fewer
+    when ranks are bound to their own CPUs (an even split assumed); a core is spare
+    when the mask holds at least two CPUs for each of them (one computes, one
+    progresses). A progress thread without a spare core takes its time slices from
+    compute (docs/results.md, "Overlap: the progress thread against progress at the
+    hooks")."""
+    mask_cpus, node_cpus = max(1, mask_cpus), max(1, node_cpus, mask_cpus)
+    sharing = max(1, -(-max(1, ranks_on_node) * mask_cpus // node_cpus))
+    return "thread" if mask_cpus >= 2 * sharing else "calls"
+
+
+def resolved_mode() -> tuple[str, str]:
+    """(``thread`` or ``calls``, why): ``HPCDP_COMM_PROGRESS`` as set, ``auto`` decided
+    by :func:`choose_progress` on this process's affinity mask and node."""
+    mode = progress_mode()
+    if mode != "auto":
+        return mode, f"HPCDP_COMM_PROGRESS={mode}"
+    try:
+        mask = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: all CPUs
+        mask = os.cpu_count() or 1
+    node = os.cpu_count() or mask
+    try:
+        from mpi4py import MPI
+        size = MPI.COMM_WORLD.Get_size()
+    except Exception:  # noqa: BLE001 - no MPI: one rank
+        size = 1
+    ranks, source = local_ranks(world_size=size)
+    mode = choose_progress(mask, node, ranks)
+    return mode, (f"auto: {mask} CPUs in this rank's affinity mask of {node} on the node, "
+                  f"{ranks} ranks on the node ({source})")
+
+
 class ProgressThread:
     """The per-process progress thread (module docstring). ``enabled`` is False
-    with ``HPCDP_COMM_PROGRESS=calls`` (:func:`progress_mode`)."""
+    when :func:`resolved_mode` says ``calls`` (logged once, at the engine's start)."""
 
     def __init__(self, usleep: int = 0):
-        self.enabled = progress_mode() == "thread"
+        mode, why = resolved_mode()
+        log.info("hpcdp.comm: compiled collectives progress by %s (%s)",
+                 "the progress thread" if mode == "thread" else "the caller's test() calls", why)
+        self.mode = mode
+        self.enabled = mode == "thread"
         self.usleep = usleep  # libc's usleep (hpcdp.comm.compiled.binding)
         self._queue: collections.deque = collections.deque()
         self._cond = threading.Condition()

@@ -217,10 +217,10 @@ class CompiledRingRequest(Request):
             self.views = (work.view(np.uint16), src.view(np.uint16), res.view(np.uint16))
         else:
             self.views = (work, src, res)
-        P = state.P
-        P[K.P_TAGBASE] = (self.seq % plan.seq_mod) * plan.step_space
-        P[K.P_FRESH] = 1
+        # the tag base + 1: the next pass resets the state (kernels.P_FRESH)
+        state.P[K.P_FRESH] = (self.seq % plan.seq_mod) * plan.step_space + 1
         self.st = state.st
+        self.st[K.ST_STOP] = 0  # a wait() on the state's previous call left it set
         self.lock = state.lock
         self.left = (ctx.rank - 1) % ctx.size
         if defer and plan.warm:  # a blocking call: wait() makes the first pass (one compiled call)
@@ -232,7 +232,6 @@ class CompiledRingRequest(Request):
             # hands nothing over. Until that pass resets the state, its counters
             # are the previous call's (zero): mark it not done for test()'s read.
             self.st[K.ST_LEFT_RECV] = 1
-            self.st[K.ST_STOP] = 0  # a wait() on the previous call left it set
             self.progresses_alone = True
             engine.progress.submit(self)
             return
