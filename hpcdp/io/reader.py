@@ -25,7 +25,7 @@ from .checksum import ALGORITHMS, TITLE, digest, stored_digests
 from .direct import DirectReads, open_direct
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import BLOCK_BYTES
-from .h5 import pread_into
+from .h5 import QuickDataset, pread_into
 from .layouts import get_layout
 from .ranges import Span, blocks_covering, intersect
 
@@ -47,6 +47,7 @@ class Reader:
         # and a block is verified while the next ones are read.
         self._pool = ThreadPoolExecutor(max_workers=max(int(threads), READ_AHEAD))
         self._pending: list = []
+        self._pieces: dict = {}   # (file, tensor, piece offset) -> what _read_piece needs
 
     # -- files -----------------------------------------------------------------
     def _file(self, fi: int):
@@ -94,7 +95,7 @@ class Reader:
         for dfd in self._direct_fds.values():
             if dfd is not None:
                 os.close(dfd)
-        self._open_files, self._direct_fds, self._pending = {}, {}, []
+        self._open_files, self._direct_fds, self._pending, self._pieces = {}, {}, [], {}
 
     def __enter__(self):
         return self
@@ -135,12 +136,23 @@ class Reader:
     def _dataset(self, h5, name: str, tensor: str, piece_off: int):
         path = self.layout.dataset_path(tensor, piece_off)
         with damaged_file(f"checkpoint {self.dir}: file {name}, dataset /{path} (tensor {tensor})"):
-            if path not in h5:
-                raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
-                                      f"(tensor {tensor}) although the index says it holds it; {EARLIER}")
-            return h5[path]
+            try:
+                return QuickDataset(h5, path)
+            except KeyError:
+                if path in h5:  # there, but not a dataset we can open: its metadata
+                    raise
+            raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
+                                  f"(tensor {tensor}) although the index says it holds it; {EARLIER}")
 
-    def _read_piece(self, fi, tensor_id, piece_off, piece_size, span: Span, out) -> None:
+    def _piece(self, fi, tensor_id, piece_off, piece_size):
+        """What reading stored piece ``(file fi, tensor, its first element)`` needs,
+        checked once per piece and kept: a restore cuts a piece into many reads (one
+        per checksum block and target range), and the HDF5 metadata behind it (the
+        dataset's header and attributes) costs more than reading a block."""
+        key = (fi, tensor_id, piece_off)
+        info = self._pieces.get(key)
+        if info is not None:
+            return info
         h5, fd, name = self._file(fi)
         tensor = self.index.tensors[tensor_id]
         dtype = np.dtype(self.index.dtypes[tensor_id])
@@ -153,6 +165,12 @@ class Reader:
                                       f"{dtype} ({want_len},): wrong dtype or shape; {EARLIER}")
             algo, block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
             offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
+        info = self._pieces[key] = (fd, name, ds, where, algo, block, digests, ds_start, offset, dtype)
+        return info
+
+    def _read_piece(self, fi, tensor_id, piece_off, piece_size, span: Span, out) -> None:
+        fd, name, ds, where, algo, block, digests, ds_start, offset, dtype = \
+            self._piece(fi, tensor_id, piece_off, piece_size)
         b0, b1 = blocks_covering(span, block)
         for b in range(b0, b1):  # one checksum block per task, READ_AHEAD at once
             lo, hi = b * block, min((b + 1) * block, piece_size)
