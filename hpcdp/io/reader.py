@@ -48,6 +48,7 @@ class Reader:
         self._pool = ThreadPoolExecutor(max_workers=max(int(threads), READ_AHEAD))
         self._pending: list = []
         self._pieces: dict = {}   # (file, tensor, piece offset) -> what _read_piece needs
+        self._queued = 0          # blocks queued so far
 
     # -- files -----------------------------------------------------------------
     def _file(self, fi: int):
@@ -123,15 +124,49 @@ class Reader:
         if wait:
             self.wait()
 
+    def locate(self, tensor: int, lo: int, n: int) -> None:
+        """Open the files and check the stored pieces that elements ``[lo, lo + n)`` of
+        tensor number ``tensor`` come from, reading nothing else. Done for everything
+        before the first block is queued, the pieces' HDF5 metadata (small reads spread
+        over an evicted file) does not wait behind the bulk reads in the disk's queue
+        (measured: ~3 ms per piece then, against ~0.3 ms with the disk idle)."""
+        for t, fi, off, size in self.index.pieces_of(tensor):
+            if intersect([(lo, n)], [(int(off), int(size))]):
+                self._piece(int(fi), tensor, int(off), int(size))
+
     def wait(self, keep: int = 0) -> None:
         """Wait for the queued block reads (all but the newest ``keep``), oldest first;
         the first failure or checksum mismatch raises."""
         while len(self._pending) > keep:
-            where, algo, piece_off, b, lo, hi, want, got = self._pending.pop(0)
-            if got.result() != want:
-                raise CheckpointError(f"{where}: {TITLE[algo]} checksum mismatch in block {b} (elements "
-                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
-                                      "is corrupt; use an earlier checkpoint")
+            self._check(self._pending.pop(0))
+
+    def poll(self) -> None:
+        """Check the oldest queued blocks whose reads have finished, in order, without
+        waiting for any other (the first failure or mismatch raises)."""
+        while self._pending and self._pending[0][-1].done():
+            self._check(self._pending.pop(0))
+
+    @property
+    def queued(self) -> int:
+        """Blocks queued so far (read or not)."""
+        return self._queued
+
+    @property
+    def checked(self) -> int:
+        """Blocks read and verified so far; blocks are checked in queue order, so the
+        first ``checked`` queued blocks are all in their targets."""
+        return self._queued - len(self._pending)
+
+    def oldest(self):
+        """The future of the oldest block not yet checked (None: none queued)."""
+        return self._pending[0][-1] if self._pending else None
+
+    def _check(self, entry) -> None:
+        where, algo, piece_off, b, lo, hi, want, got = entry
+        if got.result() != want:
+            raise CheckpointError(f"{where}: {TITLE[algo]} checksum mismatch in block {b} (elements "
+                                  f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
+                                  "is corrupt; use an earlier checkpoint")
 
     def _dataset(self, h5, name: str, tensor: str, piece_off: int):
         path = self.layout.dataset_path(tensor, piece_off)
@@ -178,6 +213,7 @@ class Reader:
             got = self._pool.submit(self._read_block, fi, fd, name, ds, where, algo, dtype, offset, ds_start,
                                     lo, hi, span, out)
             self._pending.append((where, algo, piece_off, b, lo, hi, digests[b].tobytes(), got))
+            self._queued += 1
             self.wait(keep=QUEUED)  # bounded: a partial block's buffer lives until it is checked
 
     def _read_block(self, fi, fd, name, ds, where, algo, dtype, offset, ds_start, lo, hi, span, out) -> bytes:
