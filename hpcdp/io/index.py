@@ -51,8 +51,15 @@ class Index:
         return self._ids.get(name)
 
     def pieces_of(self, tensor: int) -> np.ndarray:
-        lo, hi = np.searchsorted(self.pieces[:, 0], [tensor, tensor + 1])
-        return self.pieces[lo:hi]
+        """The rows of ``pieces`` of tensor number ``tensor`` (kept: a restore asks
+        once per read)."""
+        if not hasattr(self, "_rows"):
+            self._rows = {}
+        rows = self._rows.get(tensor)
+        if rows is None:
+            lo, hi = np.searchsorted(self.pieces[:, 0], [tensor, tensor + 1])
+            rows = self._rows[tensor] = self.pieces[lo:hi]
+        return rows
 
     def numel(self, tensor: int) -> int:
         return int(np.prod(self.shapes[tensor], dtype=np.int64))

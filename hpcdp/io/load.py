@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .outcome import all_ok
+from .outcome import agree, all_ok
 from .errors import CheckpointError
 from .format import tensor_name
 from .index import read_index
 from .ranges import split_by_layout
 from .reader import Reader
 from .runstate import compatibility_problem
-from .spread import common_targets, plan, read_share, share, shares
+from .spread import common_targets, exchange, plan, shares
 
 
 def _hosts(targets) -> list:
@@ -41,14 +41,19 @@ def _to_device(targets, hosts, backend) -> None:
 def fill_targets(ckpt_dir, index, targets, layout, backend=None, threads: int = 1) -> int:
     """Read every target piece; returns the bytes read from data files."""
     hosts = _hosts(targets)
+    reads = []
+    for piece, host in zip(targets, hosts):
+        for param, span, pos in split_by_layout(layout, piece.offset, piece.size):
+            name = tensor_name(piece.buffer, param)
+            tid = index.tensor_id(name)
+            if tid is None:
+                raise CheckpointError(f"checkpoint {ckpt_dir}: tensor {name} is not in it")
+            reads.append((tid, span.offset, host[pos:pos + span.size]))
     with Reader(ckpt_dir, index, threads) as reader:
-        for piece, host in zip(targets, hosts):
-            for param, span, pos in split_by_layout(layout, piece.offset, piece.size):
-                name = tensor_name(piece.buffer, param)
-                tid = index.tensor_id(name)
-                if tid is None:
-                    raise CheckpointError(f"checkpoint {ckpt_dir}: tensor {name} is not in it")
-                reader.read(tid, span.offset, host[pos:pos + span.size], wait=False)
+        for tid, lo, out in reads:   # every piece's metadata first, with the disk idle
+            reader.locate(tid, lo, out.shape[0])
+        for tid, lo, out in reads:
+            reader.read(tid, lo, out, wait=False)
         reader.wait()
         _to_device(targets, hosts, backend)
         return reader.bytes_read
@@ -68,6 +73,8 @@ def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, 
     alone = [t for i, t in enumerate(targets) if i not in set(common)]   # this rank's own
     hosts = _hosts(together)
 
+    readers: list = []   # the replica reader, made once the index is read; closed below
+
     def run():
         index = read_index(ckpt_dir)
         problem = compatibility_problem(index, expected, optimizer_kind)
@@ -78,14 +85,21 @@ def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, 
             return index, nbytes, None
         segs = plan(index, together, layout, ckpt_dir)
         owners = shares(segs, together, comm.Get_size())
-        with Reader(ckpt_dir, index, threads) as reader:
-            read_share(reader, segs, owners[comm.Get_rank()], hosts)
-            return index, nbytes + reader.bytes_read, (segs, owners)
+        readers.append(Reader(ckpt_dir, index, threads))
+        for k in owners[comm.Get_rank()]:   # this rank's files and pieces checked before any bulk read
+            readers[0].locate(segs[k][3], segs[k][4], segs[k][2])
+        return index, nbytes, (segs, owners)
 
-    index, nbytes, planned = all_ok(comm, run, timeout=timeout)
-    if planned is not None:  # every rank read its share without error: now they swap
-        share(comm, *planned, hosts, timeout)
-        _to_device(together, hosts, backend)
+    try:
+        index, nbytes, planned = all_ok(comm, run, timeout=timeout)
+        if planned is not None:  # every rank has the index and the same plan: read 1/M and share it
+            error = exchange(readers[0], comm, *planned, hosts, timeout)
+            nbytes += readers[0].bytes_read
+            agree(comm, error, timeout=timeout)
+            _to_device(together, hosts, backend)
+    finally:
+        for reader in readers:
+            reader.close()
     return index, nbytes
 
 

@@ -25,7 +25,7 @@ from .checksum import ALGORITHMS, TITLE, digest, stored_digests
 from .direct import DirectReads, open_direct
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import BLOCK_BYTES
-from .h5 import pread_into
+from .h5 import QuickDataset, pread_into
 from .layouts import get_layout
 from .ranges import Span, blocks_covering, intersect
 
@@ -47,6 +47,8 @@ class Reader:
         # and a block is verified while the next ones are read.
         self._pool = ThreadPoolExecutor(max_workers=max(int(threads), READ_AHEAD))
         self._pending: list = []
+        self._pieces: dict = {}   # (file, tensor, piece offset) -> what _read_piece needs
+        self._queued = 0          # blocks queued so far
 
     # -- files -----------------------------------------------------------------
     def _file(self, fi: int):
@@ -94,7 +96,7 @@ class Reader:
         for dfd in self._direct_fds.values():
             if dfd is not None:
                 os.close(dfd)
-        self._open_files, self._direct_fds, self._pending = {}, {}, []
+        self._open_files, self._direct_fds, self._pending, self._pieces = {}, {}, [], {}
 
     def __enter__(self):
         return self
@@ -122,25 +124,70 @@ class Reader:
         if wait:
             self.wait()
 
+    def locate(self, tensor: int, lo: int, n: int) -> None:
+        """Open the files and check the stored pieces that elements ``[lo, lo + n)`` of
+        tensor number ``tensor`` come from, reading nothing else. Done for everything
+        before the first block is queued, the pieces' HDF5 metadata (small reads spread
+        over an evicted file) does not wait behind the bulk reads in the disk's queue
+        (measured: ~3 ms per piece then, against ~0.3 ms with the disk idle)."""
+        for t, fi, off, size in self.index.pieces_of(tensor):
+            if intersect([(lo, n)], [(int(off), int(size))]):
+                self._piece(int(fi), tensor, int(off), int(size))
+
     def wait(self, keep: int = 0) -> None:
         """Wait for the queued block reads (all but the newest ``keep``), oldest first;
         the first failure or checksum mismatch raises."""
         while len(self._pending) > keep:
-            where, algo, piece_off, b, lo, hi, want, got = self._pending.pop(0)
-            if got.result() != want:
-                raise CheckpointError(f"{where}: {TITLE[algo]} checksum mismatch in block {b} (elements "
-                                      f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
-                                      "is corrupt; use an earlier checkpoint")
+            self._check(self._pending.pop(0))
+
+    def poll(self) -> None:
+        """Check the oldest queued blocks whose reads have finished, in order, without
+        waiting for any other (the first failure or mismatch raises)."""
+        while self._pending and self._pending[0][-1].done():
+            self._check(self._pending.pop(0))
+
+    @property
+    def queued(self) -> int:
+        """Blocks queued so far (read or not)."""
+        return self._queued
+
+    @property
+    def checked(self) -> int:
+        """Blocks read and verified so far; blocks are checked in queue order, so the
+        first ``checked`` queued blocks are all in their targets."""
+        return self._queued - len(self._pending)
+
+    def oldest(self):
+        """The future of the oldest block not yet checked (None: none queued)."""
+        return self._pending[0][-1] if self._pending else None
+
+    def _check(self, entry) -> None:
+        where, algo, piece_off, b, lo, hi, want, got = entry
+        if got.result() != want:
+            raise CheckpointError(f"{where}: {TITLE[algo]} checksum mismatch in block {b} (elements "
+                                  f"[{piece_off + lo}, {piece_off + hi}) of the tensor): the file "
+                                  "is corrupt; use an earlier checkpoint")
 
     def _dataset(self, h5, name: str, tensor: str, piece_off: int):
         path = self.layout.dataset_path(tensor, piece_off)
         with damaged_file(f"checkpoint {self.dir}: file {name}, dataset /{path} (tensor {tensor})"):
-            if path not in h5:
-                raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
-                                      f"(tensor {tensor}) although the index says it holds it; {EARLIER}")
-            return h5[path]
+            try:
+                return QuickDataset(h5, path)
+            except KeyError:
+                if path in h5:  # there, but not a dataset we can open: its metadata
+                    raise
+            raise CheckpointError(f"checkpoint {self.dir}: file {name} has no dataset /{path} "
+                                  f"(tensor {tensor}) although the index says it holds it; {EARLIER}")
 
-    def _read_piece(self, fi, tensor_id, piece_off, piece_size, span: Span, out) -> None:
+    def _piece(self, fi, tensor_id, piece_off, piece_size):
+        """What reading stored piece ``(file fi, tensor, its first element)`` needs,
+        checked once per piece and kept: a restore cuts a piece into many reads (one
+        per checksum block and target range), and the HDF5 metadata behind it (the
+        dataset's header and attributes) costs more than reading a block."""
+        key = (fi, tensor_id, piece_off)
+        info = self._pieces.get(key)
+        if info is not None:
+            return info
         h5, fd, name = self._file(fi)
         tensor = self.index.tensors[tensor_id]
         dtype = np.dtype(self.index.dtypes[tensor_id])
@@ -153,6 +200,12 @@ class Reader:
                                       f"{dtype} ({want_len},): wrong dtype or shape; {EARLIER}")
             algo, block, digests, ds_start = self._digests(ds, piece_off, piece_size, where)
             offset = ds.id.get_offset()  # None: not contiguous (repacked), read through HDF5
+        info = self._pieces[key] = (fd, name, ds, where, algo, block, digests, ds_start, offset, dtype)
+        return info
+
+    def _read_piece(self, fi, tensor_id, piece_off, piece_size, span: Span, out) -> None:
+        fd, name, ds, where, algo, block, digests, ds_start, offset, dtype = \
+            self._piece(fi, tensor_id, piece_off, piece_size)
         b0, b1 = blocks_covering(span, block)
         for b in range(b0, b1):  # one checksum block per task, READ_AHEAD at once
             lo, hi = b * block, min((b + 1) * block, piece_size)
@@ -160,6 +213,7 @@ class Reader:
             got = self._pool.submit(self._read_block, fi, fd, name, ds, where, algo, dtype, offset, ds_start,
                                     lo, hi, span, out)
             self._pending.append((where, algo, piece_off, b, lo, hi, digests[b].tobytes(), got))
+            self._queued += 1
             self.wait(keep=QUEUED)  # bounded: a partial block's buffer lives until it is checked
 
     def _read_block(self, fi, fd, name, ds, where, algo, dtype, offset, ds_start, lo, hi, span, out) -> bytes:

@@ -24,7 +24,7 @@ from .checksum import WRITE, block_elements, submit_digests
 from .failpoint import failpoint
 from .format import FORMAT_NAME, FORMAT_VERSION
 from .direct import PieceWriter
-from .h5 import create, fsync_file, raw_dataset
+from .h5 import create, fsync_file, put_attr, raw_dataset
 
 
 def set_attrs(obj, attrs: dict) -> None:
@@ -56,8 +56,8 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: i
         datasets = []
         for p, block in zip(pieces, blocks):
             ds = raw_dataset(f, f"{p.tensor}/{p.offset}", p.size, p.data.dtype, groups)
-            ds.attrs["offset"] = np.int64(p.offset)
-            ds.attrs["block"] = np.int64(block)
+            put_attr(ds, "offset", np.int64(p.offset))
+            put_attr(ds, "block", np.int64(block))
             datasets.append(ds)
         # The bulk bytes go to the storage HDF5 allocated (early, never filled, page
         # aligned) through descriptors of our own, O_DIRECT where the file system takes
@@ -69,7 +69,7 @@ def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: i
                     failpoint("ckpt-mid-write", step=step, rank=rank)
         stats = {"direct": w.direct, "direct_bytes": w.direct_bytes, "buffered_bytes": w.buffered_bytes}
         for ds, d in zip(datasets, digests):
-            ds.attrs[WRITE] = d()
+            put_attr(ds, WRITE, d())
     fsync_file(path)  # the one fsync of this file: data (O_DIRECT or not) and metadata
     return stats
 

@@ -131,3 +131,55 @@ def test_targets_every_rank_has_are_spread_and_the_rest_read_alone():
         assert comm.allreduce(nbytes) == sum(a.nbytes for a in full.values())
     finally:
         remove(tmp)
+
+
+@pytest.mark.mpi
+def test_a_damaged_block_in_one_ranks_share_fails_every_rank_alike():
+    """The share is sent while it is read (spread.exchange): a rank whose block fails
+    its checksum still sends what it owes, so nobody hangs, and every rank raises
+    that rank's one line."""
+    import h5py
+
+    from hpcdp.io.errors import CheckpointError
+    from hpcdp.io.index import read_index
+    from hpcdp.io.load import load
+    from hpcdp.io.protocol import Piece
+    from hpcdp.io.save import SaveJob, save
+    from hpcdp.io.snapshot import take_snapshot
+    from hpcdp.io.spread import common_targets, plan, shares
+
+    comm = MPI.COMM_WORLD
+    size, rank = comm.Get_size(), comm.Get_rank()
+    tmp = shared_dir()
+    try:
+        layout, expected, full, mine = _state(comm)
+        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
+                      {"strategy": "test", "world_size": size},
+                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
+        ckpt = save(job, comm)
+        targets = [Piece(b, 0, np.full_like(a, np.nan)) for b, a in full.items()]
+        order = common_targets(comm, targets, 60.0) if size > 1 else list(range(len(targets)))
+        index = read_index(ckpt)
+        segs = plan(index, [targets[i] for i in order], layout, ckpt)
+        last = shares(segs, [targets[i] for i in order], size)[size - 1][-1]   # read by the last rank
+        _, _, _, tid, lo = segs[last]
+        if rank == 0:
+            t, fi, off, _ = next(r for r in index.pieces_of(tid) if r[2] <= lo < r[2] + r[3])
+            path = ckpt / index.files[int(fi)]
+            with h5py.File(path, "r") as f:
+                at = f[f"{index.tensors[tid]}/{int(off)}"].id.get_offset() + (lo - int(off)) * 4
+            with open(path, "r+b") as fh:
+                fh.seek(at)
+                byte = fh.read(1)
+                fh.seek(at)
+                fh.write(bytes([byte[0] ^ 0x10]))
+        comm.Barrier()
+        with pytest.raises(CheckpointError) as e:
+            load(ckpt, targets, layout, expected, "adamw", comm, timeout=60.0)
+        line = str(e.value)
+        assert "checksum mismatch" in line and index.tensors[tid] in line and "\n" not in line, line
+        if size > 1:
+            assert line.endswith(f"(reported by rank {size - 1})"), line
+        assert len(set(comm.allgather(line))) == 1
+    finally:
+        remove(tmp)
