@@ -362,7 +362,10 @@ def _lean_ctx(comm, collective, op, algorithm, buf):
     ctx = known_context(comm)
     if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None, None
-    sig = signature(ctx, collective, op, algorithm, buf.dtype)
+    sig = ctx.lean_sigs.get((collective, op, algorithm, buf.dtype), False) \
+        if ctx.lean_gen == generation() else False
+    if sig is False:
+        sig = signature(ctx, collective, op, algorithm, buf.dtype)
     nbytes = buf.nbytes
     if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None, None
