@@ -216,14 +216,16 @@ def signature(ctx, collective, op, algorithm, dtype):
     """The lean path's cached decision for one call signature: ``(MPI datatype, MPI op,
     mean?, byte bound, compiled entry or None)``, or None when the lean path never takes it (a user op, a
     byte-swapped or unknown dtype, an algorithm other than "auto"/"native", "auto"
-    with no native rows). Checked once per (collective, op, algorithm, dtype) and
+    with no native rows). Checked once per (collective, op, algorithm, dtype, type code) and
     kept on the context (``CommContext.lean_sigs``) until hpcdp.comm.auto.forget."""
     sigs = ctx.lean_sigs
     gen = generation()
     if ctx.lean_gen != gen:
         sigs.clear()
         ctx.lean_gen = gen
-    key = (collective, op, algorithm, dtype)
+    # (the type code too: numpy's uint64 'L' and 'Q' compare equal, but they are two MPI
+    # datatypes, and Open MPI 4.1's MPI_UNSIGNED_LONG max/min compare signed)
+    key = (collective, op, algorithm, dtype, dtype.char)
     try:
         return sigs[key]
     except KeyError:
@@ -283,7 +285,7 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None
     dtype = sendbuf.dtype
-    sig = ctx.lean_sigs.get(("allreduce", op, algorithm, dtype), False) \
+    sig = ctx.lean_sigs.get(("allreduce", op, algorithm, dtype, dtype.char), False) \
         if ctx.lean_gen == generation() else False
     if sig is False:
         sig = signature(ctx, "allreduce", op, algorithm, dtype)
@@ -362,10 +364,11 @@ def _lean_ctx(comm, collective, op, algorithm, buf):
     ctx = known_context(comm)
     if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None, None
-    sig = ctx.lean_sigs.get((collective, op, algorithm, buf.dtype), False) \
+    dtype = buf.dtype
+    sig = ctx.lean_sigs.get((collective, op, algorithm, dtype, dtype.char), False) \
         if ctx.lean_gen == generation() else False
     if sig is False:
-        sig = signature(ctx, collective, op, algorithm, buf.dtype)
+        sig = signature(ctx, collective, op, algorithm, dtype)
     nbytes = buf.nbytes
     if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None, None
