@@ -27,9 +27,9 @@ the ledger the caller's (the same figures).
 Signatures: one kernel per collective, compiled per element type of 1-D contiguous
 arrays (the caller passes 1-D views): at most ten per kernel (int8..uint64,
 float32, float64; float16 as uint16), compiled on first use and cached on disk
-(``cache=True``). First use with an empty cache compiles for about 0.5-1 s per
-kernel and dtype on the 2-core VM (docs/results.md, "leanc"); later processes load
-it in milliseconds. The first call compiles before it posts: peers wait for it
+(``cache=True``). First use with an empty cache compiles for 0.8-2 s per kernel
+and dtype on the loaded 2-core VM (docs/results.md, "leanc"); later processes load
+it in about 10 ms. The first call compiles before it posts: peers wait for it
 inside their own deadline, as for the compiled ring's first call.
 
 Selection: this path runs whenever the MPI library can be bound
