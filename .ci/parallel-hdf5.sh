@@ -65,14 +65,15 @@ print("parallel-hdf5: h5py", h5py.version.version, "on HDF5", h5py.version.hdf5_
 EOF
 
 if [ "${1:-}" = "--test" ]; then
-  # The checkpoint tests (shared layout included) and the compiled comm engine (its
-  # Open MPI ABI: pointer handles) on 2, 3 and 4 ranks of Open MPI.
+  # The checkpoint tests (shared layout included), the compiled comm engine and the
+  # compiled lean path (their Open MPI ABI: pointer handles) on 2, 3 and 4 ranks of Open MPI.
   status=0
   for n in 2 3 4; do
-    echo "=== checkpoint tests, shared layout, and the compiled engine, $n ranks (Open MPI)"
+    echo "=== checkpoint tests, shared layout, the compiled engine and lean path, $n ranks (Open MPI)"
     NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 HPCDP_MPIEXEC="$MPIEXEC" \
       timeout 900 "$MPIEXEC" -n "$n" "$VENV/bin/python" -m pytest --with-mpi -q -p no:cacheprovider \
-      --timeout=300 tests/mpi/test_ckpt_shared.py tests/mpi/test_comm_engine.py || status=1
+      --timeout=300 tests/mpi/test_ckpt_shared.py tests/mpi/test_comm_engine.py \
+      tests/mpi/test_comm_lean.py || status=1
   done
   exit $status
 fi

@@ -12,7 +12,10 @@ microseconds per call:
 - ``MPI blocking``: MPI's own collective, one mpi4py call (the baseline);
 - ``MPI non-blocking + Test loop``: what a deadline needs, still no hpcdp;
 - ``hpcdp auto``: the public call as users make it (below the crossover: the lean
-  path, hpcdp.comm.fast);
+  path, hpcdp.comm.fast, in compiled code when this MPI can be bound,
+  hpcdp.comm.compiled.lean);
+- ``hpcdp auto, mpi4py lean path``: the same call on a communicator whose lean path
+  runs through mpi4py (``set_lean_path(comm, "mpi4py")``);
 - ``hpcdp native, general request``: MPI's collective through hpcdp's generic
   generator-driven request (forced by ``max_message_bytes``), the path every small
   call took before the lean path;
@@ -90,7 +93,12 @@ def _layers(comm, name, a, b, chunk):
                 ("MPI non-blocking + Test loop",
                  lambda: spin(comm.Iallgatherv([chunk, T], [b, counts, displs, T])))]
         call = lambda comm=comm, **kw: C.all_gather(chunk, b, comm=comm, **kw)  # noqa: E731
+    from hpcdp.comm.compiled.lean import set_lean_path
+
+    viampi4py = comm.Dup()  # the same calls through the mpi4py lean path
+    set_lean_path(viampi4py, "mpi4py")
     rows += [("hpcdp auto", lambda: call()),
+             ("hpcdp auto, mpi4py lean path", lambda: call(comm=viampi4py)),
              ("hpcdp native, general request", lambda: call(algorithm="native", max_message_bytes=split))]
     if name == "allreduce":
         rows.append(("hpcdp recursive doubling", lambda: call(algorithm="recursive")))

@@ -112,6 +112,8 @@ class CommContext:
         # valid for hpcdp.comm.auto.generation() == lean_gen
         self.lean_sigs: dict = {}
         self.lean_gen = -1
+        # hpcdp.comm.compiled.lean: "compiled" or "mpi4py" (None: HPCDP_COMM_LEAN when needed)
+        self.lean_path: str | None = None
         self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))
         self.timeout = default_timeout()
         self.cuda_aware = None  # decided lazily by hpcdp.comm.device

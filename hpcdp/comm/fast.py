@@ -26,11 +26,12 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm.auto import generation, native_below
+from hpcdp.comm.compiled import lean
 from hpcdp.comm.context import known_context
 from hpcdp.comm.debug import SPIN_POLLS
 from hpcdp.comm.diagnose import diagnose, peer_failed
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, Request
-from hpcdp.shard import shard_bounds
+from hpcdp.shard import shard_bounds, shard_range
 
 def _known_types(codes: str) -> dict:
     """The MPI datatype of each numpy type code this MPI has (Open MPI 4 has no
@@ -213,16 +214,18 @@ def _bound(ctx, collective, algorithm) -> int:
 
 def signature(ctx, collective, op, algorithm, dtype):
     """The lean path's cached decision for one call signature: ``(MPI datatype, MPI op,
-    mean?, byte bound)``, or None when the lean path never takes it (a user op, a
+    mean?, byte bound, compiled entry or None)``, or None when the lean path never takes it (a user op, a
     byte-swapped or unknown dtype, an algorithm other than "auto"/"native", "auto"
-    with no native rows). Checked once per (collective, op, algorithm, dtype) and
+    with no native rows). Checked once per (collective, op, algorithm, dtype, type code) and
     kept on the context (``CommContext.lean_sigs``) until hpcdp.comm.auto.forget."""
     sigs = ctx.lean_sigs
     gen = generation()
     if ctx.lean_gen != gen:
         sigs.clear()
         ctx.lean_gen = gen
-    key = (collective, op, algorithm, dtype)
+    # (the type code too: numpy's uint64 'L' and 'Q' compare equal, but they are two MPI
+    # datatypes, and Open MPI 4.1's MPI_UNSIGNED_LONG max/min compare signed)
+    key = (collective, op, algorithm, dtype, dtype.char)
     try:
         return sigs[key]
     except KeyError:
@@ -234,7 +237,10 @@ def signature(ctx, collective, op, algorithm, dtype):
         spec = _SPECS["sum"]  # no op: the datatype alone matters
     T = _TYPES.get(dtype.char) if dtype.isnative else None  # MPI reads native byte order
     bound = _bound(ctx, collective, algorithm)
-    hit = None if spec is None or T is None or bound == 0 else (T, spec[0], spec[1], bound)
+    hit = None
+    if spec is not None and T is not None and bound != 0:
+        # the blocking calls' compiled call (hpcdp.comm.compiled.lean), or None: mpi4py
+        hit = (T, spec[0], spec[1], bound, lean.entry(ctx, collective, T, spec[0], spec[1], dtype))
     if len(sigs) > 4096:
         sigs.clear()
     sigs[key] = hit
@@ -279,13 +285,34 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None
     dtype = sendbuf.dtype
-    sig = ctx.lean_sigs.get(("allreduce", op, algorithm, dtype), False) \
+    sig = ctx.lean_sigs.get(("allreduce", op, algorithm, dtype, dtype.char), False) \
         if ctx.lean_gen == generation() else False
     if sig is False:
         sig = signature(ctx, "allreduce", op, algorithm, dtype)
     nbytes = sendbuf.nbytes
     if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None
+    e = sig[4]
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+        if recvbuf is None:
+            recvbuf = sendbuf
+        elif recvbuf.__class__ is not np.ndarray or recvbuf.size != sendbuf.size \
+                or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous):
+            return None
+        seq = ctx.seq
+        ctx.seq = seq + 1
+        limit = ctx.timeout if timeout is None else float(timeout)
+        if e.half or sendbuf.ndim != 1 or recvbuf.ndim != 1:
+            code = e.kernel(e.I, e.H, e.views(sendbuf), e.views(recvbuf), limit)
+        else:
+            code = e.kernel(e.I, e.H, sendbuf, recvbuf, limit)
+        if code != 0:
+            return _compiled_failed(ctx, e, code, seq, "allreduce", sendbuf, op, limit)
+        if e.mean_after:
+            _mean(recvbuf.reshape(-1), ctx.size)
+        if ledger is not None:
+            ledger.count_call("allreduce", nbytes, nbytes, 1, 1)
+        return recvbuf
     # the arrays themselves as MPI buffers: mpi4py maps their (native) format code to the
     # same datatype as sig[0] (both come from its type table), without a [buf, T] list
     if recvbuf is None or recvbuf is sendbuf:
@@ -316,13 +343,32 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     return result
 
 
+def _compiled_failed(ctx, e, code, seq, name, buf, op, limit):
+    """A compiled lean call that did not complete: None when nothing was posted (the
+    general path takes the call and explains a bad buffer); else what the mpi4py path
+    raises: mpi4py's MPI.Exception for an MPI error, the missing-rank diagnosis past the
+    deadline or when a peer started one (as :func:`spin`)."""
+    if code == lean.REFUSED:
+        ctx.seq = seq
+        return None
+    if code == lean.FAILED:
+        raise MPI.Exception(e.error_code())
+    call = (seq, name, buf.dtype, buf.size, -1, "native", op)
+    raise diagnose(ctx, call, time.monotonic() - e.started(), limit, (),
+                   joined=code == lean.PEER)
+
+
 def _lean_ctx(comm, collective, op, algorithm, buf):
     """(context, signature) of a lean reduce-scatter / all-gather on ``buf`` (the
     full-length buffer), or (None, None)."""
     ctx = known_context(comm)
     if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None, None
-    sig = signature(ctx, collective, op, algorithm, buf.dtype)
+    dtype = buf.dtype
+    sig = ctx.lean_sigs.get((collective, op, algorithm, dtype, dtype.char), False) \
+        if ctx.lean_gen == generation() else False
+    if sig is False:
+        sig = signature(ctx, collective, op, algorithm, dtype)
     nbytes = buf.nbytes
     if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None, None
@@ -330,11 +376,42 @@ def _lean_ctx(comm, collective, op, algorithm, buf):
 
 
 def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
-    if op.__class__ is not str or sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1 \
-            or not sendbuf.flags.c_contiguous:
+    if op.__class__ is not str or sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1:
         return None
     ctx, sig = _lean_ctx(comm, "reduce_scatter", op, algorithm, sendbuf)
     if ctx is None:
+        return None
+    e = sig[4]
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+        in_place = recvbuf is None or recvbuf is sendbuf
+        if in_place:
+            recvbuf = sendbuf
+        elif recvbuf.__class__ is not np.ndarray or recvbuf.ndim != 1:
+            return None
+        seq = ctx.seq
+        ctx.seq = seq + 1
+        limit = ctx.timeout if timeout is None else float(timeout)
+        if e.half:
+            src, dst = e.views(sendbuf), e.views(recvbuf)
+        else:
+            src, dst = sendbuf, recvbuf
+        code = e.kernel(e.I, e.H, src, dst, e.scratch, limit)
+        if code == lean.NEED_SCRATCH:
+            e.grow(shard_range(sendbuf.size, ctx.size, ctx.rank)[1])
+            code = e.kernel(e.I, e.H, src, dst, e.scratch, limit)
+        if code != 0:
+            return _compiled_failed(ctx, e, code, seq, "reduce_scatter", sendbuf, op, limit)
+        if in_place:
+            off, size = shard_range(sendbuf.size, ctx.size, ctx.rank)
+            recvbuf = sendbuf[off:off + size]
+        else:
+            size = recvbuf.size
+        if e.mean_after:
+            _mean(recvbuf, ctx.size)
+        if ledger is not None:
+            ledger.count_call("reduce_scatter", sendbuf.nbytes, size * sendbuf.itemsize, 1, 1)
+        return recvbuf
+    if not sendbuf.flags.c_contiguous:
         return None
     T, mean = sig[0], sig[2]
     n, N = sendbuf.size, ctx.size
@@ -382,10 +459,30 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
 def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking=False):
     in_place = recvbuf is None or recvbuf is sendbuf
     full = sendbuf if in_place else recvbuf
-    if full.__class__ is not np.ndarray or full.ndim != 1 or not full.flags.c_contiguous:
+    if full.__class__ is not np.ndarray or full.ndim != 1:
         return None
     ctx, sig = _lean_ctx(comm, "all_gather", "", algorithm, full)
     if ctx is None:
+        return None
+    e = sig[4]
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+        if not in_place and (sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1):
+            return None
+        seq = ctx.seq
+        ctx.seq = seq + 1
+        limit = ctx.timeout if timeout is None else float(timeout)
+        if e.half:
+            code = e.kernel(e.I, e.H, e.views(sendbuf), e.views(full), limit)
+        else:
+            code = e.kernel(e.I, e.H, sendbuf, full, limit)
+        if code != 0:
+            return _compiled_failed(ctx, e, code, seq, "all_gather", full, "", limit)
+        if ledger is not None:
+            n, N = full.size, ctx.size
+            mine = n // N + (1 if ctx.rank < n % N else 0)
+            ledger.count_call("all_gather", mine * full.itemsize, full.nbytes, 1, 1)
+        return full
+    if not full.flags.c_contiguous:
         return None
     T = sig[0]
     n = full.size

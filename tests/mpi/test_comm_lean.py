@@ -180,3 +180,210 @@ def test_a_profile_set_later_reaches_every_cached_communicator(comm, monkeypatch
     req = iall_gather(x[comm.Get_rank():comm.Get_rank() + 1], np.empty(N, np.uint64), comm=comm)
     assert isinstance(req, fast.FastRequest)
     req.wait()
+
+
+# -- the compiled lean path (hpcdp.comm.compiled.lean) ---------------------------
+
+_MPI_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+
+def _values(n, rank, dtype):
+    rng = np.random.default_rng(31 * rank + n)
+    if np.dtype(dtype).kind == "f":
+        return (rng.standard_normal(n) * 100).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True)
+
+
+def _mean_of(x, N):  # what the lean path's mean is: numpy's division of MPI's sum
+    return np.floor_divide(x, N) if x.dtype.kind in "iu" else np.true_divide(x, x.dtype.type(N))
+
+
+def _compiled(comm, collective, op, dtype):
+    dtype = np.dtype(dtype)
+    sig = get_context(comm).lean_sigs.get((collective, op, "auto", dtype, dtype.char))
+    return sig is not None and sig[4] is not None
+
+
+@pytest.mark.parametrize("dtype", sorted(fast._TYPES), ids=lambda c: np.dtype(c).name)
+def test_compiled_lean_path_is_bitwise_mpi4pys_collective(comm, dtype):
+    """Every dtype the lean path takes, every op, in and out of place, lengths N divides
+    and not: the compiled calls give the bits of the same MPI collective called through
+    mpi4py, and the ledger today's figures; the compiled path really ran."""
+    N, r = comm.Get_size(), comm.Get_rank()
+    dtype = np.dtype(dtype)
+    T = MPI.Datatype.fromcode(dtype.char)
+    for n in sorted({1, N, N + 1, 2 * N + 3, 37}):
+        bounds = [shard_range(n, N, p) for p in range(N)]
+        counts, displs = [s for _, s in bounds], [o for o, _ in bounds]
+        off, size = bounds[r]
+        x = _values(n, r, dtype).view(dtype)  # (the type code itself: numpy returns "l" for "q")
+        for op in ("sum", "mean", "max", "min"):
+            # the same MPI collective through mpi4py (Open MPI 4.1's blocking Reduce_scatter
+            # and its non-blocking one can differ on an overflowing int8 sum: one saturates)
+            want = np.empty_like(x)
+            comm.Iallreduce([x, T], [want, T], _MPI_OPS[op]).Wait()
+            want_rs = np.empty(size, dtype)
+            if n % N == 0:
+                comm.Ireduce_scatter_block([x, T], [want_rs, T], _MPI_OPS[op]).Wait()
+            else:
+                comm.Ireduce_scatter([x, T], [want_rs, T], counts, _MPI_OPS[op]).Wait()
+            if op == "mean":
+                want, want_rs = _mean_of(want, N), _mean_of(want_rs, N)
+            led = Ledger()
+            got = allreduce(x, np.empty_like(x), comm=comm, op=op, ledger=led)
+            y = x.copy()
+            got_in = allreduce(y, comm=comm, op=op, ledger=led)
+            rs = reduce_scatter(x, np.empty(size, dtype), comm=comm, op=op, ledger=led)
+            z = x.copy()
+            rs_in = reduce_scatter(z, comm=comm, op=op, ledger=led)
+            assert got.tobytes() == want.tobytes() and got_in is y and y.tobytes() == want.tobytes()
+            assert rs.tobytes() == want_rs.tobytes() and rs_in.tobytes() == want_rs.tobytes()
+            assert rs_in.size == size
+            if size:  # the chunk at its position in the buffer
+                assert np.shares_memory(rs_in, z) and rs_in.ctypes.data == z[off:].ctypes.data
+            t = led.totals()
+            if N > 1:
+                assert t["allreduce"] == dict(calls=2, sent_bytes=2 * x.nbytes,
+                                              recv_bytes=2 * x.nbytes, sent_msgs=2, recv_msgs=2)
+                assert t["reduce_scatter"] == dict(calls=2, sent_bytes=2 * x.nbytes,
+                                                   recv_bytes=2 * size * dtype.itemsize,
+                                                   sent_msgs=2, recv_msgs=2)
+                assert _compiled(comm, "allreduce", op, dtype)
+                assert _compiled(comm, "reduce_scatter", op, dtype)
+        want_ag = np.empty(n, dtype)
+        if n % N == 0:
+            comm.Iallgather([x[off:off + size], T], [want_ag, T]).Wait()
+        else:
+            comm.Iallgatherv([x[off:off + size], T], [want_ag, counts, displs, T]).Wait()
+        led = Ledger()
+        ag = all_gather(x[off:off + size].copy(), np.zeros(n, dtype), comm=comm, ledger=led)
+        full = np.zeros(n, dtype)
+        full[off:off + size] = x[off:off + size]
+        ag_in = all_gather(full, comm=comm, ledger=led)
+        assert ag.tobytes() == want_ag.tobytes() and ag_in is full
+        assert full.tobytes() == want_ag.tobytes()
+        if N > 1:
+            assert led.totals()["all_gather"] == dict(
+                calls=2, sent_bytes=2 * size * dtype.itemsize, recv_bytes=2 * x.nbytes,
+                sent_msgs=2, recv_msgs=2)
+            assert _compiled(comm, "all_gather", "", dtype)
+
+
+def test_the_mpi4py_lean_path_stays_selectable(comm, monkeypatch):
+    """set_lean_path(comm, "mpi4py") runs today's mpi4py path (same results, no compiled
+    entry); HPCDP_COMM_LEAN chooses the default and a wrong value says what to set."""
+    from hpcdp.comm.compiled import lean
+
+    N, r = comm.Get_size(), comm.Get_rank()
+    sub = comm.Dup()
+    lean.set_lean_path(sub, "mpi4py")
+    x = np.arange(10, dtype=np.float32) + r
+    want = allreduce(x, np.empty_like(x), comm=comm)
+    assert allreduce(x, np.empty_like(x), comm=sub).tobytes() == want.tobytes()
+    assert not _compiled(sub, "allreduce", "sum", np.float32)
+    lean.set_lean_path(sub, "compiled")
+    assert allreduce(x, np.empty_like(x), comm=sub).tobytes() == want.tobytes()
+    assert _compiled(sub, "allreduce", "sum", np.float32) == (N > 1)
+    with pytest.raises(ValueError, match="lean path must be one of"):
+        lean.set_lean_path(sub, "c")
+    monkeypatch.setenv("HPCDP_COMM_LEAN", "fortran")
+    with pytest.raises(ValueError, match="HPCDP_COMM_LEAN must be one of"):
+        lean.default_path()
+    monkeypatch.setenv("HPCDP_COMM_LEAN", "mpi4py")
+    assert lean.default_path() == "mpi4py"
+    sub.Free()
+
+
+def test_compiled_lean_fallback_when_mpi_cannot_be_bound(comm, monkeypatch, caplog):
+    """An MPI the binding refuses: the mpi4py path runs, one log line says so."""
+    import logging
+
+    from hpcdp.comm.compiled import binding, lean
+
+    def unknown_abi():
+        raise binding.Unbindable("unknown MPI ABI: handle sizes [2] bytes")
+
+    lean.forget()
+    monkeypatch.setattr(binding, "load", unknown_abi)
+    sub = comm.Dup()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hpcdp.comm"):
+            x = np.arange(10, dtype=np.float64) + comm.Get_rank()
+            a = allreduce(x, np.empty_like(x), comm=sub)
+            b = reduce_scatter(x.copy(), comm=sub, op="max")
+        lines = [m.getMessage() for m in caplog.records if "lean" in m.getMessage()]
+        if comm.Get_size() > 1:
+            assert lines == ["hpcdp.comm: the compiled lean path cannot bind this MPI (unknown "
+                             "MPI ABI: handle sizes [2] bytes); small collectives run through "
+                             "mpi4py"]
+        assert not _compiled(sub, "allreduce", "sum", np.float64)
+        assert not _compiled(sub, "reduce_scatter", "max", np.float64)
+    finally:
+        monkeypatch.undo()
+        lean.forget()
+    assert a.tobytes() == allreduce(x, np.empty_like(x), comm=sub).tobytes()
+    assert b.tobytes() == reduce_scatter(x.copy(), comm=sub, op="max").tobytes()
+    sub.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_mpi_error_in_the_compiled_lean_path_is_mpi4pys_exception(comm):
+    """An MPI call that fails inside compiled code raises what mpi4py's path raises
+    (MPI.Exception with MPI's error class), on every rank (an invalid op: the check is local)."""
+    from hpcdp.comm.compiled import lean
+
+    sub = comm.Dup()
+    x = np.ones(4, np.float32)
+    for _ in range(2):  # the first call sets the context up (the general path)
+        allreduce(x, np.empty_like(x), comm=sub)
+    e = get_context(sub).lean_sigs[("allreduce", "sum", "auto", np.dtype(np.float32), "f")][4]
+    good = e.H[lean.H_OP]
+    e.H[lean.H_OP] = lean.binding().handle(MPI.OP_NULL)
+    with pytest.raises(MPI.Exception) as err:
+        allreduce(x, np.empty_like(x), comm=sub)
+    assert err.value.Get_error_class() == MPI.ERR_OP
+    e.H[lean.H_OP] = good
+    np.testing.assert_array_equal(allreduce(x, np.empty_like(x), comm=sub), np.full(4, comm.Get_size()))
+    sub.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_missing_from_a_compiled_lean_call_is_named(comm):
+    """A rank that never calls (allreduce, reduce-scatter, all-gather in turn, each on its
+    own communicator): rank 0's deadline passes in the compiled wait loop, the other
+    waiting ranks join its diagnosis from theirs (a peer's status message), and every
+    one names the missing rank within its timeout."""
+    import time
+
+    from hpcdp.comm import CollectiveTimeout
+    from hpcdp.comm.diagnose import grace_s
+
+    rank, N = comm.Get_rank(), comm.Get_size()
+    x = np.ones(12, np.float32)
+    calls = {"allreduce": lambda c, t=None: allreduce(x, np.empty_like(x), comm=c, timeout=t),
+             "reduce_scatter": lambda c, t=None: reduce_scatter(x, comm=c, timeout=t),
+             "all_gather": lambda c, t=None: all_gather(x, comm=c, timeout=t)}
+    subs = {}
+    for name, call in calls.items():
+        subs[name] = sub = comm.Dup()  # a timeout marks its communicator failed
+        for _ in range(2):  # every rank arrives; the signature's compiled entry is ready
+            call(sub)
+        assert _compiled(sub, name, "" if name == "all_gather" else "sum", np.float32)
+    waiting = comm.Split(int(rank == N - 1), rank)
+    if rank != N - 1:  # the last rank never makes the next calls
+        for name, call in calls.items():
+            # (a limit of 9 s: a joining rank waits a grace of 1 s for answers, as rank 0
+            # does, so both have concluded before the next collective starts)
+            limit = 1.0 if rank == 0 else 9.0
+            waiting.Barrier()
+            start = time.monotonic()
+            with pytest.raises(CollectiveTimeout) as e:
+                call(subs[name], limit)
+            assert e.value.missing == [N - 1], (name, str(e.value))
+            assert f"ranks [{N - 1}] never arrived" in str(e.value)
+            assert time.monotonic() - start < limit + 2 * grace_s(limit) + 1  # and the answers' grace
+            if rank != 0:
+                assert "another rank's deadline passed first" in str(e.value)
+    waiting.Free()
+    comm.Barrier()

@@ -11,10 +11,10 @@ import pytest
 
 LAYERS = {
     "allreduce": ["MPI blocking", "MPI non-blocking + Test loop", "hpcdp auto",
-                  "hpcdp native, general request", "hpcdp recursive doubling", "hpcdp ring",
+                  "hpcdp auto, mpi4py lean path", "hpcdp native, general request", "hpcdp recursive doubling", "hpcdp ring",
                   "hpcdp ring, compiled engine", "hpcdp auto, debug mode"],
     "all_gather": ["MPI blocking", "MPI non-blocking + Test loop", "hpcdp auto",
-                   "hpcdp native, general request", "hpcdp ring", "hpcdp ring, compiled engine",
+                   "hpcdp auto, mpi4py lean path", "hpcdp native, general request", "hpcdp ring", "hpcdp ring, compiled engine",
                    "hpcdp auto, debug mode"],
 }
 

@@ -4,14 +4,14 @@ mpi4py has loaded.
 Why not the numba-mpi package: it binds MPI_COMM_WORLD only (sub-communicators are
 its open issue #64 and draft PR #76), finds ``libmpi`` by name (``find_library``),
 which can load a second MPI beside the one mpi4py runs on, and is GPL-licensed
-(hpcdp is MIT). hpcdp needs seven functions, so they are bound here.
+(hpcdp is MIT). hpcdp needs a dozen functions, so they are bound here.
 
 The library: ``ctypes.CDLL(mpi4py.MPI.__file__)`` is the extension module mpi4py
 already loaded; ``dlsym`` on it searches its dependencies, so the symbols are the
 ones of the very MPI that mpi4py initialised (the MPICH wheel, Debian's Open MPI,
 a site MPI), never another one.
 
-The ABI: handles (communicator, datatype, request) are ints in MPICH and its
+The ABI: handles (communicator, datatype, op, request) are ints in MPICH and its
 derivatives and pointers in Open MPI. The C argument type is chosen by the
 handle's size as mpi4py reports it (``MPI._sizeof``), never by the vendor's name:
 the engine keeps handles in an array of that width (int32 or int64), so compiled
@@ -45,7 +45,7 @@ class Binding:
     the ABI facts it needs."""
 
     def __init__(self, lib, handle_size: int, status_size: int, request_null: int,
-                 undefined: int, any_source: int, multiple: bool):
+                 undefined: int, any_source: int, multiple: bool, in_place: int = 0):
         libc = ctypes.CDLL(None)
 
         def address(where, name):
@@ -58,11 +58,22 @@ class Binding:
         self.clock_gettime = address(libc, "clock_gettime")
         self.usleep = address(libc, "usleep")
         self.sched_yield = address(libc, "sched_yield")
+        # MPI's own non-blocking collectives and MPI_Test: the lean path
+        # (hpcdp.comm.compiled.lean) posts one and tests it from compiled code
+        self.iallreduce = address(lib, "MPI_Iallreduce")
+        self.ireduce_scatter_block = address(lib, "MPI_Ireduce_scatter_block")
+        self.ireduce_scatter = address(lib, "MPI_Ireduce_scatter")
+        self.iallgather = address(lib, "MPI_Iallgather")
+        self.iallgatherv = address(lib, "MPI_Iallgatherv")
+        self.test = address(lib, "MPI_Test")
         self.handle_size, self.status_size = handle_size, status_size
         self.handle_dtype = _NP_INT[handle_size]
         self.request_null = as_signed(request_null, handle_size)
         self.undefined, self.any_source = undefined, any_source
         self.multiple = multiple
+        # MPI_IN_PLACE as a pointer value (mpi4py's, never a vendor constant: MPICH's is
+        # (void *) -1, Open MPI's (void *) 1)
+        self.in_place = as_signed(in_place, 8)
 
     def handle(self, obj) -> int:
         """The C value of an mpi4py handle (Comm, Datatype), as the bound type takes it."""
@@ -90,7 +101,7 @@ def load() -> Binding:
     except ImportError as exc:  # pragma: no cover - mpi4py is a dependency
         raise Unbindable(f"mpi4py does not import: {exc}") from None
     try:
-        sizes = {MPI._sizeof(t) for t in (MPI.Comm, MPI.Datatype, MPI.Request)}
+        sizes = {MPI._sizeof(t) for t in (MPI.Comm, MPI.Datatype, MPI.Request, MPI.Op)}
         status_size = int(MPI._sizeof(MPI.Status))
     except (AttributeError, TypeError) as exc:
         raise Unbindable(f"mpi4py {getattr(MPI, '__version__', '')} does not report handle sizes "
@@ -104,7 +115,8 @@ def load() -> Binding:
         binding = Binding(lib, handle_size, status_size,
                           request_null=int(MPI.REQUEST_NULL.handle), undefined=int(MPI.UNDEFINED),
                           any_source=int(MPI.ANY_SOURCE),
-                          multiple=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
-    except (OSError, AttributeError) as exc:
+                          multiple=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
+                          in_place=int(MPI.IN_PLACE))
+    except (OSError, AttributeError, TypeError) as exc:
         raise Unbindable(f"the MPI library mpi4py loaded has no usable C symbols ({exc})") from None
     return binding
