@@ -30,16 +30,18 @@ from hpcdp.comm.compiled import lean
 from hpcdp.comm.context import known_context
 from hpcdp.comm.debug import SPIN_POLLS
 from hpcdp.comm.diagnose import diagnose, peer_failed
+from hpcdp.comm.ops import mpi_datatype
 from hpcdp.comm.requests import MAX_MESSAGE_BYTES, Request
 from hpcdp.shard import shard_bounds, shard_range
 
 def _known_types(codes: str) -> dict:
-    """The MPI datatype of each numpy type code this MPI has (Open MPI 4 has no
-    float16, 'e': mpi4py cannot map it there, and importing hpcdp.comm must not fail)."""
+    """The MPI datatype of each numpy type code this MPI has (hpcdp.comm.ops.mpi_datatype;
+    Open MPI 4 has no float16, 'e': mpi4py cannot map it there, and importing hpcdp.comm
+    must not fail)."""
     out = {}
     for c in codes:
         try:
-            out[c] = MPI.Datatype.fromcode(c)
+            out[c] = mpi_datatype(np.dtype(c))
         except (KeyError, ValueError):
             pass
     return out
@@ -50,7 +52,7 @@ _TYPES = _known_types("bBhHiIlLqQefd")
 
 def mpi_type(dtype):
     t = _TYPES.get(dtype.char)
-    return t if t is not None else MPI.Datatype.fromcode(dtype.char)
+    return t if t is not None else mpi_datatype(dtype)
 
 
 def _chunk(ctx, n):
@@ -240,7 +242,10 @@ def signature(ctx, collective, op, algorithm, dtype):
     hit = None
     if spec is not None and T is not None and bound != 0:
         # the blocking calls' compiled call (hpcdp.comm.compiled.lean), or None: mpi4py
-        hit = (T, spec[0], spec[1], bound, lean.entry(ctx, collective, T, spec[0], spec[1], dtype))
+        # raw: mpi4py's own mapping of the array's type code is T (see lean_allreduce)
+        raw = T == MPI.Datatype.fromcode(dtype.char)
+        hit = (T, spec[0], spec[1], bound, lean.entry(ctx, collective, T, spec[0], spec[1], dtype),
+               raw)
     if len(sigs) > 4096:
         sigs.clear()
     sigs[key] = hit
@@ -313,8 +318,9 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
         if ledger is not None:
             ledger.count_call("allreduce", nbytes, nbytes, 1, 1)
         return recvbuf
-    # the arrays themselves as MPI buffers: mpi4py maps their (native) format code to the
-    # same datatype as sig[0] (both come from its type table), without a [buf, T] list
+    # the arrays themselves as MPI buffers where mpi4py maps their (native) format code to
+    # the same datatype as sig[0] (sig[5]), without a [buf, T] list; else with one (uint64:
+    # hpcdp.comm.ops.mpi_datatype)
     if recvbuf is None or recvbuf is sendbuf:
         s, result = IN_PLACE, sendbuf
     elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
@@ -324,7 +330,8 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     else:
         s, result = sendbuf, recvbuf
     try:
-        req = ctx.data.Iallreduce(s, result, sig[1])
+        req = ctx.data.Iallreduce(s, result, sig[1]) if sig[5] else \
+            ctx.data.Iallreduce(s if s is IN_PLACE else [s, sig[0]], [result, sig[0]], sig[1])
     except _REFUSED:
         return None
     seq = ctx.seq
@@ -427,8 +434,10 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
     else:
         result = target = recvbuf
     try:
-        if counts is None:  # (arrays as buffers: see lean_allreduce)
+        if counts is None and sig[5]:  # (arrays as buffers: see lean_allreduce)
             req = ctx.data.Ireduce_scatter_block(sendbuf, target, sig[1])
+        elif counts is None:
+            req = ctx.data.Ireduce_scatter_block([sendbuf, T], [target, T], sig[1])
         else:
             req = ctx.data.Ireduce_scatter([sendbuf, T], [target, T], counts, sig[1])
     except _REFUSED:

@@ -10,19 +10,15 @@ through MPI-4 large-count calls when a chunk exceeds the int limit.
 
 from __future__ import annotations
 
-import numpy as np
 from mpi4py import MPI
 
+from hpcdp.comm.ops import mpi_datatype
 from hpcdp.comm.requests import pieces
 from hpcdp.shard import shard_bounds
 
 
-def _mpi_type(dtype):
-    return MPI.Datatype.fromcode(np.dtype(dtype).char)
-
-
 def native_allreduce(req, src, work, op):
-    ctx, T = req.ctx, _mpi_type(work.dtype)
+    ctx, T = req.ctx, mpi_datatype(work.dtype)
     mpi_op = op.mpi_op(work.dtype)
     itemsize = work.dtype.itemsize
     reqs = []
@@ -38,7 +34,7 @@ def native_allreduce(req, src, work, op):
 
 
 def native_reduce_scatter(req, src, out, op):
-    ctx, T = req.ctx, _mpi_type(src.dtype)
+    ctx, T = req.ctx, mpi_datatype(src.dtype)
     counts = [size for _, size in shard_bounds(src.size, ctx.size)]
     itemsize = src.dtype.itemsize
     yield [ctx.data.Ireduce_scatter([src, T], [out, T], counts, op.mpi_op(src.dtype))]
@@ -50,7 +46,7 @@ def native_reduce_scatter(req, src, out, op):
 
 
 def native_all_gather(req, chunk, full, in_place):
-    ctx, T = req.ctx, _mpi_type(full.dtype)
+    ctx, T = req.ctx, mpi_datatype(full.dtype)
     bounds = shard_bounds(full.size, ctx.size)
     counts = [size for _, size in bounds]
     displs = [off for off, _ in bounds]

@@ -59,6 +59,19 @@ class Op:
         return f"Op({self.name})"
 
 
+def mpi_datatype(dtype) -> MPI.Datatype:
+    """The MPI datatype hpcdp hands MPI for a numpy dtype: mpi4py's table for its type
+    code, except numpy's ``uint64`` ('L' on LP64), which mpi4py maps to
+    MPI_UNSIGNED_LONG: Open MPI 4.1 (Debian's) compares that type's MAX / MIN as signed
+    (a uint64 max over values above 2**63 comes back wrong), while MPI_UINT64_T, the
+    same bits, is right on Open MPI and MPICH alike. Raises what mpi4py raises for a
+    type this MPI lacks (Open MPI 4 has no float16)."""
+    dt = np.dtype(dtype)
+    if dt.kind == "u" and dt.itemsize == 8:
+        return MPI.UINT64_T
+    return MPI.Datatype.fromcode(dt.char)
+
+
 _USER_OPS: dict = {}
 
 

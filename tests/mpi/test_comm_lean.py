@@ -212,7 +212,7 @@ def test_compiled_lean_path_is_bitwise_mpi4pys_collective(comm, dtype):
     mpi4py, and the ledger today's figures; the compiled path really ran."""
     N, r = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(dtype)
-    T = MPI.Datatype.fromcode(dtype.char)
+    T = fast.mpi_type(dtype)  # (uint64: MPI_UINT64_T, hpcdp.comm.ops.mpi_datatype)
     for n in sorted({1, N, N + 1, 2 * N + 3, 37}):
         bounds = [shard_range(n, N, p) for p in range(N)]
         counts, displs = [s for _, s in bounds], [o for o, _ in bounds]
@@ -268,6 +268,40 @@ def test_compiled_lean_path_is_bitwise_mpi4pys_collective(comm, dtype):
                 calls=2, sent_bytes=2 * size * dtype.itemsize, recv_bytes=2 * x.nbytes,
                 sent_msgs=2, recv_msgs=2)
             assert _compiled(comm, "all_gather", "", dtype)
+
+
+@pytest.mark.parametrize("code", ["L", "Q"])
+def test_uint64_max_and_min_above_2_63_on_every_path(comm, code):
+    """numpy's uint64 ('L' on LP64, mpi4py: MPI_UNSIGNED_LONG, which Open MPI 4.1 compares
+    as signed) and 'Q': max / min of values above 2**63 are right through the compiled
+    lean path, the mpi4py lean path, MPI's collective on the general path and the ring."""
+    from hpcdp.comm.compiled import lean
+    N, r = comm.Get_size(), comm.Get_rank()
+    dtype = np.dtype(code)
+
+    def values(p):  # ranks on both sides of 2**63 at each position (a signed compare errs)
+        return np.array([2**63 + p if p % 2 else p, 2**64 - 1 - p if p % 2 == 0 else 7 + p,
+                         (p * 0x9E3779B97F4A7C15) % 2**64], dtype=dtype)
+    x = values(r)
+    every = np.stack([values(p) for p in range(N)])
+    want_max, want_min = every.max(axis=0), every.min(axis=0)
+    sub = comm.Dup()
+    try:
+        for path in ("compiled", "mpi4py"):
+            lean.set_lean_path(sub, path)
+            for kw in ({}, {"algorithm": "native", "max_message_bytes": 1 << 20},
+                       {"algorithm": "ring"}):
+                got = allreduce(x, np.empty_like(x), comm=sub, op="max", **kw)
+                assert got.tobytes() == want_max.tobytes(), (path, kw, got)
+                got = allreduce(x, np.empty_like(x), comm=sub, op="min", **kw)
+                assert got.tobytes() == want_min.tobytes(), (path, kw, got)
+            off, size = shard_range(3, N, r)
+            got = reduce_scatter(x, np.empty(size, dtype), comm=sub, op="max")
+            assert got.tobytes() == want_max[off:off + size].tobytes()
+            req = iallreduce(x, np.empty_like(x), comm=sub, op="min")  # the non-blocking lean call
+            assert req.wait().tobytes() == want_min.tobytes()
+    finally:
+        sub.Free()
 
 
 def test_the_mpi4py_lean_path_stays_selectable(comm, monkeypatch):
