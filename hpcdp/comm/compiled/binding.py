@@ -120,3 +120,26 @@ def load() -> Binding:
     except (OSError, AttributeError, TypeError) as exc:
         raise Unbindable(f"the MPI library mpi4py loaded has no usable C symbols ({exc})") from None
     return binding
+
+
+_LOADED: dict = {}  # "binding": this process's Binding, or the Unbindable's message
+
+
+def bound() -> Binding:
+    """:func:`load`, once per process: the compiled engine and the lean path share one
+    binding (one ``dlopen`` / ``dlsym`` pass); :class:`Unbindable` with the same reason on
+    every call when this MPI cannot be bound. :func:`forget` loads again."""
+    if "binding" not in _LOADED:
+        try:
+            _LOADED["binding"] = load()
+        except Unbindable as exc:
+            _LOADED["binding"] = str(exc)
+    hit = _LOADED["binding"]
+    if isinstance(hit, str):
+        raise Unbindable(hit)
+    return hit
+
+
+def forget() -> None:
+    """Load again on the next :func:`bound` (tests: after changing what :func:`load` sees)."""
+    _LOADED.clear()

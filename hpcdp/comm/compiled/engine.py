@@ -94,10 +94,10 @@ def compiled_engine():
     """The process's CompiledEngine, or None (the reason logged once) if MPI cannot
     be bound."""
     if _STATE["engine"] is None and _STATE["why"] is None:
-        from hpcdp.comm.compiled.binding import Unbindable, load
+        from hpcdp.comm.compiled.binding import Unbindable, bound
 
         try:
-            _STATE["engine"] = CompiledEngine(load())
+            _STATE["engine"] = CompiledEngine(bound())
         except Unbindable as exc:
             _STATE["why"] = str(exc)
             log.warning("hpcdp.comm: the compiled engine cannot bind this MPI (%s); "
@@ -106,7 +106,11 @@ def compiled_engine():
 
 
 def forget() -> None:
-    """Bind again on next use (tests: after changing what :func:`load` sees)."""
+    """Bind again on next use (tests: after changing what hpcdp.comm.compiled.binding.load
+    sees)."""
+    from hpcdp.comm.compiled import binding
+
+    binding.forget()
     _STATE["engine"], _STATE["why"] = None, None
 
 

@@ -343,10 +343,10 @@ def binding():
     """The bound MPI (hpcdp.comm.compiled.binding), or None: then the reason is logged
     once per process and the mpi4py path runs."""
     if _BOUND["binding"] is None and _BOUND["why"] is None:
-        from hpcdp.comm.compiled.binding import Unbindable, load
+        from hpcdp.comm.compiled.binding import Unbindable, bound
 
         try:
-            _BOUND["binding"] = load()
+            _BOUND["binding"] = bound()
         except Unbindable as exc:
             _BOUND["why"] = str(exc)
             log.warning("hpcdp.comm: the compiled lean path cannot bind this MPI (%s); small "
@@ -356,6 +356,9 @@ def binding():
 
 def forget() -> None:
     """Bind again on next use (tests: after changing what the binding's load sees)."""
+    from hpcdp.comm.compiled import binding as compiled_binding
+
+    compiled_binding.forget()
     _BOUND["binding"], _BOUND["why"] = None, None
 
 
