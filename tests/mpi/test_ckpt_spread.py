@@ -45,22 +45,29 @@ def _state(comm):
     return layout, expected_tensors(flat, _Opt()), full, mine
 
 
+def _saved(comm, tmp):
+    """:func:`_state` saved as checkpoint 1 in ``tmp``: (checkpoint, layout, expected
+    tensors, full buffers, this rank's pieces)."""
+    from hpcdp.io.save import SaveJob, save
+    from hpcdp.io.snapshot import take_snapshot
+
+    layout, expected, full, mine = _state(comm)
+    job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
+                  {"strategy": "test", "world_size": comm.Get_size()},
+                  {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
+    return save(job, comm), layout, expected, full, mine
+
+
 @pytest.mark.mpi
 def test_replicated_restore_reads_each_byte_once():
     from hpcdp.io.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.save import SaveJob, save
-    from hpcdp.io.snapshot import take_snapshot
 
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     tmp = shared_dir()
     try:
-        layout, expected, full, mine = _state(comm)
-        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
-                      {"strategy": "test", "world_size": size},
-                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
-        ckpt = save(job, comm)
+        ckpt, layout, expected, full, mine = _saved(comm, tmp)
         data_bytes = sum(a.nbytes for a in full.values())
         got = {}
         for spread in (True, False):
@@ -84,18 +91,12 @@ def test_sharded_targets_are_not_spread():
     """Targets that differ by rank (a ZeRO shard) are each read by their rank only."""
     from hpcdp.io.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.save import SaveJob, save
-    from hpcdp.io.snapshot import take_snapshot
     from hpcdp.io.spread import same_everywhere
 
     comm = MPI.COMM_WORLD
     tmp = shared_dir()
     try:
-        layout, expected, full, mine = _state(comm)
-        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
-                      {"strategy": "test", "world_size": comm.Get_size()},
-                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
-        ckpt = save(job, comm)
+        ckpt, layout, expected, full, mine = _saved(comm, tmp)
         targets = [Piece(p.buffer, p.offset, np.zeros_like(p.array)) for p in mine]
         assert same_everywhere(comm, targets, 60.0) is False
         _, nbytes = load(ckpt, targets, layout, expected, "adamw", comm)
@@ -112,17 +113,11 @@ def test_targets_every_rank_has_are_spread_and_the_rest_read_alone():
     its own shard of the optimizer state."""
     from hpcdp.io.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.save import SaveJob, save
-    from hpcdp.io.snapshot import take_snapshot
 
     comm = MPI.COMM_WORLD
     tmp = shared_dir()
     try:
-        layout, expected, full, mine = _state(comm)
-        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
-                      {"strategy": "test", "world_size": comm.Get_size()},
-                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
-        ckpt = save(job, comm)
+        ckpt, layout, expected, full, mine = _saved(comm, tmp)
         targets = [Piece(p.buffer, p.offset, np.zeros_like(p.array)) for p in mine if p.buffer != "param"]
         targets.insert(comm.Get_rank() % 2, Piece("param", 0, np.zeros_like(full["param"])))  # order differs
         _, nbytes = load(ckpt, targets, layout, expected, "adamw", comm)
@@ -144,19 +139,13 @@ def test_a_damaged_block_in_one_ranks_share_fails_every_rank_alike():
     from hpcdp.io.index import read_index
     from hpcdp.io.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.save import SaveJob, save
-    from hpcdp.io.snapshot import take_snapshot
     from hpcdp.io.spread import common_targets, plan, shares
 
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     tmp = shared_dir()
     try:
-        layout, expected, full, mine = _state(comm)
-        job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
-                      {"strategy": "test", "world_size": size},
-                      {"step": 1, "optimizer_kind": "adamw", "optimizer_steps": 1}, {})
-        ckpt = save(job, comm)
+        ckpt, layout, expected, full, mine = _saved(comm, tmp)
         targets = [Piece(b, 0, np.full_like(a, np.nan)) for b, a in full.items()]
         order = common_targets(comm, targets, 60.0) if size > 1 else list(range(len(targets)))
         index = read_index(ckpt)
