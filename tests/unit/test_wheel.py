@@ -52,6 +52,10 @@ def wheel_env(tmp_path_factory):
         (venv / "bin" / "hpcdp").chmod(0o755)
     assert r.returncode == 0, r.stdout + r.stderr
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # mpi4py looks for its MPI library under the running venv's prefix: a user's venv
+    # holds the MPICH wheel's libmpi there, this one borrows it from this venv
+    if list(Path(sys.prefix, "lib").glob("libmpi.so*")):
+        env.setdefault("MPI4PY_LIBMPI", str(Path(sys.prefix, "lib")))
     # the commands find mpiexec on PATH (this venv's MPICH), after the wheel venv's own bin
     env["PATH"] = os.pathsep.join([str(venv / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")])
     work = tmp / "work"
