@@ -33,6 +33,8 @@ from hpcdp.comm.errors import CollectiveTimeout
 DEFAULT_TIMEOUT_S = 300.0
 _KEYVAL = None
 _LAST: dict = {}  # id(comm object) -> (comm object, context): skips Get_attr per call
+# the same dict, read (never written) by hpcdp.comm.fast's ready calls: known_context inline
+KNOWN = _LAST
 
 
 def _truthy(value: str | None) -> bool:
@@ -112,6 +114,9 @@ class CommContext:
         # valid for hpcdp.comm.auto.generation() == lean_gen
         self.lean_sigs: dict = {}
         self.lean_gen = -1
+        # hpcdp.comm.fast's ready compiled calls: (allreduce, reduce-scatter, all-gather),
+        # each length -> its LeanCall (the last signature seen at that length)
+        self.lean_calls: tuple = ({}, {}, {})
         # hpcdp.comm.compiled.lean: "compiled" or "mpi4py" (None: HPCDP_COMM_LEAN when needed)
         self.lean_path: str | None = None
         self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))

@@ -14,7 +14,8 @@ the wire; past the deadline the missing-rank diagnosis runs as for every request
 :class:`FastRequest` has the request interface (``test``, ``wait``, ``expire``,
 ``done``, ``result``) with ``__slots__`` and no generator; a blocking call makes no
 request object at all. About 2 us of Python per call on top of MPI's non-blocking
-call + Test (``hpcdp bench comm-overhead``).
+call + Test (``hpcdp bench comm-overhead``); a repeated blocking call with a ready
+compiled call (:class:`LeanCall`, below) skips most of the front's checks.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mpi4py import MPI
 
 from hpcdp.comm.auto import generation, native_below
 from hpcdp.comm.compiled import lean
-from hpcdp.comm.context import known_context
+from hpcdp.comm.context import KNOWN, known_context
 from hpcdp.comm.debug import SPIN_POLLS
 from hpcdp.comm.diagnose import diagnose, peer_failed
 from hpcdp.comm.ops import mpi_datatype
@@ -282,7 +283,88 @@ def _finish(ctx, req, seq, name, dtype, n, op, ledger, nbytes, timeout, after):
         ledger.count_call(name, nbytes[0], nbytes[1], 1, 1)
 
 
+# -- ready compiled calls: a repeated blocking call's checks done once ---------------
+# After a blocking call ran compiled, its signature (collective, length, dtype, op,
+# algorithm) keeps a LeanCall on the context (CommContext.lean_calls, one dict per
+# collective keyed by length). A repeated call then checks only what can change between
+# calls: the buffers (1-D ndarrays whose flags say C-contiguous, aligned, writeable, of
+# the record's very dtype object), the context (debug mode, failed) and auto's
+# generation; and calls the kernel's compiled entry point (lean.Entry.direct) with
+# exactly the argument types it was compiled for. What the record fixes (the byte
+# bound, the MPI datatype and op, this rank's shard, the ledger's figures) was decided
+# by the full front. Anything else takes the full front below.
+
+AR, RS, AG = 0, 1, 2
+_MAX_CALLS = 4096
+
+
+class LeanCall:
+    """One signature's ready blocking call: the context, the kernel's entry point, the
+    lean entry (its ``I`` / ``H`` arrays and scratch), what the signature is (dtype
+    object, op, algorithm, auto's generation) and its fixed figures (this rank's shard
+    ``off`` / ``size``, the ledger's sent / received bytes)."""
+
+    __slots__ = ("ctx", "call", "e", "I", "H", "dtype", "op", "algorithm", "gen", "off", "size",
+                 "sent", "recv")
+
+    def __init__(self, ctx, call, e, dtype, op, algorithm, gen, off, size, sent, recv):
+        self.ctx, self.call, self.e, self.dtype, self.op = ctx, call, e, dtype, op
+        self.I, self.H, self.algorithm = e.I, e.H, algorithm  # (the entry's own arrays)
+        self.gen, self.off, self.size, self.sent, self.recv = gen, off, size, sent, recv
+
+
+def _remember(ctx, which, n, e, dtype, op, algorithm, off, size, sent, recv):
+    """Keep the ready call of a blocking compiled call that just completed (its kernel
+    is compiled for these argument types now), when it has an entry point."""
+    calls = ctx.lean_calls[which]
+    r = calls.get(n)
+    if r is not None and r.e is e and r.dtype is dtype and r.gen == generation():
+        return  # kept already (this call missed it for its buffers' flags)
+    call = e.direct(dtype)
+    if call is None:
+        return
+    if len(calls) >= _MAX_CALLS:
+        calls.clear()
+    calls[n] = LeanCall(ctx, call, e, dtype, op, algorithm, generation(), off, size, sent, recv)
+
+
+def _ready(comm, which, buf, op, algorithm):
+    """The LeanCall for ``buf`` (a 1-D ndarray) and this signature on ``comm``, or None
+    (:func:`known_context` inline: one call fewer)."""
+    hit = KNOWN.get(id(comm))
+    if hit is None or hit[0] is not comm:
+        return None
+    ctx = hit[1]
+    r = ctx.lean_calls[which].get(buf.size)
+    if r is None or r.dtype is not buf.dtype or r.op != op or r.algorithm != algorithm \
+            or r.gen != generation() or ctx.debug or ctx.failed is not None \
+            or not buf.flags.carray:
+        return None
+    return r
+
+
 def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
+    if blocking and sendbuf.__class__ is np.ndarray and sendbuf.ndim == 1:
+        r = _ready(comm, AR, sendbuf, op, algorithm)
+        if r is not None:
+            if recvbuf is None:
+                recvbuf = sendbuf
+            elif recvbuf is not sendbuf and (recvbuf.__class__ is not np.ndarray
+                                             or recvbuf.ndim != 1 or recvbuf.dtype is not r.dtype
+                                             or not recvbuf.flags.carray):
+                r = None
+            if r is not None:
+                ctx = r.ctx
+                seq = ctx.seq
+                ctx.seq = seq + 1
+                limit = ctx.timeout if timeout is None else float(timeout)
+                code = r.call(r.I, r.H, sendbuf, recvbuf, limit)
+                if code == 0:
+                    if ledger is not None:
+                        ledger.count_call("allreduce", r.sent, r.sent, 1, 1)
+                    return recvbuf
+                # refused (nothing posted: a length mismatch) falls to the full front
+                _compiled_failed(ctx, r.e, code, seq, "allreduce", sendbuf, op, limit)
     if op.__class__ is not str or sendbuf.__class__ is not np.ndarray \
             or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
         return None  # (a strided 1-D buffer: mpi4py refuses it below)
@@ -315,6 +397,8 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
             return _compiled_failed(ctx, e, code, seq, "allreduce", sendbuf, op, limit)
         if e.mean_after:
             _mean(recvbuf.reshape(-1), ctx.size)
+        elif sendbuf.ndim == 1 and recvbuf.ndim == 1:
+            _remember(ctx, AR, sendbuf.size, e, dtype, op, algorithm, 0, 0, nbytes, nbytes)
         if ledger is not None:
             ledger.count_call("allreduce", nbytes, nbytes, 1, 1)
         return recvbuf
@@ -383,6 +467,29 @@ def _lean_ctx(comm, collective, op, algorithm, buf):
 
 
 def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
+    if blocking and sendbuf.__class__ is np.ndarray and sendbuf.ndim == 1:
+        r = _ready(comm, RS, sendbuf, op, algorithm)
+        if r is not None:
+            in_place = recvbuf is None or recvbuf is sendbuf
+            dst = sendbuf if in_place else recvbuf
+            if not in_place and (recvbuf.__class__ is not np.ndarray or recvbuf.ndim != 1
+                                 or recvbuf.dtype is not r.dtype or not recvbuf.flags.carray):
+                r = None
+            if r is not None:
+                ctx = r.ctx
+                seq = ctx.seq
+                ctx.seq = seq + 1
+                limit = ctx.timeout if timeout is None else float(timeout)
+                e = r.e
+                code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
+                if code == lean.NEED_SCRATCH:
+                    e.grow(r.size)
+                    code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
+                if code == 0:
+                    if ledger is not None:
+                        ledger.count_call("reduce_scatter", r.sent, r.recv, 1, 1)
+                    return sendbuf[r.off:r.off + r.size] if in_place else recvbuf
+                _compiled_failed(ctx, e, code, seq, "reduce_scatter", sendbuf, op, limit)
     if op.__class__ is not str or sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1:
         return None
     ctx, sig = _lean_ctx(comm, "reduce_scatter", op, algorithm, sendbuf)
@@ -415,6 +522,10 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
             size = recvbuf.size
         if e.mean_after:
             _mean(recvbuf, ctx.size)
+        else:
+            _remember(ctx, RS, sendbuf.size, e, sendbuf.dtype, op, algorithm,
+                      *shard_range(sendbuf.size, ctx.size, ctx.rank), sendbuf.nbytes,
+                      size * sendbuf.itemsize)
         if ledger is not None:
             ledger.count_call("reduce_scatter", sendbuf.nbytes, size * sendbuf.itemsize, 1, 1)
         return recvbuf
@@ -466,6 +577,22 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
 
 
 def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking=False):
+    full = sendbuf if recvbuf is None else recvbuf
+    if blocking and full.__class__ is np.ndarray and full.ndim == 1:
+        r = _ready(comm, AG, full, "", algorithm)
+        if r is not None and (full is sendbuf or (
+                sendbuf.__class__ is np.ndarray and sendbuf.ndim == 1
+                and sendbuf.dtype is r.dtype and sendbuf.flags.carray)):
+            ctx = r.ctx
+            seq = ctx.seq
+            ctx.seq = seq + 1
+            limit = ctx.timeout if timeout is None else float(timeout)
+            code = r.call(r.I, r.H, sendbuf, full, limit)
+            if code == 0:
+                if ledger is not None:
+                    ledger.count_call("all_gather", r.sent, r.recv, 1, 1)
+                return full
+            _compiled_failed(ctx, r.e, code, seq, "all_gather", full, "", limit)
     in_place = recvbuf is None or recvbuf is sendbuf
     full = sendbuf if in_place else recvbuf
     if full.__class__ is not np.ndarray or full.ndim != 1:
@@ -486,9 +613,11 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
             code = e.kernel(e.I, e.H, sendbuf, full, limit)
         if code != 0:
             return _compiled_failed(ctx, e, code, seq, "all_gather", full, "", limit)
+        n, N = full.size, ctx.size
+        mine = n // N + (1 if ctx.rank < n % N else 0)
+        _remember(ctx, AG, n, e, full.dtype, "", algorithm, 0, mine, mine * full.itemsize,
+                  full.nbytes)
         if ledger is not None:
-            n, N = full.size, ctx.size
-            mine = n // N + (1 if ctx.rank < n % N else 0)
             ledger.count_call("all_gather", mine * full.itemsize, full.nbytes, 1, 1)
         return full
     if not full.flags.c_contiguous:

@@ -421,3 +421,108 @@ def test_a_rank_missing_from_a_compiled_lean_call_is_named(comm):
                 assert "another rank's deadline passed first" in str(e.value)
     waiting.Free()
     comm.Barrier()
+
+
+# -- ready calls (hpcdp.comm.fast.LeanCall): a repeated blocking call's checks done once --
+
+def _ready(comm, which, buf, op="sum"):
+    return fast._ready(comm, which, buf, op, "auto")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ready_calls_give_mpis_bits_and_the_same_ledger(comm):
+    """From its second run a blocking call's signature has a ready call; the repeated
+    calls (in and out of place, the three collectives, an uneven length) give the bits of
+    mpi4py's collective, one sequence number each and the full front's ledger figures."""
+    N, r = comm.Get_size(), comm.Get_rank()
+    ctx = get_context(comm)
+    for n in (8, 2 * N + 1):
+        x = (np.arange(n, dtype=np.float32) * (r + 1.5)).astype(np.float32)
+        off, size = shard_range(n, N, r)
+        full_led, ready_led = Ledger(), Ledger()
+        for led in (full_led, ready_led, ready_led):  # the first run keeps the ready calls
+            allreduce(x, np.empty_like(x), comm=comm, ledger=led)
+            allreduce(x.copy(), comm=comm, ledger=led)
+            reduce_scatter(x, np.empty(size, np.float32), comm=comm, ledger=led)
+            reduce_scatter(x.copy(), comm=comm, ledger=led)
+            all_gather(x[off:off + size].copy(), np.empty_like(x), comm=comm, ledger=led)
+        assert _ready(comm, fast.AR, x) is not None and _ready(comm, fast.RS, x) is not None
+        assert _ready(comm, fast.AG, x, "") is not None
+        ref = np.empty_like(x)
+        comm.Allreduce(x, ref)
+        chunk = np.empty(size, np.float32)
+        comm.Reduce_scatter(x, chunk, [shard_range(n, N, p)[1] for p in range(N)])
+        seq = ctx.seq
+        assert allreduce(x, np.empty_like(x), comm=comm).tobytes() == ref.tobytes()
+        assert allreduce(x.copy(), comm=comm).tobytes() == ref.tobytes()
+        assert reduce_scatter(x, np.empty(size, np.float32), comm=comm).tobytes() == chunk.tobytes()
+        y = x.copy()
+        got = reduce_scatter(y, comm=comm)
+        assert got.tobytes() == chunk.tobytes() and np.shares_memory(got, y[off:off + size])
+        g = np.empty_like(x)
+        assert all_gather(x[off:off + size].copy(), g, comm=comm) is g
+        h = x.copy()
+        assert all_gather(h, comm=comm) is h
+        assert ctx.seq == seq + 6
+        a, b = full_led.totals(), ready_led.totals()
+        for name in ("allreduce", "reduce_scatter", "all_gather"):
+            assert {k: 2 * v for k, v in a[name].items()} == b[name], name
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ready_calls_are_dropped_or_passed_when_they_must(comm):
+    """A ready call serves only its own signature: another dtype or op at the same length,
+    a set_lean_path, a new auto generation, debug mode and a failed communicator all take
+    the full front (which gives the right answer or its error)."""
+    from hpcdp.comm import auto
+    from hpcdp.comm.compiled.lean import set_lean_path
+    from hpcdp.comm.context import set_debug
+
+    N, r = comm.Get_size(), comm.Get_rank()
+    sub = comm.Dup()
+    ctx = get_context(sub)
+    x = np.full(6, r + 1.0)
+    for _ in range(2):
+        allreduce(x, np.empty_like(x), comm=sub)
+    rec = _ready(sub, fast.AR, x)
+    assert rec is not None and rec.dtype is x.dtype
+    assert _ready(sub, fast.AR, x, "max") is None  # another op
+    assert allreduce(x, np.empty_like(x), comm=sub, op="max")[0] == N
+    xi = np.full(6, r + 1, np.int64)  # another dtype, same length
+    assert _ready(sub, fast.AR, xi) is None
+    assert allreduce(xi, np.empty_like(xi), comm=sub)[0] == N * (N + 1) // 2
+    assert _ready(sub, fast.AR, x[::-1]) is None  # not contiguous: the flags say so
+    ro = np.empty_like(x)
+    ro.flags.writeable = False
+    for _ in range(2):
+        allreduce(x, np.empty_like(x), comm=sub)
+    with pytest.raises(ValueError, match="read-only"):
+        allreduce(x, ro, comm=sub)
+    with pytest.raises(ValueError, match="elements"):
+        allreduce(x, np.empty(5), comm=sub)
+    assert allreduce(x, np.empty_like(x), comm=sub)[0] == N * (N + 1) / 2
+    set_lean_path(sub, "mpi4py")
+    assert not any(ctx.lean_calls)
+    assert allreduce(x, np.empty_like(x), comm=sub)[0] == N * (N + 1) / 2
+    assert not any(ctx.lean_calls)  # the mpi4py path keeps none
+    set_lean_path(sub, "compiled")
+    for _ in range(2):
+        allreduce(x, np.empty_like(x), comm=sub)
+    assert _ready(sub, fast.AR, x) is not None
+    auto.forget()
+    assert _ready(sub, fast.AR, x) is None  # auto decides again (every rank alike)
+    for _ in range(2):
+        allreduce(x, np.empty_like(x), comm=sub)
+    assert _ready(sub, fast.AR, x) is not None
+    set_debug(sub, True)
+    assert _ready(sub, fast.AR, x) is None
+    assert allreduce(x, np.empty_like(x), comm=sub)[0] == N * (N + 1) / 2
+    set_debug(sub, False)
+    assert _ready(sub, fast.AR, x) is not None
+    boom = RuntimeError("this communicator failed")
+    ctx.failed = boom
+    assert _ready(sub, fast.AR, x) is None
+    with pytest.raises(RuntimeError, match="this communicator failed"):
+        allreduce(x, np.empty_like(x), comm=sub)
+    ctx.failed = None
+    sub.Free()

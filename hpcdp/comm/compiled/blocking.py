@@ -40,6 +40,8 @@ from hpcdp.shard import shard_range
 _OPS = frozenset(("sum", "mean", "max", "min"))
 _KINDS = frozenset("bBhHiIlLqQefd")
 _MAX_ENTRIES = 256
+_COUNTS = slice(K.ST_SENT_B, K.ST_SENT_B + 4)
+assert (K.ST_RECV_B, K.ST_SENT_M, K.ST_RECV_M) == tuple(range(K.ST_SENT_B + 1, K.ST_SENT_B + 4))
 _PHASES = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}
 
 
@@ -146,9 +148,9 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
             raise failure(ctx, name, seq, st)
         raise timed_out(ctx, (seq, name, dtype, n, -1, "ring", e.op_name), started, limit,
                         st, joined=code == K.PEER)
-    if ledger is not None:
-        ledger.count_call(name, int(st[K.ST_SENT_B]), int(st[K.ST_RECV_B]),
-                          int(st[K.ST_SENT_M]), int(st[K.ST_RECV_M]))
+    if ledger is not None:  # (the four counters are adjacent: one slice, four ints)
+        sent_b, recv_b, sent_m, recv_m = st[_COUNTS].tolist()
+        ledger.count_call(name, sent_b, recv_b, sent_m, recv_m)
     if e.state is None:
         e.state = state
     else:

@@ -326,6 +326,8 @@ def set_lean_path(comm, name: str) -> None:
     ctx = get_context(comm)
     ctx.lean_path = name
     ctx.lean_sigs.clear()  # (hpcdp.comm.fast.signature decides again)
+    for calls in ctx.lean_calls:  # (and its ready calls were made for the old path)
+        calls.clear()
 
 
 def lean_path(ctx) -> str:
@@ -398,6 +400,23 @@ class Entry:
 
     def grow(self, size: int) -> None:
         self.scratch = np.empty(max(size, 2 * self.scratch.size), dtype=self.scratch.dtype)
+
+    def direct(self, dtype):
+        """The kernel's compiled entry point for 1-D C-contiguous, aligned, writeable
+        arrays of ``dtype`` (Numba's overload, without the dispatcher's per-call typing:
+        the caller passes only such arrays), or None: not compiled for them yet, float16
+        (it travels as its bits), or a Numba without these attributes."""
+        if self.half:
+            return None
+        from numba import typeof
+
+        a = np.empty(1, dtype=dtype)
+        args = (self.I, self.H, a, a, self.scratch, 0.0) if self.kernel is reduce_scatter \
+            else (self.I, self.H, a, a, 0.0)
+        try:
+            return self.kernel.overloads[tuple(typeof(x) for x in args)].entry_point
+        except (AttributeError, KeyError, TypeError):
+            return None
 
     def error_code(self) -> int:
         return int(self.I[L_ERR])
