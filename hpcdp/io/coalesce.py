@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .direct import ALIGN, pread_full, aligned_empty
 
-EXTENT_BYTES = 32 << 20    # the most bytes one coalesced read covers
+EXTENT_BYTES = 8 << 20     # the most bytes one coalesced read covers
 GAP = 256 << 10            # unwanted bytes between two ranges still read through
 AHEAD = 3                  # extents read before the one a reader waits for
-LIVE_BYTES = 160 << 20     # read-ahead stops while this many bytes are held
+LIVE_BYTES = 40 << 20      # read-ahead stops while this many bytes are held
 THREADS = 2                # extent reads in flight
 
 _spare: list = []          # buffers of EXTENT_BYTES + 2 pages, kept for the next restore

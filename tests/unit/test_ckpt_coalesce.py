@@ -97,8 +97,9 @@ def test_merged_reads_restore_bit_for_bit_as_block_by_block(saved, monkeypatch, 
         assert np.array_equal(got[0], flat.data[off:off + size])
 
 
-def test_fewer_requests_than_blocks_and_the_gaps_read_through(saved):
+def test_fewer_requests_than_blocks_and_the_gaps_read_through(saved, monkeypatch):
     ckpt, flat, opt = saved
+    monkeypatch.setattr(coalesce, "EXTENT_BYTES", 32 << 20)
     index = read_index(ckpt)
     targets = _targets(flat, opt, 1, 0)
     with Reader(ckpt, index) as reader:
