@@ -20,12 +20,13 @@ and the fallbacks (``pread`` where O_DIRECT is refused; a short read left to the
 caller, which names where the file ends) do not change. Live buffers are bounded
 by ``LIVE_BYTES`` for the read-ahead; an extent a reader waits for is read even
 beyond it, so a restore whose order jumps around a file still finishes (holding
-more memory).
+more memory). ``HPCDP_CKPT_COALESCE=0`` switches the merge off (one read per block).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,9 +37,14 @@ GAP = 256 << 10            # unwanted bytes between two ranges still read throug
 AHEAD = 3                  # extents read before the one a reader waits for
 LIVE_BYTES = 40 << 20      # read-ahead stops while this many bytes are held
 THREADS = 2                # extent reads in flight
+ENV = "HPCDP_CKPT_COALESCE"   # "0": one read per block, as before (benchmarks compare both)
 
 _spare: list = []          # buffers of EXTENT_BYTES + 2 pages, kept for the next restore
 _spare_lock = threading.Lock()
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV, "1") != "0"
 
 
 def merge(ranges, extent_bytes: int | None = None, gap: int | None = None):
@@ -147,4 +153,4 @@ class Extents:
             self._pool = None
 
 
-__all__ = ["merge", "Extents", "EXTENT_BYTES", "GAP", "AHEAD"]
+__all__ = ["merge", "Extents", "wanted", "EXTENT_BYTES", "GAP", "AHEAD", "ENV"]

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from .checksum import ALGORITHMS, TITLE, digest, stored_digests
-from .coalesce import Extents, merge
+from .coalesce import Extents, merge, wanted as coalesce_wanted
 from .direct import DirectReads, open_direct
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import BLOCK_BYTES
@@ -146,7 +146,12 @@ class Reader:
         """Announce the reads to come, ``(tensor, lo, n)`` in the order :meth:`read`
         will be called: their pieces are located (as :meth:`locate`) and their blocks'
         byte ranges merged into large reads (coalesce.py) that the blocks are then
-        copied out of. Reads not announced are read block by block as before."""
+        copied out of. Reads not announced (or all, with ``HPCDP_CKPT_COALESCE=0``)
+        are read block by block as before."""
+        if not coalesce_wanted():
+            for tensor, lo, n in reads:
+                self.locate(tensor, lo, n)
+            return
         ranges = []
         for tensor, lo, n in reads:
             for fi, piece_off, piece_size, span in self._overlaps(tensor, lo, n):

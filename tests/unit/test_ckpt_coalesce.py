@@ -66,11 +66,8 @@ def _restore(ckpt, flat, opt, m, r):
 
 
 def _block_by_block(monkeypatch):
-    """Today's reads without the merge: prepare only locates the pieces."""
-    def locate_only(self, reads):
-        for tid, lo, n in reads:
-            self.locate(tid, lo, n)
-    monkeypatch.setattr(Reader, "prepare", locate_only)
+    """The reads without the merge (HPCDP_CKPT_COALESCE=0): one per block."""
+    monkeypatch.setenv(coalesce.ENV, "0")
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +110,11 @@ def test_fewer_requests_than_blocks_and_the_gaps_read_through(saved, monkeypatch
         reader.wait()
         blocks = reader.queued
         requests = reader.coalesced_requests
+    with monkeypatch.context() as mp:
+        _block_by_block(mp)
+        with Reader(ckpt, index) as reader:
+            reader.prepare([(tid, lo, out.shape[0]) for tid, lo, out in reads])
+            assert reader.coalesced_requests == 0 and not reader._in_extent
     assert np.array_equal(targets[0].array, flat.data)
     # 3 buffers x 2 files: 4 one-block pieces and the 3-block tensor's half (2 blocks) each;
     # the 12 MiB of one file fit one extent: one read per file
