@@ -98,20 +98,22 @@ class DirectReads:
         a = offset // ALIGN * ALIGN
         b = -(-(offset + n) // ALIGN) * ALIGN
         if dfd is None or self.refused or b - a > self._buf.shape[0]:
-            return _pread_all(fd, view, offset)
+            return pread_full(fd, view, offset)
         try:
-            got = _pread_all(dfd, self._buf[:b - a], a)
+            got = pread_full(dfd, self._buf[:b - a], a)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
             self.refused = True
-            return _pread_all(fd, view, offset)
+            return pread_full(fd, view, offset)
         have = max(0, min(n, got - (offset - a)))
         view[:have] = self._buf[offset - a:offset - a + have]
         return have
 
 
-def _pread_all(fd: int, view: np.ndarray, offset: int) -> int:
+def pread_full(fd: int, view: np.ndarray, offset: int) -> int:
+    """Read into ``view`` (uint8) from ``offset`` until it is full or the file ends;
+    returns the bytes read."""
     done = 0
     while done < view.shape[0]:
         k = os.preadv(fd, [memoryview(view[done:])], offset + done)
@@ -220,5 +222,5 @@ class PieceWriter:
         self.close()
 
 
-__all__ = ["PieceWriter", "DirectReads", "open_direct", "aligned_empty", "is_aligned", "wanted", "ALIGN", "ALIGN_THRESHOLD",
+__all__ = ["PieceWriter", "DirectReads", "open_direct", "pread_full", "aligned_empty", "is_aligned", "wanted", "ALIGN", "ALIGN_THRESHOLD",
            "CHUNK", "ENV"]

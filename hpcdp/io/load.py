@@ -50,8 +50,8 @@ def fill_targets(ckpt_dir, index, targets, layout, backend=None, threads: int = 
                 raise CheckpointError(f"checkpoint {ckpt_dir}: tensor {name} is not in it")
             reads.append((tid, span.offset, host[pos:pos + span.size]))
     with Reader(ckpt_dir, index, threads) as reader:
-        for tid, lo, out in reads:   # every piece's metadata first, with the disk idle
-            reader.locate(tid, lo, out.shape[0])
+        # every piece's metadata first, with the disk idle; then few large reads
+        reader.prepare([(tid, lo, out.shape[0]) for tid, lo, out in reads])
         for tid, lo, out in reads:
             reader.read(tid, lo, out, wait=False)
         reader.wait()
@@ -86,8 +86,8 @@ def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, 
         segs = plan(index, together, layout, ckpt_dir)
         owners = shares(segs, together, comm.Get_size())
         readers.append(Reader(ckpt_dir, index, threads))
-        for k in owners[comm.Get_rank()]:   # this rank's files and pieces checked before any bulk read
-            readers[0].locate(segs[k][3], segs[k][4], segs[k][2])
+        # this rank's files and pieces checked before any bulk read, its reads merged
+        readers[0].prepare([(segs[k][3], segs[k][4], segs[k][2]) for k in owners[comm.Get_rank()]])
         return index, nbytes, (segs, owners)
 
     try:

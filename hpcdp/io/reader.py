@@ -5,6 +5,11 @@ tensor's pieces (``index.pieces``), and for each overlap reads the checksum bloc
 that cover it (never the whole piece), checks their digests (XXH3-128, or SHA-256 in
 a format-1 checkpoint: checksum.py; in a thread, while the next block is read) and copies the wanted elements out. So a rank restoring 1/M of the state reads about 1/M of the bytes.
 
+With :meth:`Reader.prepare` (the restores call it with everything they will read),
+the blocks' byte ranges are merged by (file, offset) into large page-aligned reads
+read ahead in the order they are wanted (coalesce.py), and each block is copied out
+of its extent's buffer and verified as before.
+
 Files are opened once (HDF5 metadata through h5py, bulk bytes with ``pread`` at the
 dataset's offset: the pages around each block with O_DIRECT, direct.DirectReads,
 where the file system takes it) and their size is compared with the index first: a
@@ -22,6 +27,7 @@ import h5py
 import numpy as np
 
 from .checksum import ALGORITHMS, TITLE, digest, stored_digests
+from .coalesce import Extents, merge, wanted as coalesce_wanted
 from .direct import DirectReads, open_direct
 from .errors import EARLIER, CheckpointError, damaged_file
 from .format import BLOCK_BYTES
@@ -49,6 +55,8 @@ class Reader:
         self._pending: list = []
         self._pieces: dict = {}   # (file, tensor, piece offset) -> what _read_piece needs
         self._queued = 0          # blocks queued so far
+        self._extents = None      # coalesced reads (prepare), None: one read per block
+        self._in_extent: dict = {}   # (file, byte offset, bytes) -> extent number
 
     # -- files -----------------------------------------------------------------
     def _file(self, fi: int):
@@ -90,6 +98,9 @@ class Reader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)  # no read still running on a closed descriptor
+        if self._extents is not None:   # after the blocks: a running block may wait for its extent
+            self._extents.close()
+            self._extents, self._in_extent = None, {}
         for h5, fd, _ in self._open_files.values():
             h5.close()
             os.close(fd)
@@ -111,13 +122,10 @@ class Reader:
         once the reads are queued (the next pieces are read meanwhile); ``out`` is
         filled and verified when :meth:`wait` returns."""
         n = int(out.shape[0])
-        rows = self.index.pieces_of(tensor)
         got = 0
-        for t, fi, off, size in rows:
-            for span in intersect([(lo, n)], [(int(off), int(size))]):
-                self._read_piece(int(fi), tensor, int(off), int(size), Span(span.offset - int(off), span.size),
-                                 out[span.offset - lo:span.end - lo])
-                got += span.size
+        for fi, off, size, span in self._overlaps(tensor, lo, n):
+            self._read_piece(fi, tensor, off, size, span, out[off + span.offset - lo:off + span.end - lo])
+            got += span.size
         if got != n:
             raise CheckpointError(f"checkpoint {self.dir}: tensor {self.index.tensors[tensor]}: elements "
                                   f"[{lo}, {lo + n}) are not all in the index's pieces")
@@ -133,6 +141,54 @@ class Reader:
         for t, fi, off, size in self.index.pieces_of(tensor):
             if intersect([(lo, n)], [(int(off), int(size))]):
                 self._piece(int(fi), tensor, int(off), int(size))
+
+    def prepare(self, reads) -> None:
+        """Announce the reads to come, ``(tensor, lo, n)`` in the order :meth:`read`
+        will be called: their pieces are located (as :meth:`locate`) and their blocks'
+        byte ranges merged into large reads (coalesce.py) that the blocks are then
+        copied out of. Reads not announced (or all, with ``HPCDP_CKPT_COALESCE=0``)
+        are read block by block as before."""
+        if not coalesce_wanted():
+            for tensor, lo, n in reads:
+                self.locate(tensor, lo, n)
+            return
+        ranges = []
+        for tensor, lo, n in reads:
+            for fi, piece_off, piece_size, span in self._overlaps(tensor, lo, n):
+                info = self._piece(fi, tensor, piece_off, piece_size)
+                if info[8] is None:   # not contiguous: read through HDF5
+                    continue
+                b0, b1 = blocks_covering(span, info[5])
+                for b in range(b0, b1):
+                    ranges.append(self._block_bytes(fi, info[8], info[7], info[9], b * info[5],
+                                                    min((b + 1) * info[5], piece_size)))
+        if self._extents is not None:
+            self._extents.close()
+        extents, where = merge(ranges)
+        uses = [0] * len(extents)
+        for e in where:
+            uses[e] += 1
+        self._in_extent = {r: e for r, e in zip(ranges, where)}
+        self._extents = Extents(extents, uses, lambda fi: (self._direct_fds.get(fi), self._file(fi)[1]))
+
+    @property
+    def coalesced_requests(self) -> int:
+        """Coalesced reads issued so far (0 without :meth:`prepare`)."""
+        return self._extents.requests if self._extents is not None else 0
+
+    def _overlaps(self, tensor, lo, n):
+        """``(file, piece offset, piece size, span inside the piece)`` of each stored
+        piece that elements ``[lo, lo + n)`` of ``tensor`` meet."""
+        for t, fi, off, size in self.index.pieces_of(tensor):
+            for span in intersect([(lo, n)], [(int(off), int(size))]):
+                yield int(fi), int(off), int(size), Span(span.offset - int(off), span.size)
+
+    @staticmethod
+    def _block_bytes(fi, offset, ds_start, dtype, lo, hi) -> tuple[int, int, int]:
+        """``(file, byte offset, byte end)`` of elements ``[lo, hi)`` of a contiguous
+        piece stored from byte ``offset`` (its first element ``ds_start`` there)."""
+        at = offset + (ds_start + lo) * dtype.itemsize
+        return fi, at, at + (hi - lo) * dtype.itemsize
 
     def wait(self, keep: int = 0) -> None:
         """Wait for the queued block reads (all but the newest ``keep``), oldest first;
@@ -210,19 +266,33 @@ class Reader:
         for b in range(b0, b1):  # one checksum block per task, READ_AHEAD at once
             lo, hi = b * block, min((b + 1) * block, piece_size)
             self.bytes_read += (hi - lo) * dtype.itemsize
+            e = None if offset is None or self._extents is None else \
+                self._in_extent.get(self._block_bytes(fi, offset, ds_start, dtype, lo, hi))
             got = self._pool.submit(self._read_block, fi, fd, name, ds, where, algo, dtype, offset, ds_start,
-                                    lo, hi, span, out)
+                                    lo, hi, span, out, e)
             self._pending.append((where, algo, piece_off, b, lo, hi, digests[b].tobytes(), got))
             self._queued += 1
             self.wait(keep=QUEUED)  # bounded: a partial block's buffer lives until it is checked
 
-    def _read_block(self, fi, fd, name, ds, where, algo, dtype, offset, ds_start, lo, hi, span, out) -> bytes:
-        """Read elements ``[lo, hi)`` of a piece (one checksum block), copy the part
-        ``span`` wants into ``out`` and return the block's digest (in a pool thread)."""
+    def _read_block(self, fi, fd, name, ds, where, algo, dtype, offset, ds_start, lo, hi, span, out,
+                    extent=None) -> bytes:
+        """Read elements ``[lo, hi)`` of a piece (one checksum block; from coalesced
+        read ``extent`` where prepared), copy the part ``span`` wants into ``out`` and
+        return the block's digest (in a pool thread)."""
         inside = lo >= span.offset and hi <= span.end
         # a block the span covers whole is read straight into `out` (no copy)
         buf = out[lo - span.offset:hi - span.offset] if inside else np.empty(hi - lo, dtype=dtype)
-        if offset is not None:
+        if extent is not None:
+            at = offset + (ds_start + lo) * dtype.itemsize
+            try:
+                got = self._extents.view(extent, at, at + buf.nbytes)
+                if got.shape[0] == buf.nbytes:
+                    buf.reshape(-1).view(np.uint8)[:] = got
+            finally:
+                self._extents.release(extent)
+            if got.shape[0] < buf.nbytes:
+                pread_into(fd, buf, at, self.dir / name)  # names where the file ends
+        elif offset is not None:
             at = offset + (ds_start + lo) * dtype.itemsize
             direct = getattr(self._direct, "reads", None)
             if direct is None:
