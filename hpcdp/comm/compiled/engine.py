@@ -1,7 +1,7 @@
 """Engine selection: which code runs hpcdp's ring, the Python one or the compiled one.
 
-``HPCDP_COMM_ENGINE`` (``python`` or ``compiled``, read when a communicator's
-context is first used) or :func:`set_engine` per communicator. ``compiled`` runs
+``HPCDP_COMM_ENGINE`` (``compiled``, the default, or ``python``, read when a
+communicator's context is first used) or :func:`set_engine` per communicator. ``compiled`` runs
 the ring collectives (reduce-scatter, all-gather, allreduce) through
 hpcdp.comm.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
 It takes host numpy buffers of native byte order with a built-in op (sum, mean,
@@ -10,7 +10,7 @@ float32, float64); any other call (a callable op, long double, a device array) r
 Python ring, as does everything when the MPI library cannot be bound
 (hpcdp.comm.compiled.binding): then one line in the log says why, once per process.
 A 16-bit wire (hpcdp.comm.wire) runs on the Python ring too (its per-segment
-conversion is not in the compiled state machine): one log line, once per process.
+conversion is not in the compiled state machine): one info line, once per process.
 
 :func:`ring_request` is the one hook the collectives call where they used to build
 hpcdp.comm.ring.RingRequest.
@@ -33,7 +33,7 @@ log = logging.getLogger("hpcdp.comm")
 
 
 def default_engine() -> str:
-    raw = os.environ.get("HPCDP_COMM_ENGINE", "").strip().lower() or "python"
+    raw = os.environ.get("HPCDP_COMM_ENGINE", "").strip().lower() or "compiled"
     if raw not in ENGINES:
         raise ValueError(f"HPCDP_COMM_ENGINE must be one of {ENGINES}, got {raw!r}")
     return raw
@@ -165,7 +165,7 @@ def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, seg
     (the Python ring only)."""
     if wire is not None and engine_name(ctx) == "compiled" and not _STATE.get("wire_told"):
         _STATE["wire_told"] = True
-        log.warning("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
+        log.info("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
                     "collectives run on the Python ring", wire.name)
     if engine_name(ctx) == "compiled" and wire is None:
         engine = compiled_engine()
