@@ -30,7 +30,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from .direct import ALIGN, pread_full, aligned_empty
+from .direct import ALIGN, Spares, aligned_empty, pread_full
 
 EXTENT_BYTES = 8 << 20     # the most bytes one coalesced read covers
 GAP = 256 << 10            # unwanted bytes between two ranges still read through
@@ -39,8 +39,8 @@ LIVE_BYTES = 40 << 20      # read-ahead stops while this many bytes are held
 THREADS = 2                # extent reads in flight
 ENV = "HPCDP_CKPT_COALESCE"   # "0": one read per block, as before (benchmarks compare both)
 
-_spare: list = []          # buffers of EXTENT_BYTES + 2 pages, kept for the next restore
-_spare_lock = threading.Lock()
+_BUFFER = EXTENT_BYTES + 2 * ALIGN
+_SPARES = Spares(AHEAD + THREADS)  # buffers of _BUFFER bytes, kept for the next restore
 
 
 def wanted() -> bool:
@@ -73,17 +73,13 @@ def merge(ranges, extent_bytes: int | None = None, gap: int | None = None):
 
 
 def _take(nbytes: int):
-    with _spare_lock:
-        if _spare and _spare[-1].shape[0] >= nbytes:
-            return _spare.pop()
-    return aligned_empty(max(nbytes, EXTENT_BYTES + 2 * ALIGN))
+    buf = _SPARES.take() if nbytes <= _BUFFER else None  # (only _BUFFER-sized ones are kept)
+    return buf if buf is not None else aligned_empty(max(nbytes, _BUFFER))
 
 
 def _give(buf) -> None:
-    if buf.shape[0] == EXTENT_BYTES + 2 * ALIGN:
-        with _spare_lock:
-            if len(_spare) < AHEAD + THREADS:
-                _spare.append(buf)
+    if buf.shape[0] == _BUFFER:
+        _SPARES.give(buf)
 
 
 class Extents:

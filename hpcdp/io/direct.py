@@ -61,23 +61,34 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8)[:nbytes]
 
 
-# Bounce buffers are kept for the next file: fresh pages cost a fault each (on the
-# development VM, faulting in memory was slower than writing it to disk).
-_spare: list = []
-_spare_lock = threading.Lock()
+class Spares:
+    """Buffers kept for the next transfer, at most ``keep`` of them, shared by threads:
+    fresh pages cost a fault each (on the development VM, faulting in memory was slower
+    than writing it to disk). ``take`` gives a kept one or None."""
+
+    def __init__(self, keep: int):
+        self._keep, self._items, self._lock = keep, [], threading.Lock()
+
+    def take(self):
+        with self._lock:
+            return self._items.pop() if self._items else None
+
+    def give(self, item) -> None:
+        with self._lock:
+            if len(self._items) < self._keep:
+                self._items.append(item)
+
+
+_BOUNCE = Spares(2)  # bounce buffer pairs, kept for the next file
 
 
 def _take_bounce() -> list:
-    with _spare_lock:
-        if _spare:
-            return _spare.pop()
-    return [aligned_empty(CHUNK), aligned_empty(CHUNK)]
+    pair = _BOUNCE.take()
+    return pair if pair is not None else [aligned_empty(CHUNK), aligned_empty(CHUNK)]
 
 
 def _give_bounce(pair: list) -> None:
-    with _spare_lock:
-        if len(_spare) < 2:
-            _spare.append(pair)
+    _BOUNCE.give(pair)
 
 
 class DirectReads:
