@@ -153,3 +153,66 @@ def test_outer_exchange_mean_and_ledger(dtype):
     if dtype == "int8":
         assert (t["outer_scale.inter"]["sent_bytes"], t["outer_scale.inter"]["recv_bytes"]) == formula["outer_scale"]
     comm.Free()
+
+
+@pytest.mark.skipif(SIZE != 4, reason="4 ranks: 2 groups x 2")
+def test_checkpoints_at_outer_boundaries():
+    """Streaming (2 fragments, overlap 1, mixing 0.5), H = 4, saved at step 4 of 8 on 2
+    groups x 2 ranks: (1) resumed on the same layout it ends with the uninterrupted
+    run's bits; (2) on 2 groups x 1 rank it continues to float tolerance; (3) on 4
+    groups the outer state carries over and group g takes saved replica g mod 2."""
+    from ckpt_util import build_parts, config, flat_of, full_tensors, group, remove, shared_dir, train
+
+    from hpcdp.io.checkpointer import Checkpointer
+
+    K, HALF = 8, 4
+    tmp = shared_dir()
+    step = lambda root, s: root / f"step-{s:08d}"  # noqa: E731
+    try:
+        w = group(4)
+        train(config("diloco2", tmp / "a", steps=K, ckpt_dir=tmp / "ck", every=HALF, run__dtype="float64"), w)
+        train(config("diloco2", tmp / "b", steps=K, ckpt_dir=tmp / "ck_res", run__dtype="float64"), w,
+              resume=str(step(tmp / "ck", HALF)))
+        MPI.COMM_WORLD.Barrier()
+        ref, got = full_tensors(step(tmp / "ck", K)), full_tensors(step(tmp / "ck_res", K))
+        saved = full_tensors(step(tmp / "ck", HALF))
+        assert got.keys() == ref.keys()
+        assert {n.rpartition("/")[0] for n in ref} >= {"param", "optim/m", "diloco/outer/momentum_buf",
+                                                        "diloco/replica/0/param", "diloco/replica/1/param",
+                                                        "diloco/replica/1/optim/v"}
+        for name in ref:  # (1) bit for bit
+            np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+
+        # (2) 2 groups x 1 rank: the same algorithm, the group's sum over one rank
+        w2 = group(2)
+        if w2 is not None:
+            cfg2 = config("diloco2x1", tmp / "c", steps=K, ckpt_dir=tmp / "ck2", run__dtype="float64")
+            train(cfg2, w2, resume=str(step(tmp / "ck", HALF)))
+        MPI.COMM_WORLD.Barrier()
+        two = full_tensors(step(tmp / "ck2", K))
+        for name in ("param", "diloco/replica/1/param"):
+            layout_names = [n for n in ref if n.rpartition("/")[0] == name]
+            for n in layout_names:
+                np.testing.assert_allclose(two[n], ref[n], rtol=1e-9, atol=1e-12, err_msg=n)
+
+        # (3) 4 groups of 1: state right after the restore
+        cfg4 = config("diloco4", tmp / "d", steps=K, run__dtype="float64")
+        model, opt, strategy, sampler = build_parts(cfg4, w)
+        ck = Checkpointer(cfg4, world=w, strategy=strategy, model=model, optimizer=opt, sampler=sampler,
+                          total=K, run_dir=tmp / "d", resume=str(step(tmp / "ck", HALF)))
+        try:
+            assert ck.restore() == HALF
+            layout = model.flat.layout
+            g = w.rank
+            np.testing.assert_array_equal(model.flat.data, flat_of(saved, f"diloco/replica/{g % 2}/param", layout))
+            outer = flat_of(saved, "param", layout)
+            for c in strategy.chunks:
+                np.testing.assert_array_equal(c.theta, outer[c.offset:c.offset + c.size])
+            m_name = "optim/m" if g % 2 == 0 else "diloco/replica/1/optim/m"
+            np.testing.assert_array_equal(opt.state_arrays()["m"], flat_of(saved, m_name, layout))
+            assert strategy.t == HALF and "g mod 2" in strategy.restore_note()
+        finally:
+            ck.close()
+            strategy.close()
+    finally:
+        remove(tmp)
