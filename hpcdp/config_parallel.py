@@ -14,7 +14,7 @@ Adding a strategy's options: write its dataclass here and add it to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hpcdp.config_error import ConfigError
 
@@ -237,6 +237,11 @@ class DiLoCoConfig:
     """``[parallel.diloco]``: replica groups that take ``sync_every`` local steps with the
     inner optimizer (``[optim]``) and then average their parameter change, applied by an
     outer SGD with Nesterov momentum (docs/diloco.md)."""
+
+    # keys that apply only with some values of another (the config rule of hpcdp.config)
+    APPLIES: ClassVar[dict] = {"outer_block": ("parallel.diloco.outer_dtype", ("int8",))}
+    # the inner strategy's own table applies inside a group
+    ALSO_READS: ClassVar[tuple] = ("ddp", "zero")
 
     groups: int | str = "node"
     """Replica groups: "node" (one per node, found as hybrid ZeRO finds nodes: the ranks
