@@ -144,3 +144,30 @@ def test_outer_bytes_match_the_ring_formula():
     ratio = f32 / (b8["outer"][0] + b8["outer_scale"][0])
     assert 3.8 < ratio < 4.0
     assert outer_bytes(n, M, 1, "bfloat16")["outer"][0] * 2 == f32
+
+
+def test_cost_model_prices_diloco_beside_ddp_on_a_slow_link():
+    from hpcdp.comm.cost import Topology, load_profile
+    from hpcdp.scale.model import Workload, diloco_step, step
+    from hpcdp.scale.predict import diloco_options, link_rate, with_link
+
+    n = 168_576
+    wl = Workload("gpt", params=n, itemsize=4, buckets=[n // 2, n - n // 2], flops_per_sample=3e8,
+                  optimizer_state=2, batch=32)
+    slow = with_link(load_profile("emulated-cluster"), link_rate("10mbit"))
+    assert slow.inter.beta_s_per_byte == pytest.approx(8 / 10e6)
+    t = Topology.of(4, 2)
+    ddp = step(slow, wl, "ddp", 4, 8, per_node=2)
+    plain = diloco_step(slow, wl, t, 8, **diloco_options("diloco-H100"))
+    int8 = diloco_step(slow, wl, t, 8, **diloco_options("diloco-H100-int8"))
+    stream = diloco_step(slow, wl, t, 8, **diloco_options("diloco-H100-P4-T1"))
+    # per node and step through the NIC: DDP's flat ring against 1/H of the outer exchange
+    assert ddp.inter_bytes_node / plain.inter_bytes_node == pytest.approx(150, rel=0.01)
+    assert ddp.inter_bytes_node / int8.inter_bytes_node > 300
+    assert stream.inter_bytes_node == plain.inter_bytes_node   # the same bytes, in P pieces
+    assert stream.exposed_s < plain.exposed_s < ddp.exposed_s
+    assert plain.step_s < ddp.step_s / 5
+    with pytest.raises(SystemExit, match="H<n>"):
+        diloco_options("diloco-X3")
+    with pytest.raises(SystemExit, match="overlap"):
+        diloco_options("diloco-H8-P4-T2")
