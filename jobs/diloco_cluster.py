@@ -11,8 +11,8 @@ jobs/gpt_diloco.toml made (its comment says how)::
 ``--contenders``: ``name:steps`` pairs, run in this order at every rate (interleaved:
 rate by rate, every contender once per round, ``--repeats`` rounds). Names:
 ``ddp`` (parallel.strategy = "ddp", the flat ring over 4 ranks), ``diloco`` (H = 100,
-float32), ``diloco-int8``, ``diloco-bf16``, ``streaming`` (P = 4 fragments, overlap 1,
-mixing 0.5, float32), ``streaming-int8``.
+float32), ``diloco-int8``, ``diloco-bf16``, ``streaming`` (P = 3 fragments, the GPT's 3 units, H = 99,
+overlap 1, mixing 0.5, float32), ``streaming-int8``.
 
 Per run (metrics.jsonl of the job, steps after ``--warmup``): the mean step time (DiLoCo's
 syncs included: the runs cover whole periods of H), each rank's compute utilisation
@@ -21,7 +21,8 @@ that crossed between the sites per step (the ledger's: DDP's ring = what ranks 1
 send, whose ring successors are on the other node; DiLoCo = every rank's outer bytes;
 and both nodes' veth counters, start-up and the final evaluation included), and the
 peak link rate: node 0's veth (rx + tx) sampled every 20 ms, the largest bytes in any
-window of ``--window`` seconds (default: the run's median step time) over the window.
+window of ``--window`` seconds (default: the run's median step time) over the window, counted
+between rank 0's first and last step lines (no start-up, no final synchronisation).
 Writes ``OUT/cluster.json`` and prints a table.
 """
 
@@ -44,9 +45,11 @@ SETS = {
     "diloco": [],
     "diloco-int8": ['parallel.diloco.outer_dtype="int8"'],
     "diloco-bf16": ['parallel.diloco.outer_dtype="bfloat16"'],
-    "streaming": ["parallel.diloco.fragments=4", "parallel.diloco.overlap=1", "parallel.diloco.mixing=0.5"],
-    "streaming-int8": ["parallel.diloco.fragments=4", "parallel.diloco.overlap=1", "parallel.diloco.mixing=0.5",
-                       'parallel.diloco.outer_dtype="int8"'],
+    # the GPT has 3 units (2 blocks and the root): 3 fragments, H = 99 (a multiple of 3)
+    "streaming": ["parallel.diloco.sync_every=99", "parallel.diloco.fragments=3", "parallel.diloco.overlap=1",
+                  "parallel.diloco.mixing=0.5"],
+    "streaming-int8": ["parallel.diloco.sync_every=99", "parallel.diloco.fragments=3", "parallel.diloco.overlap=1",
+                       "parallel.diloco.mixing=0.5", 'parallel.diloco.outer_dtype="int8"'],
 }
 
 
@@ -93,12 +96,18 @@ def run(name: str, steps: int, rate: str, args, rnd: int) -> dict:
     sampler = Sampler(prefix)
     sampler.start()
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []  # (monotonic time, line): the training steps' span is between rank 0's first and last step line
+    for line in proc.stdout:
+        lines.append((time.monotonic(), line))
+    rc = proc.wait(timeout=args.timeout)
     wall = time.monotonic() - t0
     sampler.stop.set()
     sampler.join()
-    if proc.returncode:
-        raise SystemExit(f"{name} at {rate}: exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-3000:]}")
+    if rc:
+        raise SystemExit(f"{name} at {rate}: exit {rc}\n{''.join(x for _, x in lines)[-3000:]}")
+    steps_at = [t for t, x in lines if x.startswith("step ")]
+    span = (steps_at[0], steps_at[-1]) if len(steps_at) >= 2 else (t0, t0 + wall)
     after = [veth(prefix, 0), veth(prefix, 1)]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "step" in r and "ranks" in r]
@@ -115,10 +124,11 @@ def run(name: str, steps: int, rate: str, args, rnd: int) -> dict:
     else:
         ledger = sum(sum(rk(r, "outer_bytes_sent")) for r in rows)
     window = args.window or statistics.median(r["step_time_s"] for r in body)
+    inside = [x for x in sampler.samples if span[0] <= x[0] <= span[1]]  # steps 2..N: no start-up, no final sync
     return {"name": name, "rate": rate, "round": rnd, "steps": steps, "step_s": step_s, "wall_s": wall,
             "utilisation": util, "inter_bytes_ledger": ledger,
             "inter_bytes_veth": [(a - b) for a, b in zip(after, before)],
-            "tokens": steps * 32 * 64, "peak_rate_Bps": peak_rate(sampler.samples, window), "window_s": window,
+            "tokens": steps * 32 * 64, "peak_rate_Bps": peak_rate(inside, window), "window_s": window,
             "step_times": [r["step_time_s"] for r in rows]}
 
 

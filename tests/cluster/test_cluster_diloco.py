@@ -33,6 +33,7 @@ def test_diloco_ledger_is_the_formula_and_the_veth_agrees(unlimited):
     job = cluster.run("2,2", argv, timeout=400)
     carried = [a - b for a, b in zip(cluster.link_bytes(), before)]
     assert not job.timed_out and job.status == 0, job.out[-6000:]
+    assert "DiLoCo: 2 replica group(s) x 2 rank(s) (shared-memory nodes" in job.out, job.out[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "step" in r and "ranks" in r]
     assert len(rows) == STEPS

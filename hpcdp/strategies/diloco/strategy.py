@@ -171,6 +171,16 @@ class DiLoCo(DiLoCoCheckpoint, Strategy):
                   dtype=np.dtype(self.flat.dtype).name, device="cpu")
         return _Chunk(fragment, off, cs, theta, opt)
 
+    def layout_line(self) -> str:
+        """One log line (train.py prints it after the model line)."""
+        c = self.cfg
+        outer = (f"outer SGD lr {c.outer_lr:g}" + (f", momentum {c.outer_momentum:g}" if c.outer_momentum else "")
+                 + (" (Nesterov)" if c.outer_nesterov else ""))
+        stream = (f"; {c.fragments} fragments synced in turn (every {c.sync_every // c.fragments} steps), "
+                  f"overlap {c.overlap}, mixing {c.mixing:g}" if c.fragments > 1 or c.overlap else "")
+        return (f"DiLoCo: {self.groups.describe()}, {c.inner} inside a group; sync every {c.sync_every} "
+                f"steps, {outer}, outer gradients as {c.outer_dtype}{stream}")
+
     # -- host access to the replica's parameters -------------------------------------
     def _host(self, off: int, size: int) -> np.ndarray:
         data = self.flat.data
