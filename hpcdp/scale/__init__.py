@@ -8,6 +8,9 @@
 - calibrate.py (+ linkprobe.py, the probe it launches), predict.py, validate.py: measure a
   machine profile, predict from one, check one against held-out points.
 - ps_study.py, zero_study.py: the parameter-server and ZeRO studies.
+- reproduce.py (+ published/*.toml, package data): the model against scaling tables other
+  people measured, from the inputs their publications give.
+- goodput.py: the checkpoint interval and the goodput with failures per rank count.
 
 The entry point is hpcdp.commands.scale. This package sits above the micro-benchmarks
 (hpcdp.bench, whose collectives table validate runs) and below the commands.
