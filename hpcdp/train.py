@@ -131,7 +131,7 @@ def before_anything(cfg: Config, resume, held: list) -> None:
     ``--resume`` target must name a complete checkpoint, and a job that saves into
     an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py)."""
     if resume:
-        from hpcdp.io.commit import resolve
+        from hpcdp.io.format.commit import resolve
         resolve(resume, cfg.checkpoint.dir or None)
     if cfg.checkpoint.enabled and cfg.checkpoint.dir:
         from hpcdp.io.lock import acquire
@@ -183,7 +183,7 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
         init_line = None
         if cfg.model.init_from and not resume:  # weights made elsewhere; --resume wins
-            from hpcdp.io.init_from import init_from
+            from hpcdp.io.interop.init_from import init_from
             init_line = init_from(cfg.model.init_from, strategy, flat, cfg.model, world.comm,
                                   corpus_tokenizer=ds.info.get("tokenizer"), timeout=setup_s)
         exact = None

@@ -23,10 +23,10 @@ from safetensors.numpy import load_file, save_file
 from hpcdp.config import load_config
 from hpcdp.data import DataError
 from hpcdp.io.errors import CheckpointError
-from hpcdp.io.format import PARAM
-from hpcdp.io.init_from import init_from
+from hpcdp.io.format.names import PARAM
+from hpcdp.io.interop.init_from import init_from
 from hpcdp.io.protocol import Piece
-from hpcdp.io.weights import model_from_checkpoint
+from hpcdp.io.restore.weights import model_from_checkpoint
 from hpcdp.nn import build_model
 from hpcdp.shard import shard_range
 
@@ -295,7 +295,7 @@ def test_a_mismatched_tokenizer_is_refused(bpe, tmp_path):
     # a model whose tokenizer.json is not the corpus's: its embedding rows mean other tokens
     from hpcdp.data.bpe import HFTokenizer
     from hpcdp.data.tokenizer import Tokenizer
-    from hpcdp.io.init_from import open_source, tokenizer_problem
+    from hpcdp.io.interop.init_from import open_source, tokenizer_problem
 
     folder = tmp_path / "hf"
     folder.mkdir()

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .h5 import pwrite_all
+from ..format.h5 import pwrite_all
 
 ALIGN = 4096                 # file offsets, lengths and memory of O_DIRECT transfers
 ALIGN_THRESHOLD = 64 << 10   # datasets at least this large are page aligned in the file

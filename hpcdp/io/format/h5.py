@@ -19,14 +19,14 @@ import h5py
 import numpy as np
 
 from .checksum import block_digests, first_bad_block
-from .errors import CheckpointError
-from .format import LIBVER
+from ..errors import CheckpointError
+from .names import LIBVER
 
 
 def create(path, **kw) -> h5py.File:
     """A new file whose large datasets start on page boundaries (direct.ALIGN), so
     their bytes can be written with O_DIRECT (direct.py); small objects pack as usual."""
-    from .direct import ALIGN, ALIGN_THRESHOLD
+    from ..disk.direct import ALIGN, ALIGN_THRESHOLD
     return h5py.File(path, "w", libver=LIBVER, alignment_threshold=ALIGN_THRESHOLD, alignment_interval=ALIGN,
                      **kw)
 

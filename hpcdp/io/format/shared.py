@@ -21,12 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .outcome import allgather_rows
+from ..outcome import allgather_rows
 from .checksum import ALGORITHMS, WRITE, block_elements, submit_digests
-from .errors import CheckpointError
-from .failpoint import failpoint
-from .direct import PieceWriter
-from .format import FORMAT_NAME, FORMAT_VERSION
+from ..errors import CheckpointError
+from ..failpoint import failpoint
+from ..disk.direct import PieceWriter
+from .names import FORMAT_NAME, FORMAT_VERSION
 from .h5 import create, fsync_file, has_mpi, raw_dataset
 from .shardfile import set_attrs
 
@@ -101,7 +101,7 @@ def list_shared_pieces(f) -> list[tuple[str, int, int, str]]:
 
 
 class SharedLayout:
-    """``checkpoint.layout = "shared"``: one file, every rank's hyperslabs (hpcdp/io/layouts.py)."""
+    """``checkpoint.layout = "shared"``: one file, every rank's hyperslabs (hpcdp/io/format/layouts.py)."""
 
     name = "shared"
     probe_first = True   # Debian's parallel HDF5 1.10.8 can segfault on a damaged file (probe.py)
@@ -110,7 +110,7 @@ class SharedLayout:
         check_available()
 
     def files(self, world_size: int) -> list[str]:
-        from .format import SHARED_FILE
+        from .names import SHARED_FILE
         return [SHARED_FILE]
 
     def write(self, tmp, job, comm, rank: int, size: int, timeout: float) -> None:

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .outcome import all_ok, allgather_rows, on_root
-from .errors import CheckpointError
-from .commit import commit, prepare, prune, tmp_dir
-from .failpoint import failpoint
-from .format import step_dir_name
-from .h5 import open_read
-from .index import build_tables, write_index
-from .layouts import get_layout
+from ..outcome import all_ok, allgather_rows, on_root
+from ..errors import CheckpointError
+from ..format.commit import commit, prepare, prune, tmp_dir
+from ..failpoint import failpoint
+from ..format.names import step_dir_name
+from ..format.h5 import open_read
+from ..format.index import build_tables, write_index
+from ..format.layouts import get_layout
 
 
 @dataclass
@@ -111,7 +111,7 @@ def rank_scalar_arrays(comm, scalars: dict, *, timeout: float = 300.0) -> dict:
     table = np.zeros((size, len(keys)), dtype=np.float64)
     table[rank] = [float(scalars[k]) for k in keys]
     if size > 1 and keys:
-        from .outcome import allreduce_gently
+        from ..outcome import allreduce_gently
         allreduce_gently(table.reshape(-1), comm, "sum", timeout)
     return {k: table[:, i].copy() for i, k in enumerate(keys)}
 
