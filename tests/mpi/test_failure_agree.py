@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.config_error import ConfigError
-from hpcdp.failure.setup_outcome import JobError, agree, on_root, stage
+from hpcdp.failure.agreement import JobError, agree, on_root, stage
 from hpcdp.failure.deadline import DeadlineExceeded, broadcast, wait
 
 COMM = MPI.COMM_WORLD

@@ -11,7 +11,7 @@ import pytest
 
 from hpcdp.config_error import ConfigError
 from hpcdp.config import config_from_dict, load_config
-from hpcdp.failure.setup_outcome import JobError, agree, on_root, stage
+from hpcdp.failure.agreement import JobError, agree, on_root, stage
 from hpcdp.failure.inject import Faults, parse
 from hpcdp.failure.nonfinite import NonFiniteError, NonFiniteGuard
 from hpcdp.failure.policy import note_step, report_failure
