@@ -12,8 +12,10 @@ Each folder is one concern; imports run down this list (docs/architecture.md, "i
 - restore/       one restore: reader, spread (each byte read once), load, weights (one process)
 - interop/       inspect (`hpcdp ckpt`), export, transformers' GPT-2 layout, model.init_from
 - stop.py        SIGTERM/SIGUSR1;  lock.py  one writing job per checkpoint.dir
-- outcome.py     ranks agree on a save/load outcome (no hangs)
 - checkpointer.py  what train.py calls
+
+Every phase of a save or restore ends with an agreement (errors.AGREEMENT, the one
+agreement helper of hpcdp.failure.agreement), so one rank's error stops all of them.
 
 Importing this package imports nothing heavy (h5py is imported by the modules
 that write or read files).

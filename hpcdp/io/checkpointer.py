@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import AGREEMENT, CheckpointError
 from .stop import GracefulStop, signal_name
 
 
@@ -120,13 +120,12 @@ class Checkpointer:
             self.log = log
         if not self.resume_target:
             return 0
-        from .outcome import on_root
         from .format.commit import resolve
         from .restore.load import load
 
         latest_root = Path(self.c.dir) if self.c.dir else None
-        path = Path(on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
-                            timeout=self.timeout))
+        path = Path(AGREEMENT.on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
+                                      timeout=self.timeout))
         t0 = time.perf_counter()
         targets = self.strategy.checkpoint_targets()
         index, nbytes = load(path, targets, self.flat.layout, self.expected(), self.optimizer.kind,

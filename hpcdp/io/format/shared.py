@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..outcome import allgather_rows
+from hpcdp.failure.agreement import allgather_rows
+
 from .checksum import ALGORITHMS, WRITE, block_elements, submit_digests
 from ..errors import CheckpointError
 from ..failpoint import failpoint

@@ -216,7 +216,7 @@ def tokenizer_problem(source: Source, corpus_tokenizer) -> str | None:
 def init_from(path, strategy, flat, model_cfg, comm, *, corpus_tokenizer=None, timeout: float = 300.0) -> str:
     """Fill the parameters this rank holds (``strategy.checkpoint_targets()``) from
     ``path``; collective over ``comm`` (None: one process). Returns one line for the log."""
-    from ..outcome import all_ok
+    from ..errors import AGREEMENT
     from ..format.names import PARAM
     from ..format.ranges import split_by_layout
 
@@ -241,7 +241,7 @@ def init_from(path, strategy, flat, model_cfg, comm, *, corpus_tokenizer=None, t
         finally:
             source.close()
 
-    kind, read = all_ok(comm, run, timeout=timeout)
+    kind, read = AGREEMENT.all_ok(comm, run, timeout=timeout)
     strategy.checkpoint_restored()
     return (f"model.init_from: {path} ({kind}): {read:,} of {flat.numel:,} parameters read on this rank; "
             "optimizer state fresh")

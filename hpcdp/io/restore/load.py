@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..outcome import agree, all_ok
-from ..errors import CheckpointError
+from ..errors import AGREEMENT, CheckpointError
 from ..format.names import tensor_name
 from ..format.index import read_index
 from ..format.ranges import split_by_layout
@@ -91,11 +90,11 @@ def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, 
         return index, nbytes, (segs, owners)
 
     try:
-        index, nbytes, planned = all_ok(comm, run, timeout=timeout)
+        index, nbytes, planned = AGREEMENT.all_ok(comm, run, timeout=timeout)
         if planned is not None:  # every rank has the index and the same plan: read 1/M and share it
             error = exchange(readers[0], comm, *planned, hosts, timeout)
             nbytes += readers[0].bytes_read
-            agree(comm, error, timeout=timeout)
+            AGREEMENT.agree(comm, error, timeout=timeout)
             _to_device(together, hosts, backend)
     finally:
         for reader in readers:

@@ -59,7 +59,7 @@ def common_targets(comm, targets, timeout: float) -> list[int]:
     restores, in an order all ranks share (by digest); [] on one rank."""
     if comm is None or comm.Get_size() == 1:
         return []
-    from ..outcome import allgather_rows
+    from hpcdp.failure.agreement import allgather_rows
 
     mine = np.stack([targets_digest([t]) for t in targets]) if targets else np.zeros((0, 32), np.uint8)
     rows = allgather_rows(comm, mine, timeout=timeout)
