@@ -8,7 +8,8 @@ attributes ``pieces`` ((P, 2) int64: element offset, size, sorted) and ``xxh3_12
 
 HDF5 metadata (dataset creation, attributes) is collective in parallel HDF5: every
 rank makes the same calls with the same values, so the pieces' offsets and digests
-are first shared with two small allreduces (:mod:`hpcdp.comm`, deadline-bounded).
+are first shared with small all-gathers (hpcdp.failure.agreement's ``allgather_rows``,
+through :mod:`hpcdp.comm`, deadline-bounded).
 The bulk data then goes, each rank its own hyperslabs, straight to the offsets HDF5
 allocated (``pwrite``, O_DIRECT for the whole pages: direct.py), not through MPI-IO.
 
