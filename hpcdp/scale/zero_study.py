@@ -280,7 +280,10 @@ def predict_steps(args, points: list, table: dict, profile) -> None:
         k = p["ranks"]
         per_node = min(k, getattr(args, "ranks_per_node", None) or k)
         wl = wls["ddp" if strategy == "ddp" else "zero"]
+        if strategy != "ddp" and getattr(cfg.parallel.sub("zero"), "shard", "world") == "node":
+            strategy = "hybrid" + strategy[-1]  # sharded in the node, replicated across nodes
         st = M.step(prof, wl, strategy, k, batch / k, algorithm=algorithm or "ring", per_node=per_node)
+        p["pred_strategy"] = strategy
         p["pred_step_s"] = st.step_s
         p["pred_error"] = p["step_time_s"] / st.step_s - 1.0
 

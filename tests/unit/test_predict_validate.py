@@ -161,3 +161,11 @@ def test_zero_step_study_puts_the_model_beside_each_point():
             want = M.step(prof, zwl, strategy, 2, 4.0, algorithm=algo, per_node=2).step_s
             assert p["pred_step_s"] == pytest.approx(want, rel=1e-12)
         assert p["pred_error"] == pytest.approx(0.1 / p["pred_step_s"] - 1)
+    # hybrid sharding (parallel.zero.shard = "node"): the model's hybrid stage, nodes of
+    # --ranks-per-node ranks
+    hyb = Namespace(config="jobs/gpt_ddp.toml", set=sets + ['parallel.zero.shard="node"'], batch=8,
+                    ranks_per_node=1)
+    pts = [{"strategy": "zero3", "ranks": 2, "step_time_s": 0.1}]
+    predict_steps(hyb, pts, table, "dev-vm-2core")
+    assert pts[0]["pred_strategy"] == "hybrid3"
+    assert pts[0]["pred_step_s"] == pytest.approx(M.step(prof, zwl, "hybrid3", 2, 4.0, per_node=1).step_s, rel=1e-12)
