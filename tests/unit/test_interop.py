@@ -229,13 +229,13 @@ def test_export_usage_errors(trained):
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
-    """A byte-level BPE trained on hpcdp/io's files except three held out."""
+    """A byte-level BPE trained on hpcdp/io's files (its sub-folders too) except four held out."""
     d = tmp_path_factory.mktemp("bpe")
-    files = sorted(SOURCES.glob("*.py"))
+    files = sorted(SOURCES.rglob("*.py"))
     train, held = d / "train", d / "held"
     train.mkdir(), held.mkdir()
-    for i, f in enumerate(files):
-        shutil.copy(f, (held if i % 9 == 4 else train) / f.name)
+    for i, f in enumerate(files):  # format/h5.py -> format_h5.py: one flat folder, no name twice
+        shutil.copy(f, (held if i % 9 == 4 else train) / "_".join(f.relative_to(SOURCES).parts))
     out = ok(hpcdp(d, "data", "train-tokenizer", "--text", train, "--vocab-size", 400, "--out", "tok.json"))
     assert "vocabulary 400" in out
     ok(hpcdp(d, "data", "prepare", "--text", train, held, "--tokenizer", "tok.json", "--out", "corpus.h5"))
