@@ -8,10 +8,10 @@ arrived (found lazily, once a deadline passed), and a debug-mode fingerprint che
 from hpcdp.comm.collectives import (
     all_gather, allreduce, iall_gather, iallreduce, ireduce_scatter, reduce_scatter,
 )
-from hpcdp.comm.context import get_context, set_debug, set_timeout
-from hpcdp.comm.device import cuda_aware, set_cuda_aware
-from hpcdp.comm.errors import CollectiveMismatch, CollectiveTimeout, CommError
-from hpcdp.comm.ledger import Ledger
+from hpcdp.comm.core.context import get_context, set_debug, set_timeout
+from hpcdp.comm.engines.device import cuda_aware, set_cuda_aware
+from hpcdp.comm.core.errors import CollectiveMismatch, CollectiveTimeout, CommError
+from hpcdp.comm.core.ledger import Ledger
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 
 __all__ = [

@@ -17,7 +17,7 @@ With a machine profile (``HPCDP_PROFILE``, see docs/scaling.md) the cost model p
 instead, for the node layout: the allreduce among ring, recursive doubling and the
 hierarchical allreduce, the reduce-scatter among ring, recursive halving and the
 hierarchical one, the all-gather among ring, recursive doubling, Bruck and the
-hierarchical one (hpcdp.comm.collectives asks :func:`hpcdp.comm.cost.fastest`; this
+hierarchical one (hpcdp.comm.collectives asks :func:`hpcdp.comm.model.cost.fastest`; this
 module imports no cost model); the lean path then stays off for "auto" collectives
 (:func:`native_below` is 0), so every size is the model's choice.
 
@@ -101,7 +101,7 @@ def native_below(collective: str, world_size: int) -> int:
             bound = below
         bound = min(bound, crossover_bytes(collective))
         if os.environ.get("HPCDP_PROFILE", "").strip():
-            bound = 0  # the cost model picks every auto collective (hpcdp.comm.cost.fastest)
+            bound = 0  # the cost model picks every auto collective (hpcdp.comm.model.cost.fastest)
         if bound and (choose(collective, 0, world_size) != "native"
                       or choose(collective, bound - 1, world_size) != "native"):
             bound = 0

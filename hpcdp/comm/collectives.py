@@ -2,7 +2,7 @@
 
 Buffers: contiguous numpy arrays (any shape, treated as flat) of float16, float32,
 float64, int32 or int64 (other numeric dtypes work too), or device arrays (see
-hpcdp.comm.device). ``recvbuf=None`` or ``recvbuf is sendbuf`` means in place.
+hpcdp.comm.engines.device). ``recvbuf=None`` or ``recvbuf is sendbuf`` means in place.
 
 - ``allreduce(buf)``: every rank gets the reduction of all ranks' ``buf``.
 - ``reduce_scatter(buf, out)``: ``out`` (length ``shard_range(n, N, rank)[1]``)
@@ -19,7 +19,7 @@ Each returns the result array; the ``i*`` variants return a request with
 ``wire="float16"`` or ``"bfloat16"`` (float32 buffers only; default ``None`` =
 ``"float32"``, the buffers' own bytes): the messages carry 16-bit values while the
 sums are accumulated in float32; the ring runs it ("auto" picks the ring, other
-algorithms are refused). hpcdp.comm.wire says where rounding happens.
+algorithms are refused). hpcdp.comm.engines.wire says where rounding happens.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import numpy as np
 from hpcdp.comm import fast
 from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.auto import choose, choose_allreduce
-from hpcdp.comm.context import get_context
-from hpcdp.comm.debug import debug_check
+from hpcdp.comm.core.context import get_context
+from hpcdp.comm.core.debug import debug_check
 from hpcdp.comm.native import native_all_gather, native_reduce_scatter
-from hpcdp.comm.ops import resolve
-from hpcdp.comm.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
-from hpcdp.comm.compiled import blocking
-from hpcdp.comm.compiled.engine import blocking_call, ring_request
+from hpcdp.comm.core.ops import resolve
+from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
+from hpcdp.comm.engines.compiled import blocking
+from hpcdp.comm.engines.compiled.engine import blocking_call, ring_request
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 from hpcdp.shard import shard_range
 
@@ -43,7 +43,7 @@ _KINDS = "fiu"
 
 
 def is_device_array(x) -> bool:
-    from hpcdp.comm.device import is_device_array as check
+    from hpcdp.comm.engines.device import is_device_array as check
     return check(x)
 
 
@@ -104,7 +104,7 @@ def _host(sendbuf, recvbuf) -> bool:
 
 
 def _staged(fn, sendbuf, recvbuf, comm, kwargs):
-    from hpcdp.comm.device import maybe_stage
+    from hpcdp.comm.engines.device import maybe_stage
     return maybe_stage(fn, sendbuf, recvbuf, comm, kwargs)
 
 
@@ -121,10 +121,10 @@ def _byte_order(algo, algorithm, dtype, what):
 
 
 def _wire(wire, buf, algorithm, what):
-    """(the 16-bit hpcdp.comm.wire.Wire or None, the algorithm that carries it)."""
+    """(the 16-bit hpcdp.comm.engines.wire.Wire or None, the algorithm that carries it)."""
     if wire is None or wire == "float32":
         return None, algorithm
-    from hpcdp.comm.wire import wire_algorithm, wire_format
+    from hpcdp.comm.engines.wire import wire_algorithm, wire_format
     w = wire_format(wire, getattr(buf, "dtype", None), what)
     return w, wire_algorithm(w, algorithm, what)
 
@@ -171,7 +171,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
         from hpcdp.comm.hierarchical import auto_layout
         layout = auto_layout(ctx, timeout)  # None unless HPCDP_PROFILE names a profile
     if layout is not None:  # (profile, nodes, ranks per node): the cost model decides
-        from hpcdp.comm.cost import fastest_allreduce
+        from hpcdp.comm.model.cost import fastest_allreduce
         algo = fastest_allreduce(nbytes, *layout)
     else:
         algo = choose_allreduce(nbytes, ctx.size, algorithm)
@@ -183,7 +183,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
         return DoneRequest(ctx, "allreduce", call, ledger, result)
     if _lean(algo, op, max_message_bytes, nbytes, work):
         return fast.allreduce(ctx, call, src, work, result, op, ledger, timeout)
-    if w is not None:  # the ring with 16-bit messages (hpcdp.comm.wire)
+    if w is not None:  # the ring with 16-bit messages (hpcdp.comm.engines.wire)
         return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
                             phases=("rs", "ag"), segment_bytes=segment_bytes,
                             max_message_bytes=max_message_bytes, result=result, wire=w)
@@ -194,7 +194,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
 
 
 def _device_scratch(ctx, like):
-    from hpcdp.comm.device import device_scratch
+    from hpcdp.comm.engines.device import device_scratch
     return device_scratch(ctx, like.size, like.dtype)
 
 
@@ -218,12 +218,12 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
 def _scatter_gather_algo(ctx, collective, nbytes, algorithm, timeout):
     """The reduce-scatter / all-gather algorithm: an explicit name as given; "auto" the
     cost model's pick for the node layout when ``HPCDP_PROFILE`` names a profile
-    (hpcdp.comm.cost.fastest), else the measured size rule (hpcdp.comm.auto.choose)."""
+    (hpcdp.comm.model.cost.fastest), else the measured size rule (hpcdp.comm.auto.choose)."""
     if algorithm == "auto" and ctx.size > 1:
         from hpcdp.comm.hierarchical import auto_layout
         layout = auto_layout(ctx, timeout)
         if layout is not None:
-            from hpcdp.comm.cost import fastest
+            from hpcdp.comm.model.cost import fastest
             return fastest(collective, nbytes, *layout)
     return choose(collective, nbytes, ctx.size, algorithm)
 

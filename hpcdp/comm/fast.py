@@ -8,8 +8,8 @@ communicator's context, :func:`signature`), a sequence number, one MPI call (``I
 ``Ireduce_scatter_block`` / ``Ireduce_scatter``, ``Iallgather`` / ``Iallgatherv``)
 and a ``Test`` loop that looks at the clock every 64 polls. Nothing else goes on
 the wire; past the deadline the missing-rank diagnosis runs as for every request
-(hpcdp.comm.diagnose). The ledger records what ``algorithm="native"`` records
-(:func:`hpcdp.comm.volume.native_bytes`).
+(hpcdp.comm.core.diagnose). The ledger records what ``algorithm="native"`` records
+(:func:`hpcdp.comm.model.volume.native_bytes`).
 
 :class:`FastRequest` has the request interface (``test``, ``wait``, ``expire``,
 ``done``, ``result``) with ``__slots__`` and no generator; a blocking call makes no
@@ -27,16 +27,16 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm.auto import generation, native_below
-from hpcdp.comm.compiled import lean
-from hpcdp.comm.context import KNOWN, known_context
-from hpcdp.comm.debug import SPIN_POLLS
-from hpcdp.comm.diagnose import diagnose, peer_failed
-from hpcdp.comm.ops import mpi_datatype
-from hpcdp.comm.requests import MAX_MESSAGE_BYTES, Request
+from hpcdp.comm.engines.compiled import lean
+from hpcdp.comm.core.context import KNOWN, known_context
+from hpcdp.comm.core.debug import SPIN_POLLS
+from hpcdp.comm.core.diagnose import diagnose, peer_failed
+from hpcdp.comm.core.ops import mpi_datatype
+from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES, Request
 from hpcdp.shard import shard_bounds, shard_range
 
 def _known_types(codes: str) -> dict:
-    """The MPI datatype of each numpy type code this MPI has (hpcdp.comm.ops.mpi_datatype;
+    """The MPI datatype of each numpy type code this MPI has (hpcdp.comm.core.ops.mpi_datatype;
     Open MPI 4 has no float16, 'e': mpi4py cannot map it there, and importing hpcdp.comm
     must not fail)."""
     out = {}
@@ -79,7 +79,7 @@ def _bounds(ctx, n):
 
 class FastRequest(Request):
     """One MPI request, polled under the timeout (see module docstring). Shares
-    ``test`` and ``expire`` with :class:`~hpcdp.comm.requests.Request`, without its
+    ``test`` and ``expire`` with :class:`~hpcdp.comm.core.requests.Request`, without its
     constructor (no message bookkeeping: one MPI call)."""
 
     __slots__ = ("req", "nbytes", "after")
@@ -242,7 +242,7 @@ def signature(ctx, collective, op, algorithm, dtype):
     bound = _bound(ctx, collective, algorithm)
     hit = None
     if spec is not None and T is not None and bound != 0:
-        # the blocking calls' compiled call (hpcdp.comm.compiled.lean), or None: mpi4py
+        # the blocking calls' compiled call (hpcdp.comm.engines.compiled.lean), or None: mpi4py
         # raw: mpi4py's own mapping of the array's type code is T (see lean_allreduce)
         raw = T == MPI.Datatype.fromcode(dtype.char)
         hit = (T, spec[0], spec[1], bound, lean.entry(ctx, collective, T, spec[0], spec[1], dtype),
@@ -380,7 +380,7 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None
     e = sig[4]
-    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
         if recvbuf is None:
             recvbuf = sendbuf
         elif recvbuf.__class__ is not np.ndarray or recvbuf.size != sendbuf.size \
@@ -404,7 +404,7 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
         return recvbuf
     # the arrays themselves as MPI buffers where mpi4py maps their (native) format code to
     # the same datatype as sig[0] (sig[5]), without a [buf, T] list; else with one (uint64:
-    # hpcdp.comm.ops.mpi_datatype)
+    # hpcdp.comm.core.ops.mpi_datatype)
     if recvbuf is None or recvbuf is sendbuf:
         s, result = IN_PLACE, sendbuf
     elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
@@ -496,7 +496,7 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
     if ctx is None:
         return None
     e = sig[4]
-    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
         in_place = recvbuf is None or recvbuf is sendbuf
         if in_place:
             recvbuf = sendbuf
@@ -601,7 +601,7 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
     if ctx is None:
         return None
     e = sig[4]
-    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
         if not in_place and (sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1):
             return None
         seq = ctx.seq

@@ -20,11 +20,11 @@ into a scratch slice by slice (slice 0 first, in node order inside a slice), the
   (intra-node), then unpacked into ring order.
 
 Addition order: the node's ranks' data is added first (the binary tree of
-hpcdp.comm.halving over local ranks), then the nodes' partial sums (the tree over
+hpcdp.comm.schedules.halving over local ranks), then the nodes' partial sums (the tree over
 nodes); integer payloads are exact in any order. ``mean``: sums, one division by N on
 the owned chunk.
 
-Bytes (hpcdp.comm.volume.hier_shard_bytes, per link kind, ledger names
+Bytes (hpcdp.comm.model.volume.hier_shard_bytes, per link kind, ledger names
 ``reduce_scatter.intra`` / ``.inter`` and ``all_gather.intra`` / ``.inter``): with even
 division, ``(L-1)/L * S`` intra-node and ``(M-1)/M * S / L`` inter-node per rank per
 collective, in ``log2 L + log2 M`` steps (non-powers of two fold as in halving.py).
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcdp.comm.halving import Peers, all_gather_steps, reduce_scatter_steps, scratch_like
-from hpcdp.comm.ops import resolve
-from hpcdp.comm.requests import GenRequest
+from hpcdp.comm.schedules.halving import Peers, all_gather_steps, reduce_scatter_steps, scratch_like
+from hpcdp.comm.core.ops import resolve
+from hpcdp.comm.core.requests import GenRequest
 
 _STATE: dict = {}  # id(Hierarchy) -> (hierarchy, Layout)
 
@@ -99,7 +99,7 @@ def layout(ctx, timeout=None) -> Layout:
 
 def prepare(comm, timeout=None) -> None:
     """Build the node layout of ``comm`` now (collective; every rank calls it)."""
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.core.context import get_context
 
     ctx = get_context(comm, timeout)
     if ctx.size > 1:

@@ -11,7 +11,7 @@ With ``M`` nodes of ``L`` ranks, local rank ``l`` on node ``m``:
 3. ring all-gather of the buffer over the node's ranks.
 
 Latency: ``2(L-1) + 2(M-1)`` ring steps instead of the flat ring's ``2(N-1)``, all but
-``2(M-1)`` of them on intra-node links. Bytes per rank (``hpcdp.comm.volume.
+``2(M-1)`` of them on intra-node links. Bytes per rank (``hpcdp.comm.model.volume.
 hierarchical_bytes``): ``2(L-1)/L * S`` intra-node and ``2(M-1)/M * S / L`` inter-node.
 The ledger records the two link kinds under ``allreduce.intra`` and ``allreduce.inter``.
 
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.diagnose import diagnose
-from hpcdp.comm.errors import CollectiveTimeout
-from hpcdp.comm.ops import resolve
-from hpcdp.comm.requests import Request
+from hpcdp.comm.core.diagnose import diagnose
+from hpcdp.comm.core.errors import CollectiveTimeout
+from hpcdp.comm.core.ops import resolve
+from hpcdp.comm.core.requests import Request
 from hpcdp.shard import shard_range
 
 RANKS_PER_NODE_ENV = "HPCDP_RANKS_PER_NODE"
@@ -90,7 +90,7 @@ def _wait_for_everyone(ctx, timeout: float) -> None:
     """Tokens to and from every peer on the data communicator (tag TAG_UB, above every
     tag a collective uses there; the control communicator's TAG_UB is the diagnosis'),
     polled under ``timeout``: names the ranks missing."""
-    from hpcdp.comm.context import tag_upper_bound
+    from hpcdp.comm.core.context import tag_upper_bound
 
     comm = ctx.data
     tag = tag_upper_bound(comm)
@@ -136,7 +136,7 @@ def _build(ctx, timeout: float) -> Hierarchy:
                          f"ranks evenly or set {RANKS_PER_NODE_ENV}")
     cross = comm.Split(local.Get_rank(), rank)
     gather = local.Dup()
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.core.context import get_context
     for sub in (local, cross, gather):  # hpcdp's state on each, now that all ranks are here
         get_context(sub, timeout)
     return Hierarchy(local=local, cross=cross, gather=gather, nodes=cross.Get_size(),
@@ -264,8 +264,8 @@ class HierarchicalRequest(Request):
 
 def expected_bytes(n: int, nodes: int, per_node: int, node: int, local_rank: int,
                    itemsize: int) -> dict[str, tuple[int, int]]:
-    """Per link kind (sent, received): :func:`hpcdp.comm.volume.hierarchical_bytes`."""
-    from hpcdp.comm.volume import hierarchical_bytes
+    """Per link kind (sent, received): :func:`hpcdp.comm.model.volume.hierarchical_bytes`."""
+    from hpcdp.comm.model.volume import hierarchical_bytes
 
     return hierarchical_bytes(n, nodes, per_node, node, local_rank, itemsize)
 

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from hpcdp.comm.errors import CommError
+from hpcdp.comm.core.errors import CommError
 
 from .ranks import abort_job, fmt_ranks, say
 

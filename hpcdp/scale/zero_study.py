@@ -263,7 +263,7 @@ def predict_steps(args, points: list, table: dict, profile) -> None:
     and its ``parallel.zero.algorithm``, the same config and per-rank batch; nodes of
     ``--ranks-per-node`` ranks, else one node), and ``pred_error`` = measured /
     predicted - 1."""
-    from hpcdp.comm.cost import load_profile
+    from hpcdp.comm.model.cost import load_profile
     from hpcdp.scale import model as M
 
     prof = load_profile(profile)

@@ -19,7 +19,7 @@ Three ways to move the gradients (for comparison, see docs/ddp.md):
 
 Each bucket is reduced IN PLACE on its view of ``flat.grad``: no copies.
 ``comm_dtype = "float16" | "bfloat16"``: the allreduce's messages are 16-bit, the
-sums float32 (hpcdp.comm.wire); every replica gets the same rounded gradient.
+sums float32 (hpcdp.comm.engines.wire); every replica gets the same rounded gradient.
 
 The hooks, launch-when-ready, progress and drain are the bucket engine
 (engine.py), shared with ZeRO; DDP gives it the collective (``iallreduce``).
@@ -78,8 +78,8 @@ class DDP(ReplicatedCheckpoint, Strategy):
         self._views = [flat.grad[b.offset:b.offset + b.size] for b in self.plan.buckets]
         self._hcomm = hcomm
         # "auto" buckets on the compiled ring when that engine is on: its progress thread
-        # moves them during backward (hpcdp.comm.compiled.overlap_algorithm)
-        from hpcdp.comm.compiled import overlap_algorithm
+        # moves them during backward (hpcdp.comm.engines.compiled.overlap_algorithm)
+        from hpcdp.comm.engines.compiled import overlap_algorithm
         self._algorithm = overlap_algorithm(self.comm, self.cfg.algorithm)
         self.engine = BucketEngine(self.plan, self._launch, name="DDP")
         if world.size > 1:

@@ -109,7 +109,7 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         return sorted(self.mine, key=lambda b: self.mine[b][0])
 
     # -- collectives -----------------------------------------------------------------
-    # comm_dtype (hpcdp.comm.wire): gradient reduce-scatters carry it at every stage;
+    # comm_dtype (hpcdp.comm.engines.wire): gradient reduce-scatters carry it at every stage;
     # parameter all-gathers only where the gathered copy is a working copy (stage 3's
     # units), never where it is the replica's master (stages 1, 2 after the update).
     params_on_wire = False

@@ -69,7 +69,7 @@ class NodeGroups:
     ``cross_comm`` (the ranks with this local rank, one per node, by node)."""
 
     def __init__(self, comm, timeout: float | None):
-        from hpcdp.comm.context import get_context
+        from hpcdp.comm.core.context import get_context
         from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV, hierarchy, ranks_per_node_override
 
         size = comm.Get_size()
@@ -220,8 +220,8 @@ def hybrid_step_bytes(stage: int, group_sizes, nodes: int, per_node: int, node: 
     stage 3) over the node's ``L`` ranks, and the cross-node ring allreduce of this
     rank's chunk over the ``M`` nodes (this rank is number ``node`` there). Stages 2-3
     reduce every micro-batch, stage 3 gathers every micro-batch (as the flat stages:
-    :func:`hpcdp.comm.volume.zero_step_bytes`)."""
-    from hpcdp.comm.volume import ring_bytes
+    :func:`hpcdp.comm.model.volume.zero_step_bytes`)."""
+    from hpcdp.comm.model.volume import ring_bytes
     from hpcdp.shard import shard_range
 
     out = {"intra": [0, 0], "inter": [0, 0]}

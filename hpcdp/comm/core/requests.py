@@ -3,8 +3,8 @@
 Every hpcdp collective is a request; the blocking functions are ``start + wait``.
 ``test()`` advances it as far as possible without blocking and returns True when
 done; ``wait()`` polls ``test()`` until done or until the timeout, then runs the
-missing-rank diagnosis (hpcdp.comm.diagnose) and raises its
-:class:`~hpcdp.comm.errors.CollectiveTimeout`, which names the ranks that never
+missing-rank diagnosis (hpcdp.comm.core.diagnose) and raises its
+:class:`~hpcdp.comm.core.errors.CollectiveTimeout`, which names the ranks that never
 arrived the same way on every rank. Callers with their own deadline (a loop over
 several requests) call :meth:`Request.expire` when it passes.
 
@@ -19,8 +19,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.debug import SPIN_POLLS, _idle
-from hpcdp.comm.diagnose import diagnose, peer_failed
+from hpcdp.comm.core.debug import SPIN_POLLS, _idle
+from hpcdp.comm.core.diagnose import diagnose, peer_failed
 
 # MPI counts are C ints: one message carries at most 2**31 - 1 elements of its
 # datatype. hpcdp sends bytes, so every message is cut below 2 GiB.

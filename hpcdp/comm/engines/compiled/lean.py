@@ -13,10 +13,10 @@ divide the length) on the context's data communicator, and tests it in a loop th
 reads CLOCK_MONOTONIC every 64 polls, as hpcdp.comm.fast.spin does: past the deadline
 it returns TIMEOUT; after SPIN_POLLS fruitless polls it yields the core every 64
 polls and probes the control communicator for a peer's diagnosis status message
-(PEER), as hpcdp.comm.compiled.kernels.advance does. A failed MPI call returns
+(PEER), as hpcdp.comm.engines.compiled.kernels.advance does. A failed MPI call returns
 FAILED with MPI's error code in the entry (the caller raises ``MPI.Exception``, what
 mpi4py raises); TIMEOUT and PEER make the caller run the missing-rank diagnosis
-(hpcdp.comm.diagnose) exactly as the mpi4py path does. A mean is divided in the
+(hpcdp.comm.core.diagnose) exactly as the mpi4py path does. A mean is divided in the
 kernel (integers: floor division, as ``np.floor_divide``; floats: one IEEE division
 by the dtype's N, as ``np.true_divide``), the in-place reduce-scatter's chunk is
 copied from the entry's scratch to its shard position there too; float16 travels as
@@ -33,7 +33,7 @@ it in about 10 ms. The first call compiles before it posts: peers wait for it
 inside their own deadline, as for the compiled ring's first call.
 
 Selection: this path runs whenever the MPI library can be bound
-(hpcdp.comm.compiled.binding), whatever ``HPCDP_COMM_ENGINE`` says. That variable
+(hpcdp.comm.engines.compiled.binding), whatever ``HPCDP_COMM_ENGINE`` says. That variable
 chooses who runs hpcdp's own ring; here MPI runs the collective in both cases and the
 wire traffic, results and ledger are the same, and since both paths post the same MPI
 call on the same communicator, ranks need not even agree on the path (one may fall
@@ -54,9 +54,9 @@ from numba import njit, types
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from hpcdp.comm.compiled.ccall import ccall
-from hpcdp.comm.context import get_context
-from hpcdp.comm.debug import SPIN_POLLS
+from hpcdp.comm.engines.compiled.ccall import ccall
+from hpcdp.comm.core.context import get_context
+from hpcdp.comm.core.debug import SPIN_POLLS
 
 PATHS = ("compiled", "mpi4py")
 DONE, TIMEOUT, PEER, FAILED, REFUSED, NEED_SCRATCH = 0, -1, -2, -3, -4, -5
@@ -342,10 +342,10 @@ def lean_path(ctx) -> str:
 
 
 def binding():
-    """The bound MPI (hpcdp.comm.compiled.binding), or None: then the reason is logged
+    """The bound MPI (hpcdp.comm.engines.compiled.binding), or None: then the reason is logged
     once per process and the mpi4py path runs."""
     if _BOUND["binding"] is None and _BOUND["why"] is None:
-        from hpcdp.comm.compiled.binding import Unbindable, bound
+        from hpcdp.comm.engines.compiled.binding import Unbindable, bound
 
         try:
             _BOUND["binding"] = bound()
@@ -358,7 +358,7 @@ def binding():
 
 def forget() -> None:
     """Bind again on next use (tests: after changing what the binding's load sees)."""
-    from hpcdp.comm.compiled import binding as compiled_binding
+    from hpcdp.comm.engines.compiled import binding as compiled_binding
 
     compiled_binding.forget()
     _BOUND["binding"], _BOUND["why"] = None, None

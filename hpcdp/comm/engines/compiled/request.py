@@ -2,8 +2,8 @@
 
 Same constructor, same results, same ledger, same timeouts: ``wait()`` runs the
 compiled passes in a nogil loop until done or the deadline (then the missing-rank
-diagnosis, hpcdp.comm.diagnose, as for every request). A non-blocking request is
-handed to the rank's progress thread (hpcdp.comm.compiled.progress), which makes
+diagnosis, hpcdp.comm.core.diagnose, as for every request). A non-blocking request is
+handed to the rank's progress thread (hpcdp.comm.engines.compiled.progress), which makes
 its passes (from the first, for a warm plan) while the training thread computes;
 ``test()`` is then a read of the counters those passes write (no lock, no compiled
 call, no GIL hand-off), and it finishes the request (the ledger) itself if
@@ -31,10 +31,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.compiled import kernels as K
-from hpcdp.comm.diagnose import peer_failed
-from hpcdp.comm.errors import CommError
-from hpcdp.comm.requests import Request
+from hpcdp.comm.engines.compiled import kernels as K
+from hpcdp.comm.core.diagnose import peer_failed
+from hpcdp.comm.core.errors import CommError
+from hpcdp.comm.core.requests import Request
 from hpcdp.shard import shard_bounds
 
 COPY = 1
@@ -170,7 +170,7 @@ class State:
         self.tmp = np.empty(2 * plan.mc if plan.has_rs else 0, dtype=dt)
         self.div = np.full(1, plan.N, dtype=dt)
         self.work = np.empty(plan.n, dtype=dt) if plan.own_work else None
-        if dt == np.float16:  # computed on the bits (hpcdp.comm.compiled.kernels)
+        if dt == np.float16:  # computed on the bits (hpcdp.comm.engines.compiled.kernels)
             self.tmp, self.div = self.tmp.view(np.uint16), self.div.view(np.uint16)
         self.st = self.I[plan.st_slice]
         self.lock = threading.Lock()
@@ -257,7 +257,7 @@ class CompiledRingRequest(Request):
         raise failure(self.ctx, self.name, self.seq, self.st)
 
     def _finish(self):
-        """Complete once: the counts and the ledger (hpcdp.comm.requests.Request)."""
+        """Complete once: the counts and the ledger (hpcdp.comm.core.requests.Request)."""
         if self.done:
             return
         st = self.st
@@ -344,7 +344,7 @@ def timed_out(ctx, call, started, limit, st, joined=False):
     """The missing-rank diagnosis' error for a compiled ring past its deadline (or
     joining a peer's diagnosis): this rank still waits on its left neighbour when a
     receive is open or owed."""
-    from hpcdp.comm.diagnose import diagnose
+    from hpcdp.comm.core.diagnose import diagnose
 
     waiting = {(ctx.rank - 1) % ctx.size} if int(st[K.ST_OPEN_R]) > 0 \
         or int(st[K.ST_LEFT_RECV]) else set()

@@ -11,7 +11,7 @@ class CollectiveTimeout(CommError):
     """A collective did not complete within its timeout.
 
     ``missing`` lists the ranks that never arrived: they did not answer the
-    diagnosis that runs once the deadline passed (hpcdp.comm.diagnose), and every
+    diagnosis that runs once the deadline passed (hpcdp.comm.core.diagnose), and every
     rank that took part names the same ones. ``waiting_on`` the ranks whose data
     messages this rank still waits for (local: a ring rank waits on its
     neighbour). The diagnosis also sets ``states`` (rank -> the fingerprint of the

@@ -1,6 +1,6 @@
 """The compiled ring's state machine: ``advance``, ``@njit(nogil=True, cache=True)``,
 posts, tests and reduces every segment of a ring collective, calling MPI through
-the addresses in its plan (hpcdp.comm.compiled.ccall, .binding).
+the addresses in its plan (hpcdp.comm.engines.compiled.ccall, .binding).
 
 It is hpcdp.comm.ring's algorithm step for step (that module's docstring): the same
 chunks, segments, tags, scratch slots, receive window and dependency rules, so the
@@ -20,7 +20,7 @@ time.monotonic's clock, passed the deadline), PEER (a peer started the missing-r
 message waits on the control communicator) or FAILED (an MPI call returned an
 error: ``st[ST_ERR]``). Modes: ``ONCE`` (passes until nothing moves; ``test()``),
 ``BLOCK`` (until done or the deadline, spinning like MPI and yielding the core
-after SPIN_POLLS fruitless polls as hpcdp.comm.debug does; ``wait()``),
+after SPIN_POLLS fruitless polls as hpcdp.comm.core.debug does; ``wait()``),
 ``BACKGROUND`` (the progress thread: sleeps between fruitless passes with a
 doubling back-off, never busy-polls, returns when done, at the deadline or when
 ``st[ST_STOP]`` asks it to hand over to a waiting thread).
@@ -33,7 +33,7 @@ import math
 
 from numba import njit
 
-from hpcdp.comm.compiled.ccall import ccall
+from hpcdp.comm.engines.compiled.ccall import ccall
 
 DONE, PROGRESS, IDLE, TIMEOUT, PEER, FAILED = 1, 2, 0, -1, -2, -3
 ONCE, BLOCK, BACKGROUND = 0, 1, 2
@@ -45,7 +45,7 @@ REDUCE = 0
 OP_SUM, OP_MAX, OP_MIN = 0, 1, 2
 WINDOW = 32        # posted receives per request (as hpcdp.comm.ring.WINDOW)
 TEST_WINDOW = 64   # requests per MPI_Testsome
-SPIN_POLLS = 2000  # as hpcdp.comm.debug.SPIN_POLLS
+SPIN_POLLS = 2000  # as hpcdp.comm.core.debug.SPIN_POLLS
 
 # One int64 array ``I`` carries the plan and the state (a call into compiled code
 # costs per argument, so there are few). Its head P holds the scalars below, then
@@ -62,7 +62,7 @@ P_LEN = 41
 # P_RES_OFF: an out-of-place reduce-scatter's last step reduces its chunk straight
 # into the caller's output ``res`` (``res[i - P_RES_OFF]`` for buffer index i); -1:
 # every step writes ``work``
-# A state is reused call after call (hpcdp.comm.compiled.request.State): ``I`` holds
+# A state is reused call after call (hpcdp.comm.engines.compiled.request.State): ``I`` holds
 # the live part [0, L) (L = P[O_END]) and the plan's template after it [L, 2L). The
 # caller writes the call's tag base + 1 into P_FRESH of the live part (one store), or
 # passes it in the mode (FRESH_SHIFT); the next ``advance`` then resets the live part from the template (P_TAGBASE = the base,

@@ -23,7 +23,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.context import get_context
+from hpcdp.comm.core.context import get_context
 
 
 def is_device_array(x) -> bool:

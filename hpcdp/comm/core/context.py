@@ -5,7 +5,7 @@ The state is cached on the user's communicator as an MPI attribute (the MPI way 
 hang library state on a communicator, no module-level communicator). It holds two
 ``Idup`` copies of the user's communicator: ``data`` carries payload, ``ctrl``
 carries debug fingerprints and, once a deadline has passed, the missing-rank
-diagnosis (hpcdp.comm.diagnose), so neither ever matches the other or the user's
+diagnosis (hpcdp.comm.core.diagnose), so neither ever matches the other or the user's
 own messages.
 
 Every collective call takes the next sequence number; all ranks call collectives
@@ -28,7 +28,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.errors import CollectiveTimeout
+from hpcdp.comm.core.errors import CollectiveTimeout
 
 DEFAULT_TIMEOUT_S = 300.0
 _KEYVAL = None
@@ -117,16 +117,16 @@ class CommContext:
         # hpcdp.comm.fast's ready compiled calls: (allreduce, reduce-scatter, all-gather),
         # each length -> its LeanCall (the last signature seen at that length)
         self.lean_calls: tuple = ({}, {}, {})
-        # hpcdp.comm.compiled.lean: "compiled" or "mpi4py" (None: HPCDP_COMM_LEAN when needed)
+        # hpcdp.comm.engines.compiled.lean: "compiled" or "mpi4py" (None: HPCDP_COMM_LEAN when needed)
         self.lean_path: str | None = None
         self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))
         self.timeout = default_timeout()
-        self.cuda_aware = None  # decided lazily by hpcdp.comm.device
-        # hpcdp.comm.compiled: the engine asked for (None: HPCDP_COMM_ENGINE when first
+        self.cuda_aware = None  # decided lazily by hpcdp.comm.engines.device
+        # hpcdp.comm.engines.compiled: the engine asked for (None: HPCDP_COMM_ENGINE when first
         # needed) and the compiled ring's plans (shape key -> Plan, with reusable states)
         self.engine: str | None = None
         self.compiled_plans: dict = {}
-        # hpcdp.comm.compiled.blocking: a blocking ring call's signature -> its ready plan
+        # hpcdp.comm.engines.compiled.blocking: a blocking ring call's signature -> its ready plan
         self.blocking_plans: dict = {}
 
     def keep(self, reqs) -> None:
@@ -188,7 +188,7 @@ def _setup(comm, timeout: float) -> CommContext:
 
 def known_context(comm) -> CommContext | None:
     """``comm``'s context if a collective already set it up (the fast fronts' look-up,
-    hpcdp.comm.fast and hpcdp.comm.compiled.blocking), else None: no MPI call."""
+    hpcdp.comm.fast and hpcdp.comm.engines.compiled.blocking), else None: no MPI call."""
     hit = _LAST.get(id(comm))
     return hit[1] if hit is not None and hit[0] is comm else None
 
