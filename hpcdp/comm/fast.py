@@ -27,10 +27,12 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm.auto import generation, native_below
+from hpcdp.comm.core.settings import settings
 from hpcdp.comm.engines.compiled import lean
 from hpcdp.comm.core.context import KNOWN, known_context
 from hpcdp.comm.core.debug import SPIN_POLLS
 from hpcdp.comm.core.diagnose import diagnose, peer_failed
+from hpcdp.comm.core.errors import mpi_error
 from hpcdp.comm.core.ops import mpi_datatype
 from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES, Request
 from hpcdp.shard import shard_bounds, shard_range
@@ -105,13 +107,13 @@ class FastRequest(Request):
         self.done = True
         if self.after is not None:
             self.after()
-        if self.ledger is not None:
-            sent, recv = self.nbytes
-            self.ledger.record(self.call[1], sent, recv, 1, 1, calls=1)
+        if self.ledger is not None:  # (sent, received[, sent messages, received messages])
+            sent, recv, *msgs = self.nbytes
+            self.ledger.record(self.call[1], sent, recv, *(msgs or (1, 1)), calls=1)
 
     def wait(self, timeout: float | None = None):
         if not self.done:
-            if not self.req.Test():
+            if not _test(self.ctx, self.req, self.call):
                 spin(self.ctx, self.req, self.call, self.timeout if timeout is None else timeout,
                      self.started)
             self._complete()
@@ -205,6 +207,8 @@ def _bound(ctx, collective, algorithm) -> int:
     key = (collective, algorithm)
     bound = bounds.get(key)
     if bound is None:
+        if algorithm == "auto":  # what [comm] says "auto" runs (hpcdp.comm.select.configured)
+            algorithm = settings().algorithm(collective)
         if algorithm == "native":
             bound = MAX_MESSAGE_BYTES
         elif algorithm == "auto":
@@ -261,15 +265,28 @@ def spin(ctx, req, call, timeout, started=None) -> None:
     limit = ctx.timeout if timeout is None else float(timeout)
     deadline = now + limit
     idle = 0
-    while not req.Test():
+    while not _test(ctx, req, call):
         idle += 1
         if idle & 63 == 0:
+            if ctx.failed is not None:  # aborted (hpcdp.comm.abort) or failed meanwhile
+                raise ctx.failed
             if time.monotonic() > deadline:
                 raise diagnose(ctx, call, time.monotonic() - started, limit, ())
             if idle > SPIN_POLLS:
                 os.sched_yield()  # oversubscribed ranks: let the peer run
                 if peer_failed(ctx):
                     raise diagnose(ctx, call, time.monotonic() - started, limit, (), joined=True)
+
+
+def _test(ctx, req, call) -> bool:
+    """``req.Test()``, an MPI error as MPIError (the communicator marked failed)."""
+    try:
+        return req.Test()
+    except MPI.Exception as exc:
+        err = mpi_error(exc, collective=call[1], seq=call[0], rank=ctx.rank)
+        if ctx.failed is None:
+            ctx.failed = err
+        raise err from None
 
 
 def _finish(ctx, req, seq, name, dtype, n, op, ledger, nbytes, timeout, after):
@@ -443,7 +460,12 @@ def _compiled_failed(ctx, e, code, seq, name, buf, op, limit):
         ctx.seq = seq
         return None
     if code == lean.FAILED:
-        raise MPI.Exception(e.error_code())
+        err = mpi_error(e.error_code(), collective=name, seq=seq, rank=ctx.rank)
+        if ctx.failed is None:
+            ctx.failed = err
+        raise err
+    if code == lean.ABORTED:
+        raise ctx.failed
     call = (seq, name, buf.dtype, buf.size, -1, "native", op)
     raise diagnose(ctx, call, time.monotonic() - e.started(), limit, (),
                    joined=code == lean.PEER)

@@ -7,7 +7,8 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.comm import Ledger, allreduce, iallreduce
-from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV, expected_bytes, hierarchy
+from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
+from hpcdp.comm.hierarchical import expected_bytes, hierarchy
 from hpcdp.comm.core.context import get_context
 from hpcdp.comm.model.volume import ring_allreduce_bytes, ring_messages
 from hpcdp.shard import shard_range

@@ -375,7 +375,7 @@ def test_mpi_collectives_for_small_groups_give_the_same_weights(stage):
 
 @pytest.fixture
 def nodes(monkeypatch):
-    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+    from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
     world = _world()
     per = 2 if world.size % 2 == 0 else 1
     monkeypatch.setenv(RANKS_PER_NODE_ENV, str(per))
@@ -452,7 +452,7 @@ def test_hybrid_memory_divides_by_ranks_per_node_exactly(stage, nodes):
 
 
 def test_a_node_size_that_does_not_divide_the_world_is_a_clear_error(monkeypatch):
-    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+    from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
     from hpcdp.config_error import ConfigError
     from hpcdp.nn import build_model
     from hpcdp.optim import SGD

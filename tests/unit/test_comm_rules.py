@@ -131,9 +131,10 @@ def test_auto_choice(monkeypatch):
     assert choose_allreduce(1024, 4) == "ring"
     assert choose("reduce_scatter", 1024, 4) == "native"  # the others keep theirs
     monkeypatch.setenv("HPCDP_ALL_GATHER_CROSSOVER", "many")
-    forget()
     with pytest.raises(ValueError, match="HPCDP_ALL_GATHER_CROSSOVER must be an integer"):
-        choose("all_gather", 8, 2)
+        forget()  # (the settings are read here: hpcdp.comm.core.settings)
+    monkeypatch.delenv("HPCDP_ALL_GATHER_CROSSOVER")
+    forget()
     assert choose_scatter_gather("auto") == "ring"
     with pytest.raises(ValueError, match="must be one of"):
         choose("reduce_scatter", 8, 2, "tree")
@@ -211,11 +212,17 @@ def test_auto_progress_runs_the_thread_only_with_a_spare_core(monkeypatch):
     assert local_ranks({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 8)[0] == 4
     assert local_ranks({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}, 8)[0] == 2
     assert local_ranks({"MPI_LOCALNRANKS": ""}, 8)[0] == 8  # unknown: the whole job
+    from hpcdp.comm.core.settings import reload
+
     monkeypatch.delenv("HPCDP_COMM_PROGRESS", raising=False)
+    reload()
     assert progress_mode() == "auto"
-    for mode in ("thread", "calls", "auto"):
+    for mode in ("thread", "calls", "auto"):  # [comm] progress, the variable overriding it
         monkeypatch.setenv("HPCDP_COMM_PROGRESS", mode)
+        reload()
         assert progress_mode() == mode
     monkeypatch.setenv("HPCDP_COMM_PROGRESS", "threads")
     with pytest.raises(ValueError, match="HPCDP_COMM_PROGRESS must be one of"):
-        progress_mode()
+        reload()
+    monkeypatch.undo()
+    reload()

@@ -42,7 +42,7 @@ def code(text: str) -> int:
 
 # Names a peer's fingerprint may carry: registered up front, so a rank can read a
 # code it never produced itself (another rank's collective, dtype or algorithm).
-for _text in ("allreduce", "reduce_scatter", "all_gather", "ps_push", "ps_pull", "ps_allreduce",
+for _text in ("allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "ps_push", "ps_pull", "ps_allreduce",
               "ring", "recursive", "native", "auto", "ps", "", "sum", "mean", "max", "min"):
     code(_text)
 for _t in "bBhHiIlLqQefdgFD?":

@@ -146,6 +146,8 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
     if code != DONE:  # the state is dropped: MPI may still hold its buffers
         if code == K.FAILED:
             raise failure(ctx, name, seq, st)
+        if code == K.ABORTED:
+            raise ctx.failed
         raise timed_out(ctx, (seq, name, dtype, n, -1, "ring", e.op_name), started, limit,
                         st, joined=code == K.PEER)
     if ledger is not None:  # (the four counters are adjacent: one slice, four ints)

@@ -19,11 +19,11 @@ hpcdp.comm.ring.RingRequest.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
 
+from hpcdp.comm.core.settings import settings
 from hpcdp.comm.ring import RingRequest
 
 ENGINES = ("python", "compiled")
@@ -33,10 +33,8 @@ log = logging.getLogger("hpcdp.comm")
 
 
 def default_engine() -> str:
-    raw = os.environ.get("HPCDP_COMM_ENGINE", "").strip().lower() or "compiled"
-    if raw not in ENGINES:
-        raise ValueError(f"HPCDP_COMM_ENGINE must be one of {ENGINES}, got {raw!r}")
-    return raw
+    """``[comm] engine`` (``HPCDP_COMM_ENGINE`` overrides it)."""
+    return settings().engine
 
 
 class CompiledEngine:
@@ -151,7 +149,7 @@ def overlap_algorithm(comm, algorithm: str) -> str:
     non-blocking collective, auto's pick below its crossover, moves only when
     polled); anything else, or "auto" with a machine profile (HPCDP_PROFILE: the cost
     model picks), is returned as given."""
-    if algorithm != "auto" or os.environ.get("HPCDP_PROFILE", "").strip():
+    if algorithm != "auto" or settings().profile:
         return algorithm
     return "ring" if active_engine(comm) == "compiled" else algorithm
 

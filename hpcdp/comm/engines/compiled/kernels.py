@@ -15,7 +15,8 @@ into flat arrays:
 - ``st`` holds the counters (``ST_*`` below): open requests, remaining messages and
   the ledger's bytes and messages, counted when posted as the Python ring does.
 
-``advance`` returns DONE, PROGRESS (something moved), IDLE, TIMEOUT (CLOCK_MONOTONIC,
+``advance`` returns DONE, PROGRESS (something moved), IDLE, ABORTED (the communicator's
+abort flag is set: hpcdp.comm.abort), TIMEOUT (CLOCK_MONOTONIC,
 time.monotonic's clock, passed the deadline), PEER (a peer started the missing-rank diagnosis: its status
 message waits on the control communicator) or FAILED (an MPI call returned an
 error: ``st[ST_ERR]``). Modes: ``ONCE`` (passes until nothing moves; ``test()``),
@@ -33,9 +34,9 @@ import math
 
 from numba import njit
 
-from hpcdp.comm.engines.compiled.ccall import ccall
+from hpcdp.comm.engines.compiled.ccall import ccall, peek
 
-DONE, PROGRESS, IDLE, TIMEOUT, PEER, FAILED = 1, 2, 0, -1, -2, -3
+DONE, PROGRESS, IDLE, TIMEOUT, PEER, FAILED, ABORTED = 1, 2, 0, -1, -2, -3, -4
 ONCE, BLOCK, BACKGROUND = 0, 1, 2
 # ``mode | (tag base + 1) << FRESH_SHIFT``: a mode that also asks for the reset
 # (P_FRESH), one Python integer instead of a store into the state (the blocking front)
@@ -57,8 +58,10 @@ P_N, P_T, P_S, P_SEG, P_ITEM, P_LEFT, P_RIGHT, P_LAST_RS, P_OP, P_MEAN, P_INT, \
     O_ST, O_STEPS, O_OFF, O_SIZE, O_NSEG, O_RST, O_SST, O_COPY, O_RMETA, O_SMETA, \
     O_RNEXT, O_SNEXT, O_END, \
     F_ISEND, F_IRECV, F_TESTSOME, F_IPROBE, F_CLOCK, F_USLEEP, F_YIELD, P_HALF, \
-    P_FRESH, P_TAGBASE, P_NULL, P_RES_OFF = range(41)
-P_LEN = 41
+    P_FRESH, P_TAGBASE, P_NULL, P_RES_OFF, P_ABORT = range(42)
+P_LEN = 42
+# P_ABORT: the address of the communicator's abort flag (an int64, hpcdp.comm.abort):
+# nonzero makes advance return ABORTED (checked on entry and every 64 idle polls)
 # P_RES_OFF: an out-of-place reduce-scatter's last step reduces its chunk straight
 # into the caller's output ``res`` (``res[i - P_RES_OFF]`` for buffer index i); -1:
 # every step writes ``work``
@@ -360,6 +363,8 @@ def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
         mode &= FRESH_SHIFT_MASK
     if P[P_FRESH] != 0:
         _reset(I, H)
+    if peek(P[P_ABORT]) != 0:
+        return ABORTED
     T, S, N = P[P_T], P[P_S], P[P_N]
     TS = T * S
     st = I[P[O_ST]:P[O_ST] + ST_LEN]
@@ -406,6 +411,8 @@ def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
             else:
                 if _now(P, st) > deadline:
                     return TIMEOUT
+                if peek(P[P_ABORT]) != 0:
+                    return ABORTED
                 ccall(P[F_USLEEP], (np.uint32(sleep_us),))
                 sleep_us = min(sleep_us * 2, P[P_BACKOFF])
             continue
@@ -415,6 +422,8 @@ def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
         if idle & 63 == 0:
             if _now(P, st) > deadline:
                 return TIMEOUT
+            if peek(P[P_ABORT]) != 0:
+                return ABORTED
             if idle > SPIN_POLLS:
                 ccall(P[F_IPROBE], (np.int32(P[P_ANY]), np.int32(P[P_STATUS_TAG]), hv[H_CTRL],
                                     outc.ctypes.data, stat.ctypes.data))

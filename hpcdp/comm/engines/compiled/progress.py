@@ -87,10 +87,8 @@ def progress_mode() -> str:
     thread: they advance only in the caller's ``test()`` calls, one compiled pass each,
     at the points where the training loop polls: the grad-ready hooks between backward
     ops and ZeRO-3's unit hooks; the comparison of the two is in docs/results.md)."""
-    raw = os.environ.get("HPCDP_COMM_PROGRESS", "").strip().lower() or "auto"
-    if raw not in PROGRESS_MODES:
-        raise ValueError(f"HPCDP_COMM_PROGRESS must be one of {PROGRESS_MODES}, got {raw!r}")
-    return raw
+    from hpcdp.comm.core.settings import settings
+    return settings().progress
 
 
 def local_ranks(env=None, world_size: int = 1) -> tuple[int, str]:
@@ -124,7 +122,7 @@ def resolved_mode() -> tuple[str, str]:
     by :func:`choose_progress` on this process's affinity mask and node."""
     mode = progress_mode()
     if mode != "auto":
-        return mode, f"HPCDP_COMM_PROGRESS={mode}"
+        return mode, f"[comm] progress = {mode!r}"
     try:
         mask = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux: all CPUs

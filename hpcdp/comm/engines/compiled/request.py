@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from hpcdp.comm.engines.compiled import kernels as K
 from hpcdp.comm.core.diagnose import peer_failed
-from hpcdp.comm.core.errors import CommError
+from hpcdp.comm.core.errors import CommError, mpi_error
 from hpcdp.comm.core.requests import Request
 from hpcdp.shard import shard_bounds
 
@@ -88,6 +88,7 @@ class Plan:
         P[K.P_BACKOFF] = BACKOFF_US
         P[K.P_NULL] = b.request_null
         P[K.P_RES_OFF] = int(off[r]) if own_work and self.has_rs else -1
+        P[K.P_ABORT] = ctx.abort_flag.ctypes.data  # (the array lives as long as the context)
         if op is not None:
             P[K.P_OP] = engine.op_code(op)
             P[K.P_MEAN] = int(op.is_mean)
@@ -251,6 +252,8 @@ class CompiledRingRequest(Request):
                                    s.stat)
         if code == K.FAILED:
             self._failed()
+        if code == K.ABORTED:
+            raise self.ctx.failed
         return code
 
     def _failed(self):
@@ -278,6 +281,8 @@ class CompiledRingRequest(Request):
     def test(self) -> bool:
         if self.done:
             return True
+        if self.ctx.failed is not None:
+            raise self.ctx.failed
         drive = not self.progresses_alone
         if not drive:
             # The progress thread advances it: a test is a read of the counters its
@@ -312,6 +317,8 @@ class CompiledRingRequest(Request):
     def wait(self, timeout: float | None = None):
         if self.done:
             return self.result
+        if self.ctx.failed is not None:
+            raise self.ctx.failed
         limit = self.timeout if timeout is None else float(timeout)
         self.st[K.ST_STOP] = 1  # the progress thread hands over within one sleep
         with self.lock:
@@ -330,14 +337,12 @@ class CompiledRingRequest(Request):
 
 
 def failure(ctx, name, seq, st) -> CommError:
-    """The error of an MPI call that failed inside compiled code (``st[ST_ERR]``)."""
-    err = int(st[K.ST_ERR])
-    try:
-        text = MPI.Get_error_string(err)
-    except Exception:  # noqa: BLE001 - the code itself is the message then
-        text = "unknown error"
-    return CommError(f"collective {name!r} (sequence number {seq}) on rank {ctx.rank}: an MPI "
-                     f"call in the compiled ring returned error {err} ({text})")
+    """The error of an MPI call that failed inside compiled code (``st[ST_ERR]``): an
+    MPIError with MPI's error class; the communicator is marked failed with it."""
+    err = mpi_error(int(st[K.ST_ERR]), collective=name, seq=seq, rank=ctx.rank)
+    if ctx.failed is None:
+        ctx.failed = err
+    return err
 
 
 def timed_out(ctx, call, started, limit, st, joined=False):
