@@ -128,13 +128,12 @@ def _build(ctx, timeout: float) -> Topology:
     comm, rank = ctx.data, ctx.rank
     per = ranks_per_node()
     if per is not None:
-        if ctx.size % per:
-            raise ValueError(f"[comm] ranks_per_node = {per} ({RANKS_PER_NODE_ENV} overrides it) does "
-                             f"not divide the {ctx.size} ranks into whole nodes; the node layout "
-                             "needs the same number of ranks on every node")
-        local = comm.Split(rank // per, rank)
         source = (f"{RANKS_PER_NODE_ENV}={per}" if "ranks_per_node" in settings().overridden
                   else f"[comm] ranks_per_node = {per}")
+        if ctx.size % per:
+            raise ValueError(f"{source} does not divide the {ctx.size} ranks into whole nodes; the "
+                             "node layout needs the same number of ranks on every node")
+        local = comm.Split(rank // per, rank)
     else:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         source = "shared-memory nodes (MPI.COMM_TYPE_SHARED)"

@@ -182,6 +182,7 @@ def test_bad_ranks_per_node_is_a_clear_error(comm, monkeypatch):
         with pytest.raises(ValueError, match="whole number"):
             allreduce(np.ones(4), comm=d, algorithm="hierarchical", timeout=20)
         d.Free()
+        monkeypatch.delenv(RANKS_PER_NODE_ENV)  # (a bad value is refused wherever it is read)
         allreduce(np.ones(4), comm=c, algorithm="ring", timeout=20)  # still usable
     finally:
         c.Free()

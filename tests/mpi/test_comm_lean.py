@@ -362,9 +362,11 @@ def test_compiled_lean_fallback_when_mpi_cannot_be_bound(comm, monkeypatch, capl
 
 
 @pytest.mark.mpi(min_size=2)
-def test_an_mpi_error_in_the_compiled_lean_path_is_mpi4pys_exception(comm):
-    """An MPI call that fails inside compiled code raises what mpi4py's path raises
-    (MPI.Exception with MPI's error class), on every rank (an invalid op: the check is local)."""
+def test_an_mpi_error_in_the_compiled_lean_path_is_an_mpierror(comm):
+    """An MPI call that fails inside compiled code raises what mpi4py's path raises:
+    hpcdp.comm.MPIError with MPI's error class, on every rank (an invalid op: the check is
+    local); the communicator is failed from then on, until hpcdp.comm.forget."""
+    from hpcdp.comm import MPIError, forget
     from hpcdp.comm.engines.compiled import lean
 
     sub = comm.Dup()
@@ -374,11 +376,15 @@ def test_an_mpi_error_in_the_compiled_lean_path_is_mpi4pys_exception(comm):
     e = get_context(sub).lean_sigs[("allreduce", "sum", "auto", np.dtype(np.float32), "f")][4]
     good = e.H[lean.H_OP]
     e.H[lean.H_OP] = lean.binding().handle(MPI.OP_NULL)
-    with pytest.raises(MPI.Exception) as err:
+    with pytest.raises(MPIError) as err:
         allreduce(x, np.empty_like(x), comm=sub)
-    assert err.value.Get_error_class() == MPI.ERR_OP
+    assert err.value.error_class == MPI.ERR_OP and err.value.error_name == "MPI_ERR_OP"
     e.H[lean.H_OP] = good
+    with pytest.raises(MPIError):  # failed until forgotten
+        allreduce(x, np.empty_like(x), comm=sub)
+    forget(sub)
     np.testing.assert_array_equal(allreduce(x, np.empty_like(x), comm=sub), np.full(4, comm.Get_size()))
+    forget(sub)
     sub.Free()
 
 
