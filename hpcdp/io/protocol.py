@@ -25,7 +25,7 @@ besides the parameters and the optimizer's (DiLoCo: the outer momentum, every
 replica group's parameters and inner state) names those buffers with
 ``checkpoint_buffers() -> [name]`` (each laid out like ``flat.data``), and one whose
 restore targets depend on what a checkpoint holds gets ``checkpoint_saved(info)``
-first (``info``: :func:`hpcdp.io.runstate.saved_summary`'s buffers, step and per-rank
+first (``info``: :func:`hpcdp.io.format.runstate.saved_summary`'s buffers, step and per-rank
 scalars).
 
 The helpers below implement them for replicated strategies (none, ddp, PS with
@@ -43,7 +43,7 @@ import numpy as np
 
 from hpcdp.shard import shard_range
 
-from .format import PARAM, optim_buffer
+from .format.names import PARAM, optim_buffer
 
 
 @dataclass

@@ -214,6 +214,8 @@ def plan(ranks: list, per_node: int, node_mttf_s: float, save_s: float, restart_
     """A :class:`GoodputRow` per rank count; ``step_s_of(N)`` is the predicted step."""
     if node_mttf_s <= 0 or save_s < 0 or restart_s < 0 or repair_s < 0:
         raise ValueError("goodput: the node MTTF must be > 0 and the save, restart and repair times >= 0")
+    if not 0.0 <= fatal_fraction <= 1.0:
+        raise ValueError(f"goodput: --fatal-fraction {fatal_fraction} is a share of the failures, 0 to 1")
     rejoin = restart_s if rejoin_s is None else rejoin_s
     rows = []
     for N in ranks:

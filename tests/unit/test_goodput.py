@@ -79,6 +79,13 @@ def test_plan_per_rank_count_and_the_save_from_hpcdp_bench_ckpt(tmp_path):
     for r in rows:  # keeping on through a rank loss beats the restart whenever repair << restart
         assert r.goodput_continue > r.goodput_classic
         assert r.interval_s == pytest.approx(r.interval_steps * r.step_s)
+    with pytest.raises(ValueError, match="fatal-fraction 1.5"):
+        G.plan([4], 4, 1e6, 2.5, 300.0, lambda n: 0.2, fatal_fraction=1.5)
+    with pytest.raises(ValueError, match="MTTF must be > 0"):
+        G.plan([4], 4, -1.0, 2.5, 300.0, lambda n: 0.2)
+    # a continuing job that cannot survive any failure is the classic job
+    (one,) = G.plan([64], 4, 100 * G.HOUR, 2.5, 300.0, lambda n: 0.2, fatal_fraction=1.0)
+    assert one.goodput_continue < one.goodput_classic + 1e-9
     text = G.format_plan(rows, 5000 * G.HOUR, 2.5, 300.0, 3.0, 300.0, "test")
     assert "Daly" in text and "4096" in text
 
