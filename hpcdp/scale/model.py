@@ -280,7 +280,7 @@ def diloco_step(p: Profile, wl: Workload, t: Topology, batch_per_rank: float, *,
     chunk. Exposed per fragment: everything when ``overlap = 0``; with ``overlap = tau``
     the wire's part (latency + bandwidth) hides behind ``tau`` inner steps, hpcdp's own
     CPU work (software, reductions) and the gather do not."""
-    from hpcdp.comm.cost import ring_phases_cost
+    from hpcdp.comm.model.cost import ring_phases_cost
     from hpcdp.strategies.diloco.wire import n_blocks
 
     s = wl.itemsize

@@ -119,7 +119,7 @@ def test_outer_sign_and_nesterov_against_numpy():
 @pytest.mark.skipif(SIZE == 1, reason="needs 2+ ranks")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_outer_exchange_mean_and_ledger(dtype):
-    from hpcdp.comm.ledger import Ledger
+    from hpcdp.comm import Ledger
     from hpcdp.strategies.diloco import wire as W
     from hpcdp.strategies.diloco.exchange import OuterExchange, outer_bytes
 

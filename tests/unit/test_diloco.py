@@ -147,7 +147,7 @@ def test_outer_bytes_match_the_ring_formula():
 
 
 def test_cost_model_prices_diloco_beside_ddp_on_a_slow_link():
-    from hpcdp.comm.cost import Topology, load_profile
+    from hpcdp.comm.model.cost import Topology, load_profile
     from hpcdp.scale.model import Workload, diloco_step, step
     from hpcdp.scale.predict import diloco_options, link_rate, with_link
 

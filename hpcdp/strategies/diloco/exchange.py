@@ -17,7 +17,7 @@ Bytes per rank of a chunk of ``c`` values (ring, ``M`` groups):
 ``2 (M - 1) / M x c x b`` with ``b`` = 4, 2 or 1 byte(s), plus for int8
 ``2 (M - 1) / M x 4 ceil(c / B)`` for the scales (exactly :func:`outer_bytes`; the ring
 sends ``shard_range`` chunks, so for ``c`` not divisible by ``M`` the figure is the
-ring's exact one from hpcdp.comm.volume).
+ring's exact one from hpcdp.comm.model.volume).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class OuterExchange:
         if self.dtype == "int8":
             W.dequantize(self.q, self.step, self.block, out=self.delta, scale=1.0 / self.M)
         elif self.M > 1:
-            self.delta *= np.float32(1.0 / self.M)
+            self.delta *= self.delta.dtype.type(1.0 / self.M)  # in the run's dtype (1/3 is not a float32)
         self.finished = True
         self.done_at = time.perf_counter()
 
@@ -96,8 +96,8 @@ class OuterExchange:
 def outer_bytes(chunk: int, groups: int, index: int, outer_dtype: str, block: int = 256) -> dict:
     """``{"outer": (sent, recv), "outer_scale": (sent, recv)}``: this rank's bytes (number
     ``index`` of ``groups`` on the cross communicator) for one exchange of a chunk of
-    ``chunk`` values (the ring's exact figures, hpcdp.comm.volume.ring_bytes)."""
-    from hpcdp.comm.volume import ring_bytes
+    ``chunk`` values (the ring's exact figures, hpcdp.comm.model.volume.ring_bytes)."""
+    from hpcdp.comm.model.volume import ring_bytes
 
     if outer_dtype == "int8":
         data = ring_bytes(chunk, groups, index, 1, ("rs", "ag"))

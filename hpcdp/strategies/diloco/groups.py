@@ -1,8 +1,8 @@
 """Replica groups: which ranks train one replica together, and the communicators.
 
 ``groups = "node"`` (default): one group per node, found as hybrid ZeRO finds nodes
-(:func:`hpcdp.comm.hierarchical.hierarchy`: the ranks that share memory, or blocks
-of ``HPCDP_RANKS_PER_NODE``); ``groups = K``: K groups of ``N / K`` consecutive
+(:func:`hpcdp.comm.topology`: the ranks that share memory, or blocks of ``[comm]
+ranks_per_node`` / ``HPCDP_RANKS_PER_NODE``); ``groups = K``: K groups of ``N / K`` consecutive
 ranks. Every group has the same number of ranks ``L``; with ``M`` groups:
 
 - ``group_comm``: this group's ``L`` ranks, by rank (the inner strategy's world);
@@ -21,8 +21,10 @@ from hpcdp.config_error import ConfigError
 
 class ReplicaGroups:
     def __init__(self, comm, groups, timeout: float | None):
+        from hpcdp.comm import get_context
+
         size, rank = comm.Get_size(), comm.Get_rank()
-        self.source = ""
+        limit = 300.0 if timeout is None else float(timeout)
         if groups == "node":
             self._by_node(comm, timeout)
         else:
@@ -32,35 +34,32 @@ class ReplicaGroups:
                                   f"choose a divisor of {size} (every group has the same number of ranks)")
             per = size // k
             from hpcdp.failure.deadline import watchdog
-            with watchdog(300.0 if timeout is None else float(timeout), "splitting the replica groups"):
+            with watchdog(limit, "splitting the replica groups"):
                 self.group_comm = comm.Split(rank // per, rank)
                 self.cross_comm = comm.Split(rank % per, rank)
             self.count, self.size = k, per
             self.index, self.local_rank = rank // per, rank % per
             self.source = f"parallel.diloco.groups = {k}"
-        from hpcdp.comm.context import get_context
-        for sub in (self.group_comm, self.cross_comm):
+        for sub in (self.group_comm, self.cross_comm):  # hpcdp's state on each, now
             get_context(sub, timeout)
 
     def _by_node(self, comm, timeout) -> None:
-        from hpcdp.comm.context import get_context
-        from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV, hierarchy, ranks_per_node_override
+        """The node layout of hpcdp.comm.topology, on duplicates of its sub-communicators
+        (nothing else, e.g. a hierarchical collective on the world, ever matches these
+        messages)."""
+        from hpcdp.comm import get_context, topology
 
-        size = comm.Get_size()
-        per = ranks_per_node_override()
-        if per is not None and size % per:
-            raise ConfigError(
-                f'parallel.diloco.groups = "node": {RANKS_PER_NODE_ENV}={per} does not divide the {size} '
-                f"ranks into whole nodes; set {RANKS_PER_NODE_ENV} to a divisor of {size}, or set "
-                "parallel.diloco.groups = K")
         try:
-            h = hierarchy(get_context(comm, timeout), timeout)
-        except ValueError as err:  # uneven nodes: every rank raises it (an Allreduce decided)
-            detail = str(err).removeprefix("hierarchical allreduce: ").split("; it needs")[0]
+            h = topology(get_context(comm, timeout), timeout=timeout)
+        except ValueError as err:  # ranks per node that do not divide, or uneven nodes: every rank
+            detail = str(err).removeprefix("hpcdp.comm topology: ").split("; it needs")[0]
             raise ConfigError(
                 f'parallel.diloco.groups = "node" needs the same number of ranks on every node ({detail}): '
-                f"place ranks evenly, set {RANKS_PER_NODE_ENV}, or set parallel.diloco.groups = K") from None
-        self.group_comm, self.cross_comm = h.local.Dup(), h.cross.Dup()
+                "place ranks evenly, set [comm] ranks_per_node (or HPCDP_RANKS_PER_NODE) to a divisor of "
+                f"{comm.Get_size()}, or set parallel.diloco.groups = K") from None
+        from hpcdp.failure.deadline import watchdog
+        with watchdog(300.0 if timeout is None else float(timeout), "duplicating the replica groups"):
+            self.group_comm, self.cross_comm = h.local.Dup(), h.cross.Dup()
         self.count, self.size = h.nodes, h.per_node
         self.index, self.local_rank = h.node, h.local_rank
         self.source = h.source
@@ -77,12 +76,13 @@ class ReplicaGroups:
 
 def group_ranks(cfg_groups, world) -> int:
     """Ranks per group, known before setup (for the memory check): ``N / K``, or the
-    ranks of a node (``HPCDP_RANKS_PER_NODE``, else those sharing this node's memory)."""
+    ranks of a node (``[comm] ranks_per_node`` / ``HPCDP_RANKS_PER_NODE``, else those
+    sharing this node's memory)."""
     if cfg_groups != "node":
         k = int(cfg_groups)
         return max(1, world.size // k) if world.size % k == 0 else 1
-    from hpcdp.comm.hierarchical import ranks_per_node_override
-    per = ranks_per_node_override()
+    from hpcdp.comm import ranks_per_node
+    per = ranks_per_node()
     return per if per is not None else max(1, int(getattr(world, "local_size", 1)))
 
 

@@ -1,7 +1,7 @@
 """What the outer gradients carry between replica groups (``outer_dtype``).
 
 - ``"float32"``: the outer gradient's own bytes, summed by a ring allreduce.
-- ``"bfloat16"``: comm's 16-bit wire (hpcdp.comm.wire): 16-bit messages, float32 sums.
+- ``"bfloat16"``: comm's 16-bit wire (hpcdp.comm.engines.wire): 16-bit messages, float32 sums.
 - ``"int8"``: 8-bit integers with one float32 scale per block of ``B`` values. The
   scale of a block is SHARED by every group: a first, small allreduce takes the
   maximum of the groups' absolute maxima of the block (``4/B`` bytes a value), so
