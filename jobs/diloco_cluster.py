@@ -48,6 +48,7 @@ SETS = {
     # the GPT has 3 units (2 blocks and the root): 3 fragments, H = 99 (a multiple of 3)
     "streaming": ["parallel.diloco.sync_every=99", "parallel.diloco.fragments=3", "parallel.diloco.overlap=1",
                   "parallel.diloco.mixing=0.5"],
+    "streaming4": ["parallel.diloco.fragments=4", "parallel.diloco.overlap=1", "parallel.diloco.mixing=0.5"],
     "streaming-int8": ["parallel.diloco.sync_every=99", "parallel.diloco.fragments=3", "parallel.diloco.overlap=1",
                        "parallel.diloco.mixing=0.5", 'parallel.diloco.outer_dtype="int8"'],
 }
@@ -90,7 +91,7 @@ def run(name: str, steps: int, rate: str, args, rnd: int) -> dict:
            "--config", str(ROOT / "jobs/gpt_diloco.toml"), "--set", f'data.path="{Path(args.data).resolve()}"',
            "--set", f"train.steps={steps}", "--set", "run.log_every=50", "--set", "run.eval_every=0",
            "--set", "sample.length=0", "--set", f'run.out_dir="{out}"']
-    for s in SETS[name]:
+    for s in SETS[name] + (args.set or []):
         cmd += ["--set", s]
     before = [veth(prefix, 0), veth(prefix, 1)]
     sampler = Sampler(prefix)
@@ -195,6 +196,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--window", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a config override for every run (e.g. model.n_layer=4)")
     p.add_argument("--out", default="runs/diloco-cluster")
     p.add_argument("--plot", nargs="*", metavar="LABEL=CONTENDER:RUN_DIR",
                    help="no runs: plot full runs (their eval curves) against tokens and, with OUT/cluster.json's "
