@@ -12,7 +12,8 @@ jobs/gpt_diloco.toml made (its comment says how)::
 rate by rate, every contender once per round, ``--repeats`` rounds). Names:
 ``ddp`` (parallel.strategy = "ddp", the flat ring over 4 ranks), ``diloco`` (H = 100,
 float32), ``diloco-int8``, ``diloco-bf16``, ``streaming`` (P = 3 fragments, the GPT's 3 units, H = 99,
-overlap 1, mixing 0.5, float32), ``streaming-int8``.
+overlap 1, mixing 0.5, float32), ``streaming-int8``, ``streaming2``, ``streaming4``,
+``streaming5`` (P = 2, 4, 5 at H = 100; 4 and 5 need more units: ``--set model.n_layer=4``).
 
 Per run (metrics.jsonl of the job, steps after ``--warmup``): the mean step time (DiLoCo's
 syncs included: the runs cover whole periods of H), each rank's compute utilisation
@@ -48,7 +49,9 @@ SETS = {
     # the GPT has 3 units (2 blocks and the root): 3 fragments, H = 99 (a multiple of 3)
     "streaming": ["parallel.diloco.sync_every=99", "parallel.diloco.fragments=3", "parallel.diloco.overlap=1",
                   "parallel.diloco.mixing=0.5"],
+    "streaming2": ["parallel.diloco.fragments=2", "parallel.diloco.overlap=1", "parallel.diloco.mixing=0.5"],
     "streaming4": ["parallel.diloco.fragments=4", "parallel.diloco.overlap=1", "parallel.diloco.mixing=0.5"],
+    "streaming5": ["parallel.diloco.fragments=5", "parallel.diloco.overlap=1", "parallel.diloco.mixing=0.5"],
     "streaming-int8": ["parallel.diloco.sync_every=99", "parallel.diloco.fragments=3", "parallel.diloco.overlap=1",
                        "parallel.diloco.mixing=0.5", 'parallel.diloco.outer_dtype="int8"'],
 }

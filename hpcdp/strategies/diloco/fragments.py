@@ -3,9 +3,9 @@
 A fragment is a contiguous range of the flat parameter buffer made of whole units
 (``flat.units``: one per transformer block, the root unit for the embeddings and the
 final norm). :func:`plan_fragments` cuts the units, in flat order, into ``P``
-consecutive runs of about ``numel / P`` elements each (a unit is never split, so a
-fragment may be empty only when there are fewer units than fragments, which is
-refused). Together the fragments tile ``[0, numel)``: every parameter is in exactly
+consecutive runs whose largest is as small as whole units allow (a unit is never
+split; fewer units than fragments is refused). On a small GPT the root unit (the
+token embedding) is the largest unit and bounds the largest fragment from below. Together the fragments tile ``[0, numel)``: every parameter is in exactly
 one (asserted by :func:`check_tiling` and by the tests).
 
 The schedule, with ``H = sync_every``, ``s = H / P`` (the stagger) and ``tau =
@@ -42,9 +42,10 @@ class Fragment:
 
 def plan_fragments(units, numel: int, parts: int) -> list[Fragment]:
     """Cut ``units`` (objects with ``index``, ``offset``, ``size``, tiling ``[0, numel)``)
-    into ``parts`` contiguous fragments of whole units, balanced by elements: fragment
-    ``p`` ends at the first unit boundary at or past ``(p + 1) numel / parts`` (but
-    leaves at least one unit for each later fragment)."""
+    into ``parts`` contiguous fragments of whole units with the smallest possible
+    largest fragment (the peak link rate follows the largest): a binary search on that
+    size, each candidate checked by filling fragments greedily in flat order; among
+    equal largest sizes, the greedy fill's cut."""
     if parts < 1:
         raise ValueError(f"fragments: {parts} is out of range; allowed [1, inf)")
     if parts == 1:
@@ -54,18 +55,31 @@ def plan_fragments(units, numel: int, parts: int) -> list[Fragment]:
                          f"(the model has {len(units or [])}: one per block plus the root); "
                          "choose fewer fragments")
     units = sorted(units, key=lambda u: u.offset)
-    out, i = [], 0
-    for p in range(parts):
-        start = i
-        target = (p + 1) * numel / parts
-        left_for_rest = parts - 1 - p
-        # take at least one unit; stop at the first boundary at or past the target
-        i += 1
-        while i < len(units) - left_for_rest and units[i - 1].offset + units[i - 1].size < target:
-            i += 1
-        if p == parts - 1:
-            i = len(units)
-        chosen = units[start:i]
+    sizes = [int(u.size) for u in units]
+
+    def cut(limit: int):
+        """Greedy runs of at most ``limit`` elements, or None if more than ``parts``."""
+        runs, cur = [[]], 0
+        for i, s in enumerate(sizes):
+            if cur + s > limit and runs[-1]:
+                runs.append([])
+                cur = 0
+            runs[-1].append(i)
+            cur += s
+        return runs if len(runs) <= parts else None
+
+    lo, hi = max(sizes), sum(sizes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cut(mid) is not None else (mid + 1, hi)
+    runs = cut(lo)
+    while len(runs) < parts:  # fewer runs than fragments: split the longest runs of several units
+        k = max((r for r in runs if len(r) > 1), key=lambda r: sum(sizes[i] for i in r))
+        j = runs.index(k)
+        runs[j:j + 1] = [k[:1], k[1:]]
+    out = []
+    for p, run in enumerate(runs):
+        chosen = [units[i] for i in run]
         off = chosen[0].offset
         size = chosen[-1].offset + chosen[-1].size - off
         out.append(Fragment(p, int(off), int(size), tuple(u.index for u in chosen)))
