@@ -23,7 +23,8 @@ send, whose ring successors are on the other node; DiLoCo = every rank's outer b
 and both nodes' veth counters, start-up and the final evaluation included), and the
 peak link rate: node 0's veth (rx + tx) sampled every 20 ms, the largest bytes in any
 window of ``--window`` seconds (default: the run's median step time) over the window, counted
-between rank 0's first and last step lines (no start-up, no final synchronisation).
+between rank 0's first step line and the one before its last (no start-up, no final
+synchronisation: the launcher may forward the last line late).
 Writes ``OUT/cluster.json`` and prints a table.
 """
 
@@ -111,7 +112,9 @@ def run(name: str, steps: int, rate: str, args, rnd: int) -> dict:
     if rc:
         raise SystemExit(f"{name} at {rate}: exit {rc}\n{''.join(x for _, x in lines)[-3000:]}")
     steps_at = [t for t, x in lines if x.startswith("step ")]
-    span = (steps_at[0], steps_at[-1]) if len(steps_at) >= 2 else (t0, t0 + wall)
+    # from the first step line to the one before the last: the launcher forwards lines with a
+    # delay, so the last one may arrive after the final synchronisation has run
+    span = (steps_at[0], steps_at[-2]) if len(steps_at) >= 3 else (t0, t0 + wall)
     after = [veth(prefix, 0), veth(prefix, 1)]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "step" in r and "ranks" in r]
@@ -133,7 +136,8 @@ def run(name: str, steps: int, rate: str, args, rnd: int) -> dict:
             "utilisation": util, "inter_bytes_ledger": ledger,
             "inter_bytes_veth": [(a - b) for a, b in zip(after, before)],
             "tokens": steps * 32 * 64, "peak_rate_Bps": peak_rate(inside, window), "window_s": window,
-            "step_times": [r["step_time_s"] for r in rows]}
+            "step_times": [r["step_time_s"] for r in rows],
+            "veth_samples": [(round(t - span[0], 4), b - inside[0][1]) for t, b in inside] if inside else []}
 
 
 def eval_curve(run_dir) -> list:
@@ -162,7 +166,7 @@ def plot(runs: dict, cluster: dict, path: Path, tokens_per_step: int = 32 * 64) 
     rates = sorted({r for r, _ in step_s}, key=lambda r: -float(r.rstrip("mbit") or 0))
     curves = {label: eval_curve(d) for label, (_, d) in runs.items()}
     target = max(c[-1][1] for c in curves.values())
-    fig, axes = plt.subplots(1, 1 + len(rates), figsize=(5.2 * (1 + len(rates)), 4.2))
+    fig, axes = plt.subplots(1, 1 + len(rates), figsize=(5.2 * (1 + len(rates)), 4.6))
     summary = {"target": target, "time_to_target_s": {}, "final": {k: c[-1] for k, c in curves.items()}}
     for label, (name, _) in runs.items():
         c = curves[label]
@@ -176,13 +180,13 @@ def plot(runs: dict, cluster: dict, path: Path, tokens_per_step: int = 32 * 64) 
             summary["time_to_target_s"][f"{rate} {label}"] = None if first is None else first * sec
     axes[0].set(xlabel="tokens (millions)", ylabel="validation loss (nats)", title="loss against tokens")
     for ax, rate in zip(axes[1:], rates):
-        ax.set(xlabel="wall time (s)", ylabel="validation loss (nats)", xscale="log",
-               title=f"loss against wall time, link {rate}")
+        ax.set(xlabel="wall time (s)", ylabel="validation loss (nats)",
+               title=f"loss against wall time, link {rate.replace('mbit', ' Mbit/s')}")
         ax.axhline(target, color="gray", ls=":", lw=0.8)
     for ax in axes:
         ax.legend(fontsize=7)
         ax.set_ylim(top=min(6.0, ax.get_ylim()[1]))
-    fig.suptitle("DDP and DiLoCo, 2 sites x 2 ranks, GPT 168,576 params on BPE Python source; wall time = "
+    fig.suptitle("DDP and DiLoCo, 2 sites x 2 ranks, GPT 169,728 params on BPE Python source; wall time = "
                  "steps x the mean step time measured on the emulated link", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
