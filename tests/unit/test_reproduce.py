@@ -95,6 +95,14 @@ def test_reproduce_command_prints_each_point_and_writes_json_records(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "VGG-16, 512 GPUs" in proc.stdout and "median |error|" in proc.stdout
     assert "inter_alpha_s = 5e-06" in proc.stdout  # --sweep: the assumed latency moved
+    # --out: the same table, the records and the figure in a folder
+    folder = tmp_path / "rep"
+    again = subprocess.run([sys.executable, "-m", "hpcdp.cli", "scale", "--reproduce", "horovod", "--out",
+                            str(folder)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    saved = json.loads((folder / "reproduce.json").read_text())
+    assert len(saved["points"]) == 6 and saved["summary"]["max_met"]
+    assert "VGG-16, 512 GPUs" in (folder / "reproduce.txt").read_text()
     recs = json.loads(out.read_text())
     assert len(recs) == sum(len(R.load_table(n)["points"]) for n in R.available())
     for r in recs:
