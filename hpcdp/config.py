@@ -107,7 +107,7 @@ class ModelConfig:
     # Targets equal to this id are left out of the loss (padding), or "none"; the
     # loss is the mean over the other positions, as PyTorch's ignore_index.
     ignore_index: int | str = "none"
-    # Start from these weights instead of the random init (hpcdp/io/init_from.py): a
+    # Start from these weights instead of the random init (hpcdp/io/interop/init_from.py): a
     # Hugging Face GPT-2 folder or an hpcdp .safetensors file; "" = random init.
     init_from: str = ""
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import AGREEMENT, CheckpointError
 from .stop import GracefulStop, signal_name
 
 
@@ -34,7 +34,7 @@ class Checkpointer:
         self.enabled = self.c.enabled
         self.root = Path(self.c.dir) if self.c.dir else self.run_dir / "checkpoints"
         self.timeout = float(cfg.comm.timeout)
-        from .checksum import hash_threads
+        from .format.checksum import hash_threads
         self.threads = hash_threads(getattr(world, "local_size", 1))  # this rank's share of the node
         self.last_saved = -1
         self.stopped_by = 0
@@ -49,7 +49,7 @@ class Checkpointer:
         check = getattr(strategy, "checkpoint_check", None)
         if check is not None:
             check()  # a configuration the strategy cannot checkpoint: refused on every rank
-        from .layouts import get_layout
+        from .format.layouts import get_layout
         get_layout(self.c.layout).check_available()  # e.g. "shared" without parallel HDF5
         from hpcdp.failure.deadline import idup
         what = "the other ranks to set up checkpointing"
@@ -58,13 +58,13 @@ class Checkpointer:
             self.stop = GracefulStop(self._workers_comm(idup(world.comm, self.timeout, what)),
                                      timeout=self.timeout)
         if self.c.asynchronous:
-            from .background import BackgroundSaver
-            from .hostbuf import HostBuffers
+            from .save.background import BackgroundSaver
+            from .save.hostbuf import HostBuffers
             self.background = BackgroundSaver()
             self.buffers = HostBuffers()  # the snapshot's home, reused by every save
             separate = getattr(get_layout(self.c.layout), "separate_writer", False)  # needs no MPI
             if self.c.writer == "process" and separate and self.buffers.fd is not None:
-                from .writerproc import WriterProcess
+                from .save.writerproc import WriterProcess
                 self.writer = WriterProcess(self.buffers)
                 if self.enabled:
                     self.writer.start()
@@ -85,14 +85,14 @@ class Checkpointer:
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
-        from .runstate import expected_tensors
+        from .format.runstate import expected_tensors
         return expected_tensors(self.flat, self.optimizer)
 
     def _state(self, step: int, rank_arrays: dict) -> tuple[dict, dict, dict]:
         from hpcdp.config import dump_toml
         from hpcdp.optim import lr_at
 
-        from .runstate import hpcdp_version
+        from .format.runstate import hpcdp_version
 
         next_epoch, next_batch = self.sampler.position(step)
         s = self.sampler
@@ -120,13 +120,12 @@ class Checkpointer:
             self.log = log
         if not self.resume_target:
             return 0
-        from .outcome import on_root
-        from .commit import resolve
-        from .load import load
+        from .format.commit import resolve
+        from .restore.load import load
 
         latest_root = Path(self.c.dir) if self.c.dir else None
-        path = Path(on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
-                            timeout=self.timeout))
+        path = Path(AGREEMENT.on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
+                                      timeout=self.timeout))
         t0 = time.perf_counter()
         targets = self.strategy.checkpoint_targets()
         index, nbytes = load(path, targets, self.flat.layout, self.expected(), self.optimizer.kind,
@@ -184,8 +183,8 @@ class Checkpointer:
         return False
 
     def save(self, step: int, *, wait: bool = False) -> None:
-        from .save import SaveJob, rank_scalar_arrays, save
-        from .snapshot import take_snapshot
+        from .save.save import SaveJob, rank_scalar_arrays, save
+        from .save.snapshot import take_snapshot
 
         if self.background is not None:
             self._collect_background(wait=True)

@@ -42,7 +42,7 @@ class ParameterServer(Strategy):
 
     # -- setup ------------------------------------------------------------
     def setup(self, flat, optimizer, world) -> None:
-        from hpcdp.failure.setup_outcome import agree
+        from hpcdp.failure.agreement import agree
         from hpcdp.failure.deadline import broadcast, idup
 
         cfg = self.cfg

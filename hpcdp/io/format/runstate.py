@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .format import PARAM, optim_buffer, tensor_name
+from .names import PARAM, optim_buffer, tensor_name
 
 
 def hpcdp_version() -> str:

@@ -4,7 +4,7 @@ replicas read 1/M each and share (spread.py).
 The strategy names the arrays this rank fills (``checkpoint_targets``: a DDP
 replica fills everything, a ZeRO or parameter-server shard only its range); each is
 cut at parameter boundaries and read from the intersecting stored pieces
-(:class:`~hpcdp.io.reader.Reader`), checksums checked block by block. Before any
+(:class:`~hpcdp.io.restore.reader.Reader`), checksums checked block by block. Before any
 tensor is read the index is checked against the model and optimizer: a checkpoint
 of another model is refused by name. Every rank then agrees on the outcome, so one
 rank's bad file stops all of them with its message.
@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .outcome import agree, all_ok
-from .errors import CheckpointError
-from .format import tensor_name
-from .index import read_index
-from .ranges import split_by_layout
+from ..errors import AGREEMENT, CheckpointError
+from ..format.names import tensor_name
+from ..format.index import read_index
+from ..format.ranges import split_by_layout
 from .reader import Reader
-from .runstate import compatibility_problem
+from ..format.runstate import compatibility_problem
 from .spread import common_targets, exchange, plan, shares
 
 
@@ -91,11 +90,11 @@ def load(ckpt_dir, targets, layout, expected: dict, optimizer_kind: str | None, 
         return index, nbytes, (segs, owners)
 
     try:
-        index, nbytes, planned = all_ok(comm, run, timeout=timeout)
+        index, nbytes, planned = AGREEMENT.all_ok(comm, run, timeout=timeout)
         if planned is not None:  # every rank has the index and the same plan: read 1/M and share it
             error = exchange(readers[0], comm, *planned, hosts, timeout)
             nbytes += readers[0].bytes_read
-            agree(comm, error, timeout=timeout)
+            AGREEMENT.agree(comm, error, timeout=timeout)
             _to_device(together, hosts, backend)
     finally:
         for reader in readers:

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .checksum import WRITE, block_elements, submit_digests
-from .failpoint import failpoint
-from .format import FORMAT_NAME, FORMAT_VERSION
-from .direct import PieceWriter
+from ..failpoint import failpoint
+from .names import FORMAT_NAME, FORMAT_VERSION
+from ..disk.direct import PieceWriter
 from .h5 import create, fsync_file, put_attr, raw_dataset
 
 
@@ -41,7 +41,7 @@ def set_attrs(obj, attrs: dict) -> None:
 
 
 def write_rank_file(path, snap, attrs: dict, *, step: int, rank: int, threads: int = 1) -> dict:
-    """Write ``snap`` (a :class:`~hpcdp.io.snapshot.Snapshot`) to ``path`` and fsync it;
+    """Write ``snap`` (a :class:`~hpcdp.io.save.snapshot.Snapshot`) to ``path`` and fsync it;
     ``threads`` hash (checksum.hash_threads). Returns how the bytes went
     (``direct``: O_DIRECT was used; ``direct_bytes``, ``buffered_bytes``)."""
     pieces = snap.pieces
@@ -87,7 +87,7 @@ def list_pieces(f) -> list[tuple[str, int, int, str]]:
 
 
 class SplitLayout:
-    """``checkpoint.layout = "split"``: one file per writing rank (hpcdp/io/layouts.py)."""
+    """``checkpoint.layout = "split"``: one file per writing rank (hpcdp/io/format/layouts.py)."""
 
     name = "split"
     separate_writer = True   # a rank's file needs no MPI: another process may write it
@@ -97,7 +97,7 @@ class SplitLayout:
         pass
 
     def files(self, world_size: int) -> list[str]:
-        from .format import rank_file_name
+        from .names import rank_file_name
         return [rank_file_name(r) for r in range(world_size)]
 
     def write(self, tmp, job, comm, rank: int, size: int, timeout: float) -> None:

@@ -26,14 +26,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .checksum import ALGORITHMS, TITLE, digest, stored_digests
-from .coalesce import Extents, merge, wanted as coalesce_wanted
-from .direct import DirectReads, open_direct
-from .errors import EARLIER, CheckpointError, damaged_file
-from .format import BLOCK_BYTES
-from .h5 import QuickDataset, pread_into
-from .layouts import get_layout
-from .ranges import Span, blocks_covering, intersect
+from ..format.checksum import ALGORITHMS, TITLE, digest, stored_digests
+from ..disk.coalesce import Extents, merge, wanted as coalesce_wanted
+from ..disk.direct import DirectReads, open_direct
+from ..errors import EARLIER, CheckpointError, damaged_file
+from ..format.names import BLOCK_BYTES
+from ..format.h5 import QuickDataset, pread_into
+from ..format.layouts import get_layout
+from ..format.ranges import Span, blocks_covering, intersect
 
 READ_AHEAD = 4   # blocks in flight per reader (each a 4 MiB request)
 QUEUED = 32      # blocks queued, read or not, before the oldest is waited for
@@ -73,7 +73,7 @@ class Reader:
             how = "truncated" if size < want else "longer than written"
             raise CheckpointError(f"checkpoint {self.dir}: data file {name} has {size} bytes, the index "
                                   f"says {want}: the file is {how}; {EARLIER}")
-        from .probe import check_in_child, crash_prone_build
+        from ..format.probe import check_in_child, crash_prone_build
         if getattr(self.layout, "probe_first", False) or crash_prone_build():  # a crash there becomes the line
             check_in_child(path, f"checkpoint {self.dir}: file {name}")
         with damaged_file(f"checkpoint {self.dir}: file {name}"):

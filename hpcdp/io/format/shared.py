@@ -8,7 +8,8 @@ attributes ``pieces`` ((P, 2) int64: element offset, size, sorted) and ``xxh3_12
 
 HDF5 metadata (dataset creation, attributes) is collective in parallel HDF5: every
 rank makes the same calls with the same values, so the pieces' offsets and digests
-are first shared with two small allreduces (:mod:`hpcdp.comm`, deadline-bounded).
+are first shared with small all-gathers (hpcdp.failure.agreement's ``allgather_rows``,
+through :mod:`hpcdp.comm`, deadline-bounded).
 The bulk data then goes, each rank its own hyperslabs, straight to the offsets HDF5
 allocated (``pwrite``, O_DIRECT for the whole pages: direct.py), not through MPI-IO.
 
@@ -21,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .outcome import allgather_rows
+from hpcdp.failure.agreement import allgather_rows
+
 from .checksum import ALGORITHMS, WRITE, block_elements, submit_digests
-from .errors import CheckpointError
-from .failpoint import failpoint
-from .direct import PieceWriter
-from .format import FORMAT_NAME, FORMAT_VERSION
+from ..errors import CheckpointError
+from ..failpoint import failpoint
+from ..disk.direct import PieceWriter
+from .names import FORMAT_NAME, FORMAT_VERSION
 from .h5 import create, fsync_file, has_mpi, raw_dataset
 from .shardfile import set_attrs
 
@@ -101,7 +103,7 @@ def list_shared_pieces(f) -> list[tuple[str, int, int, str]]:
 
 
 class SharedLayout:
-    """``checkpoint.layout = "shared"``: one file, every rank's hyperslabs (hpcdp/io/layouts.py)."""
+    """``checkpoint.layout = "shared"``: one file, every rank's hyperslabs (hpcdp/io/format/layouts.py)."""
 
     name = "shared"
     probe_first = True   # Debian's parallel HDF5 1.10.8 can segfault on a damaged file (probe.py)
@@ -110,7 +112,7 @@ class SharedLayout:
         check_available()
 
     def files(self, world_size: int) -> list[str]:
-        from .format import SHARED_FILE
+        from .names import SHARED_FILE
         return [SHARED_FILE]
 
     def write(self, tmp, job, comm, rank: int, size: int, timeout: float) -> None:

@@ -3,13 +3,13 @@
 Formats (one process; the weights are read as ``hpcdp sample --resume`` reads them,
 whatever rank count, strategy and layout wrote the checkpoint, checksums checked):
 
-- ``h5`` / ``npz``: hpcdp's names, one plain file (:func:`hpcdp.io.inspect.export`).
+- ``h5`` / ``npz``: hpcdp's names, one plain file (:func:`hpcdp.io.interop.inspect.export`).
 - ``safetensors``: hpcdp's names (``wte.weight``, ``h.0.attn.c_attn.weight``...) in one
   ``.safetensors`` file; its metadata holds ``format = "hpcdp"``, the step and the
   resolved config (TOML). ``model.init_from`` reads it back.
 - ``hf-gpt2``: a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads:
   ``config.json`` + ``model.safetensors`` in GPT2LMHeadModel's layout
-  (:mod:`hpcdp.io.hf_gpt2`), and ``tokenizer.json`` when the run's corpus was made
+  (:mod:`hpcdp.io.interop.hf_gpt2`), and ``tokenizer.json`` when the run's corpus was made
   with a Hugging Face tokenizer (with a ``tokenizer_config.json``, so that
   ``AutoTokenizer.from_pretrained(folder)`` loads it). ``model.init_from`` reads it back.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 FORMATS = ("h5", "npz", "safetensors", "hf-gpt2")
 HPCDP_FORMAT = "hpcdp"  # the safetensors metadata "format" of hpcdp-named files
@@ -48,10 +48,10 @@ def format_of(out, fmt: str | None) -> str:
 
 def read_weights(ckpt_dir) -> tuple[dict, object]:
     """``({hpcdp parameter name: array}, index)`` of a checkpoint, in layout order."""
-    from .format import PARAM
-    from .index import read_index
+    from ..format.names import PARAM
+    from ..format.index import read_index
     from .inspect import read_tensor
-    from .reader import Reader
+    from ..restore.reader import Reader
 
     index = read_index(ckpt_dir)
     with Reader(Path(ckpt_dir), index) as reader:
@@ -114,7 +114,7 @@ def hf_arrays(arrays: dict, tied: bool) -> dict:
 def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
     """Write the GPT2LMHeadModel folder ``out``; returns (tensors, a note on the tokenizer)."""
     from .hf_gpt2 import END_OF_TEXT, hf_config
-    from .weights import checkpoint_config
+    from ..restore.weights import checkpoint_config
 
     cfg = checkpoint_config(ckpt_dir)
     if cfg.model.kind != "gpt":
@@ -149,7 +149,7 @@ def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
 def checkpoint_of(path) -> Path:
     """The checkpoint ``path`` names: a step-* directory itself, else the newest
     complete one in a folder of them (or a run directory's ``checkpoints/``)."""
-    from .commit import marker_problem
+    from ..format.commit import marker_problem
     from .inspect import checkpoints_in
 
     found = checkpoints_in(path)

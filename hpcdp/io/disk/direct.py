@@ -30,12 +30,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .h5 import pwrite_all
-
 ALIGN = 4096                 # file offsets, lengths and memory of O_DIRECT transfers
 ALIGN_THRESHOLD = 64 << 10   # datasets at least this large are page aligned in the file
 CHUNK = 16 << 20             # bytes per O_DIRECT pwrite
 ENV = "HPCDP_CKPT_DIRECT"    # "0": never O_DIRECT (benchmarks compare both ways)
+
+
+def pwrite_all(fd: int, arr: np.ndarray, offset: int) -> None:
+    """All of ``arr``'s bytes to ``fd`` at ``offset`` (plain ``pwrite``, repeated
+    until done)."""
+    view = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
 
 
 def wanted() -> bool:
@@ -233,5 +240,5 @@ class PieceWriter:
         self.close()
 
 
-__all__ = ["PieceWriter", "DirectReads", "open_direct", "pread_full", "aligned_empty", "is_aligned", "wanted", "ALIGN", "ALIGN_THRESHOLD",
+__all__ = ["PieceWriter", "pwrite_all", "DirectReads", "open_direct", "pread_full", "aligned_empty", "is_aligned", "wanted", "ALIGN", "ALIGN_THRESHOLD",
            "CHUNK", "ENV"]

@@ -35,7 +35,7 @@ import os
 import numpy as np
 import xxhash
 
-from .format import BLOCK_BYTES
+from .names import BLOCK_BYTES
 
 
 def _sha256(raw) -> bytes:

@@ -26,8 +26,8 @@ import h5py
 import numpy as np
 
 from .checksum import block_elements
-from .errors import CheckpointError, damaged_file
-from .format import FORMAT_NAME, FORMAT_VERSION, INDEX_FILE
+from ..errors import CheckpointError, damaged_file
+from .names import FORMAT_NAME, FORMAT_VERSION, INDEX_FILE
 from .h5 import create, group_at, read_small, write_small
 from .ranges import coverage_problems
 from .shardfile import set_attrs

@@ -1,7 +1,7 @@
 """The asynchronous save's writer process: a rank file written off the training GIL.
 
 With ``checkpoint.writer = "process"`` (layout "split"), each rank starts one helper
-process at its first asynchronous save (``python -m hpcdp.io.writerproc``; no MPI
+process at its first asynchronous save (``python -m hpcdp.io.save.writerproc``; no MPI
 in it) and keeps it for the run. A save then goes:
 
 1. training thread: copy the pieces into the shared host buffers (hostbuf.py: a
@@ -34,7 +34,7 @@ import threading
 
 import numpy as np
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 _LEN = struct.Struct("<Q")
 
@@ -70,7 +70,7 @@ class WriterProcess:
 
     def _start(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "hpcdp.io.writerproc", str(self.buffers.fd)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "hpcdp.io.save.writerproc", str(self.buffers.fd)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self.buffers.fd,),
                                      env=env, start_new_session=True)
 
@@ -152,7 +152,7 @@ def serve(fd: int) -> int:
 
     lower_priority()
 
-    from .shardfile import write_rank_file
+    from ..format.shardfile import write_rank_file
     from .snapshot import Snapshot, TensorPiece
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer

@@ -21,9 +21,9 @@ import shutil
 from pathlib import Path
 
 from .checksum import sha256_file
-from .errors import CheckpointError
-from .failpoint import failpoint
-from .format import FORMAT_NAME, INDEX_FILE, MARKER_FILE, STEP_DIR_RE, step_dir_name
+from ..errors import CheckpointError
+from ..failpoint import failpoint
+from .names import FORMAT_NAME, INDEX_FILE, MARKER_FILE, STEP_DIR_RE, step_dir_name
 from .h5 import fsync_dir
 
 

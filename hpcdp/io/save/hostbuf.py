@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from .direct import ALIGN
+from ..disk.direct import ALIGN
 from .snapshot import Snapshot, TensorPiece
 
 

@@ -6,7 +6,7 @@ process (SIGSEGV inside an attribute read). A crash cannot become a line in the
 process it kills, so before a reader opens a file that such a build wrote (the
 shared layout's one file: ``layout.probe_first``; under such a build every
 file of a checkpoint, the index included: :func:`crash_prone_build`), a child process
-(``python -m hpcdp.io.probe FILE WHERE``) opens every object and attribute of it
+(``python -m hpcdp.io.format.probe FILE WHERE``) opens every object and attribute of it
 the way the reader and ``verify`` will, printing each object's path before it
 touches it. The parent turns the child's outcome into the usual one line:
 
@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import EARLIER, CheckpointError, damaged_file
+from ..errors import EARLIER, CheckpointError, damaged_file
 
 _PASSED: set = set()
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "HYDRA_", "MPIR_", "PRTE_")
@@ -85,7 +85,7 @@ def check_in_child(path, where: str, timeout: float = 300.0) -> None:
     if key in _PASSED:
         return
     try:
-        proc = subprocess.run([sys.executable, "-m", "hpcdp.io.probe", str(path), where],
+        proc = subprocess.run([sys.executable, "-m", "hpcdp.io.format.probe", str(path), where],
                               capture_output=True, text=True, env=_child_env(), timeout=timeout)
     except subprocess.TimeoutExpired:
         raise CheckpointError(f"{where}: reading its HDF5 metadata did not finish in {timeout:g} s (a "
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     path, where = (argv if argv is not None else sys.argv[1:])[:2]
     import h5py
 
-    from .failpoint import failpoint
+    from ..failpoint import failpoint
 
     def seen(obj_path):
         print(f"O {obj_path}", flush=True)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .commit import list_checkpoints, marker_problem, run_dir_hint
-from .errors import EARLIER, CheckpointError, damaged_file
-from .format import FORMAT_NAME, INDEX_FILE, PARAM, STEP_DIR_RE
-from .index import read_index
-from .probe import walk
-from .ranges import coverage_problems
-from .reader import Reader
+from ..format.commit import list_checkpoints, marker_problem, run_dir_hint
+from ..errors import EARLIER, CheckpointError, damaged_file
+from ..format.names import FORMAT_NAME, INDEX_FILE, PARAM, STEP_DIR_RE
+from ..format.index import read_index
+from ..format.probe import walk
+from ..format.ranges import coverage_problems
+from ..restore.reader import Reader
 
 
 def read_tensor(reader, index, tid: int) -> np.ndarray:
@@ -115,8 +115,8 @@ def export(ckpt_dir, out, *, optimizer: bool = False) -> int:
     if out.suffix == ".npz":
         np.savez(out, **arrays)
     else:
-        from .h5 import create, group_at
-        from .shardfile import set_attrs
+        from ..format.h5 import create, group_at
+        from ..format.shardfile import set_attrs
         with create(out) as f:
             set_attrs(f, {"step": index.step, "source": str(ckpt_dir), "config": index.attrs.get("config", "")})
             for name, arr in arrays.items():

@@ -19,8 +19,8 @@ methods, plus one line in ``LAYOUTS`` (and its name in the config's allowed valu
                                         # child process before opening it (probe.py: a damaged
                                         # file may crash the HDF5 build that reads this layout)
 
-Layouts: ``split`` (hpcdp/io/shardfile.py: one file per writing rank, one dataset
-per piece) and ``shared`` (hpcdp/io/shared.py: one file written collectively with
+Layouts: ``split`` (hpcdp/io/format/shardfile.py: one file per writing rank, one dataset
+per piece) and ``shared`` (hpcdp/io/format/shared.py: one file written collectively with
 h5py's mpio driver, one dataset per tensor).
 """
 
@@ -30,8 +30,8 @@ import importlib
 
 # name -> "module:attribute" (imported when first asked for: shared needs parallel h5py)
 LAYOUTS = {
-    "split": "hpcdp.io.shardfile:SPLIT",
-    "shared": "hpcdp.io.shared:SHARED",
+    "split": "hpcdp.io.format.shardfile:SPLIT",
+    "shared": "hpcdp.io.format.shared:SHARED",
 }
 
 
@@ -40,7 +40,7 @@ def get_layout(name: str):
     ``checkpoint.layout``)."""
     spec = LAYOUTS.get(name)
     if spec is None:
-        from .errors import CheckpointError
+        from ..errors import CheckpointError
         raise CheckpointError(f"checkpoint layout {name!r} is unknown; known: {', '.join(LAYOUTS)}")
     module, attr = spec.split(":")
     return getattr(importlib.import_module(module), attr)

@@ -38,10 +38,10 @@ from concurrent.futures import wait as futures_wait
 
 import numpy as np
 
-from .checksum import block_elements
-from .errors import CheckpointError
-from .format import tensor_name
-from .ranges import intersect, split_by_layout
+from ..format.checksum import block_elements
+from ..errors import CheckpointError
+from ..format.names import tensor_name
+from ..format.ranges import intersect, split_by_layout
 from .reader import QUEUED
 
 CHUNK_BYTES = 16 << 20  # a share is sent in runs of about this many bytes, each once it is verified
@@ -59,7 +59,7 @@ def common_targets(comm, targets, timeout: float) -> list[int]:
     restores, in an order all ranks share (by digest); [] on one rank."""
     if comm is None or comm.Get_size() == 1:
         return []
-    from .outcome import allgather_rows
+    from hpcdp.failure.agreement import allgather_rows
 
     mine = np.stack([targets_digest([t]) for t in targets]) if targets else np.zeros((0, 32), np.uint8)
     rows = allgather_rows(comm, mine, timeout=timeout)

@@ -18,15 +18,15 @@ import os
 import h5py
 import numpy as np
 
+from ..disk.direct import ALIGN, ALIGN_THRESHOLD
+from ..errors import CheckpointError
 from .checksum import block_digests, first_bad_block
-from .errors import CheckpointError
-from .format import LIBVER
+from .names import LIBVER
 
 
 def create(path, **kw) -> h5py.File:
-    """A new file whose large datasets start on page boundaries (direct.ALIGN), so
-    their bytes can be written with O_DIRECT (direct.py); small objects pack as usual."""
-    from .direct import ALIGN, ALIGN_THRESHOLD
+    """A new file whose large datasets start on page boundaries (disk/direct.py's ALIGN),
+    so their bytes can be written with O_DIRECT; small objects pack as usual."""
     return h5py.File(path, "w", libver=LIBVER, alignment_threshold=ALIGN_THRESHOLD, alignment_interval=ALIGN,
                      **kw)
 
@@ -156,13 +156,6 @@ class QuickAttrs:
         return out[()] if out.ndim == 0 else out
 
 
-def pwrite_all(fd: int, arr: np.ndarray, offset: int) -> None:
-    view = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
-
-
 def pread_into(fd: int, out: np.ndarray, offset: int, path) -> None:
     """Fill ``out`` (contiguous) from the file at ``offset``; a short read means the
     file ends early (truncated)."""
@@ -198,4 +191,4 @@ def has_mpi() -> bool:
 
 
 __all__ = ["create", "open_read", "group_at", "raw_dataset", "write_small", "read_small",
-           "pwrite_all", "pread_into", "fsync_file", "fsync_dir", "has_mpi", "QuickDataset", "QuickAttrs", "put_attr"]
+           "pread_into", "fsync_file", "fsync_dir", "has_mpi", "QuickDataset", "QuickAttrs", "put_attr"]

@@ -14,14 +14,14 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 
 def checkpoint_config(ckpt_dir, overrides=()):
     """The resolved config a checkpoint was written with, ``overrides`` applied."""
     from hpcdp.config import apply_overrides, config_from_dict
 
-    from .index import read_index
+    from ..format.index import read_index
 
     text = read_index(ckpt_dir).attrs.get("config", "")
     try:
@@ -35,10 +35,10 @@ def load_weights(ckpt_dir, model) -> int:
     """Fill ``model``'s full parameter buffer from the checkpoint (the model must have
     the checkpoint's tensors, shapes and dtype, else a CheckpointError naming the
     tensor). Returns the step the checkpoint was written at."""
-    from .format import PARAM
+    from ..format.names import PARAM
     from .load import load
-    from .protocol import Piece
-    from .runstate import expected_tensors
+    from ..protocol import Piece
+    from ..format.runstate import expected_tensors
 
     flat = model.flat
     # optimizer None: the parameters only, whatever optimizer state the checkpoint holds
@@ -57,7 +57,7 @@ def model_from_checkpoint(target: str, overrides=(), *, latest_root=None, device
     from hpcdp.config_error import ConfigError
     from hpcdp.nn import build_model
 
-    from .commit import resolve
+    from ..format.commit import resolve
 
     path = resolve(target, latest_root, if_none="point --resume at a complete step-* checkpoint (hpcdp ckpt "
                    "ls lists them), or let training save one (checkpoint.every, checkpoint.final)")

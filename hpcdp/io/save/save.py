@@ -1,6 +1,6 @@
 """One save, from host snapshots to a committed checkpoint (every rank calls it).
 
-The phases and who runs them (each ends with an agreement, see outcome.py, so a
+The phases and who runs them (each ends with an agreement, see hpcdp/failure/agreement.py, so a
 failure anywhere stops every rank with the same message instead of a hang)::
 
     rank 0      prepare <root>/.step-S.tmp/                      (commit.prepare)
@@ -20,14 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .outcome import all_ok, allgather_rows, on_root
-from .errors import CheckpointError
-from .commit import commit, prepare, prune, tmp_dir
-from .failpoint import failpoint
-from .format import step_dir_name
-from .h5 import open_read
-from .index import build_tables, write_index
-from .layouts import get_layout
+from hpcdp.failure.agreement import allgather_rows, allgather_slots
+
+from ..errors import AGREEMENT, CheckpointError
+from ..format.commit import commit, prepare, prune, tmp_dir
+from ..failpoint import failpoint
+from ..format.names import step_dir_name
+from ..format.h5 import open_read
+from ..format.index import build_tables, write_index
+from ..format.layouts import get_layout
 
 
 @dataclass
@@ -51,18 +52,18 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
     rank = comm.Get_rank() if comm is not None else 0
     size = comm.Get_size() if comm is not None else 1
     # rank 0 makes the temporary directory; its name is known to all (commit.tmp_dir)
-    on_root(comm, lambda: prepare(job.root, job.step), timeout=timeout, share=False)
+    AGREEMENT.on_root(comm, lambda: prepare(job.root, job.step), timeout=timeout, share=False)
     tmp = tmp_dir(job.root, job.step)
-    mine = all_ok(comm, lambda: _piece_rows(job), timeout=timeout)
+    mine = AGREEMENT.all_ok(comm, lambda: _piece_rows(job), timeout=timeout)
     layout = get_layout(job.layout)
     files = layout.files(size)
-    all_ok(comm, lambda: layout.write(tmp, job, comm, rank, size, timeout), timeout=timeout)
+    AGREEMENT.all_ok(comm, lambda: layout.write(tmp, job, comm, rank, size, timeout), timeout=timeout)
     # Every rank's piece table reaches rank 0 (its files are not reopened to learn it).
     every = allgather_rows(comm, mine, timeout=timeout)
     names = list(job.expected)
     found = layout.per_file([[(names[t], o, n, job.expected[names[t]][1]) for t, o, n in rows]
                              for rows in every])
-    on_root(comm, lambda: _finish(job, tmp, files, found), timeout=timeout, share=False)
+    AGREEMENT.on_root(comm, lambda: _finish(job, tmp, files, found), timeout=timeout, share=False)
     return Path(job.root) / step_dir_name(job.step)
 
 
@@ -104,15 +105,14 @@ def _finish(job: SaveJob, tmp: Path, files: list, found: list | None = None) -> 
 
 def rank_scalar_arrays(comm, scalars: dict, *, timeout: float = 300.0) -> dict:
     """``{key: (world size,) array}`` of every rank's scalars (the same keys on every
-    rank; float64, exact for integers below 2**53). One small allreduce."""
+    rank; float64, exact for integers below 2**53). One small all-gather."""
     keys = sorted(scalars)
     size = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
     table = np.zeros((size, len(keys)), dtype=np.float64)
     table[rank] = [float(scalars[k]) for k in keys]
     if size > 1 and keys:
-        from .outcome import allreduce_gently
-        allreduce_gently(table.reshape(-1), comm, "sum", timeout)
+        allgather_slots(comm, table, timeout=timeout)
     return {k: table[:, i].copy() for i, k in enumerate(keys)}
 
 

@@ -4,7 +4,7 @@ PATH is either
 
 - a Hugging Face GPT-2 folder (``config.json`` + ``model.safetensors``, or a sharded
   ``model.safetensors.index.json``): what ``GPT2LMHeadModel.save_pretrained`` and
-  ``hpcdp ckpt export --format hf-gpt2`` write (the layout: :mod:`hpcdp.io.hf_gpt2`);
+  ``hpcdp ckpt export --format hf-gpt2`` write (the layout: :mod:`hpcdp.io.interop.hf_gpt2`);
 - an hpcdp ``.safetensors`` file (``hpcdp ckpt export --format safetensors``).
 
 Before any weight is read the source is checked against the ``[model]`` section:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 WEIGHTS, SHARDED_INDEX, CONFIG, TOKENIZER = ("model.safetensors", "model.safetensors.index.json",
                                              "config.json", "tokenizer.json")
@@ -216,9 +216,9 @@ def tokenizer_problem(source: Source, corpus_tokenizer) -> str | None:
 def init_from(path, strategy, flat, model_cfg, comm, *, corpus_tokenizer=None, timeout: float = 300.0) -> str:
     """Fill the parameters this rank holds (``strategy.checkpoint_targets()``) from
     ``path``; collective over ``comm`` (None: one process). Returns one line for the log."""
-    from .outcome import all_ok
-    from .format import PARAM
-    from .ranges import split_by_layout
+    from ..errors import AGREEMENT
+    from ..format.names import PARAM
+    from ..format.ranges import split_by_layout
 
     def run():
         source = open_source(path)
@@ -241,7 +241,7 @@ def init_from(path, strategy, flat, model_cfg, comm, *, corpus_tokenizer=None, t
         finally:
             source.close()
 
-    kind, read = all_ok(comm, run, timeout=timeout)
+    kind, read = AGREEMENT.all_ok(comm, run, timeout=timeout)
     strategy.checkpoint_restored()
     return (f"model.init_from: {path} ({kind}): {read:,} of {flat.numel:,} parameters read on this rank; "
             "optimizer state fresh")

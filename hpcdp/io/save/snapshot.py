@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .format import tensor_name
-from .protocol import to_host
-from .ranges import split_by_layout
+from ..format.names import tensor_name
+from ..protocol import to_host
+from ..format.ranges import split_by_layout
 
 
 @dataclass
