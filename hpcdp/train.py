@@ -153,6 +153,10 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
     # The memory figures count what this process holds: free an earlier in-process
     # run's cyclic garbage first (one collection per run, milliseconds).
     gc.collect()
+    # The [comm] section steers every collective from here on (an environment variable
+    # that overrides one of its values is logged once: hpcdp.comm.core.settings).
+    from hpcdp.comm import configure
+    configure(cfg.comm)
     # Each setup stage ends with every rank agreeing (hpcdp.failure.agreement): an error on
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout

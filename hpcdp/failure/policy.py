@@ -61,7 +61,7 @@ def _clear(e: BaseException) -> bool:
     from .nonfinite import NonFiniteError
 
     known = USER_ERRORS + (NonFiniteError, KeyboardInterrupt)
-    comm_errors = sys.modules.get("hpcdp.comm.errors")
+    comm_errors = sys.modules.get("hpcdp.comm.core.errors")
     if comm_errors is not None:
         known += (comm_errors.CommError,)
     return isinstance(e, known)

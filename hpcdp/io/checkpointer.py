@@ -75,11 +75,17 @@ class Checkpointer:
         communicator of the workers only; a server keeps the signal handlers (so a
         signal does not kill it) and learns of the stop from the workers' save
         request and their done. None on a server."""
+        import numpy as np
         from mpi4py import MPI
 
-        if comm.allreduce(int(not self.strategy.is_worker)) == 0:
+        from hpcdp.comm import allreduce, forget
+
+        servers = np.array([int(not self.strategy.is_worker)], dtype=np.int64)
+        allreduce(servers, comm=comm, op="sum", timeout=self.timeout)  # deadline, failure policy
+        if servers[0] == 0:
             return comm
         sub = comm.Split(0 if self.strategy.is_worker else MPI.UNDEFINED, comm.Get_rank())
+        forget(comm)  # hpcdp's duplicates of it too
         comm.Free()
         return sub if self.strategy.is_worker else None
 

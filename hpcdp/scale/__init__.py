@@ -4,7 +4,7 @@
   report.py its table, plot and predictions; compute_only.py the no-communication baseline;
   collect.py the table of points run as separate jobs.
 - model.py: a training config's step priced strategy by strategy, on the link costs of
-  hpcdp.comm.cost (the collective half of the model).
+  hpcdp.comm.model.cost (the collective half of the model).
 - calibrate.py (+ linkprobe.py, the probe it launches), predict.py, validate.py: measure a
   machine profile, predict from one, check one against held-out points.
 - ps_study.py, zero_study.py: the parameter-server and ZeRO studies.

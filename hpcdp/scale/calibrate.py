@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.comm import volume as V
-from hpcdp.comm.cost import SEGMENT_BYTES, Link, Profile, profile_from_dict
+from hpcdp.comm.model import volume as V
+from hpcdp.comm.model.cost import SEGMENT_BYTES, Link, Profile, profile_from_dict
 from hpcdp.launch import loadavg
 from hpcdp.scale.linkprobe import SMALL_BUFFER
 

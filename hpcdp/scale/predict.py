@@ -68,7 +68,7 @@ def _strategies(text: str):
 
 def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=None) -> dict:
     """Every (strategy, N) point plus the crossovers, as a JSON-able dict."""
-    from hpcdp.comm import cost as CM
+    from hpcdp.comm.model import cost as CM
     from hpcdp.scale import model as M
 
     per_node = per_node or profile.ranks_per_node
@@ -213,7 +213,7 @@ def plot_predict(res: dict, path: Path) -> str | None:
 
 def run(args) -> dict:
     from hpcdp.config import load_config
-    from hpcdp.comm.cost import load_profile
+    from hpcdp.comm.model.cost import load_profile
     from hpcdp.scale.model import workload_from_config
 
     if not args.profile:

@@ -8,7 +8,7 @@ the published figure), with every input that was not published marked ASSUMED an
 reasoned in the file's header. Nothing in a table is fitted to its points.
 
 Each point is priced by the same code that prices hpcdp's own jobs: the table's machine
-becomes a :class:`hpcdp.comm.cost.Profile` (compute in images: ``flops_per_s`` = one
+becomes a :class:`hpcdp.comm.model.cost.Profile` (compute in images: ``flops_per_s`` = one
 GPU's images/s, one "flop" a sample), the model a :class:`hpcdp.scale.model.Workload`
 (its gradient in buckets of the table's fusion size, backward order), and
 
@@ -16,7 +16,7 @@ GPU's images/s, one "flop" a sample), the model a :class:`hpcdp.scale.model.Work
   (Horovod over NCCL 2: one ring over every GPU, overlapped with backward);
 - ``strategy = "ps-replicated"``: the gradient summed over a machine's GPUs (hpcdp's ring
   allreduce on the in-machine link), then the synchronous parameter server's push and
-  pull with K servers over the M machines (:func:`hpcdp.comm.cost.ps_push_pull`), after
+  pull with K servers over the M machines (:func:`hpcdp.comm.model.cost.ps_push_pull`), after
   backward (TensorFlow's ``distributed_replicated``).
 
 The predicted figure is the weak-scaling efficiency ``t(1) / t(N)`` in percent, the
@@ -70,7 +70,7 @@ def load_table(name: str) -> dict:
 
 def profile_of(machine: dict, images_per_s: float, **override):
     """The table's machine as a cost-model Profile; compute counted in images."""
-    from hpcdp.comm.cost import Link, Profile
+    from hpcdp.comm.model.cost import Link, Profile
 
     m = {**machine, **override}
     gpn = int(m["gpus_per_node"])
@@ -100,7 +100,7 @@ def workload_of(model: dict, fusion_bytes: int = 0, itemsize: int = 4):
 
 def predicted_step_s(table: dict, model_key: str, gpus: int, **override) -> float:
     """The model's step time of ``model_key`` on ``gpus`` GPUs (each at the table's batch)."""
-    from hpcdp.comm.cost import Topology, ps_push_pull, ring_allreduce
+    from hpcdp.comm.model.cost import Topology, ps_push_pull, ring_allreduce
     from hpcdp.scale.model import step
 
     mdl, mach = table["models"][model_key], {**table["machine"], **override}

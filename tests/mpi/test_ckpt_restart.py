@@ -57,7 +57,7 @@ def _only_on(size: int) -> None:
 def _nodes_of_two(monkeypatch, *strategies) -> None:
     """Hybrid sharding's nodes: blocks of 2 ranks (HPCDP_RANKS_PER_NODE)."""
     if any(s.startswith("hybrid") for s in strategies):
-        from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+        from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
         monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
 
 

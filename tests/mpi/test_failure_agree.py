@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from hpcdp.config_error import ConfigError
 from hpcdp.failure.agreement import JobError, agree, on_root, stage
-from hpcdp.failure.deadline import DeadlineExceeded, broadcast, wait
+from hpcdp.failure.deadline import DeadlineExceeded, wait
 from hpcdp.io.errors import AGREEMENT, CheckpointError
 
 COMM = MPI.COMM_WORLD
@@ -103,9 +103,14 @@ def test_a_wait_past_its_deadline_names_every_rank_still_owed():
 
 @pytest.mark.mpi(min_size=2)
 def test_broadcast_with_deadline_copies_the_root():
+    from hpcdp.comm import Ledger, broadcast
+
     buf = np.full(5, float(RANK))
-    broadcast(buf, comm=COMM, root=1, timeout=60)
+    ledger = Ledger()
+    assert broadcast(buf, comm=COMM, root=1, timeout=60, ledger=ledger) is buf
     assert np.array_equal(buf, np.ones(5))
+    e = ledger.totals()["broadcast"]
+    assert (e["sent_bytes"], e["recv_bytes"]) == ((40, 0) if RANK == 1 else (0, 40))
 
 
 @pytest.mark.mpi(min_size=2)

@@ -4,7 +4,7 @@ written profile loads back equal."""
 import numpy as np
 import pytest
 
-from hpcdp.comm import cost as CM
+from hpcdp.comm.model import cost as CM
 from hpcdp.scale import calibrate as C
 from hpcdp.scale.study import attribute
 

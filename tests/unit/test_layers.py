@@ -249,7 +249,7 @@ def test_the_rules_see_lazy_relative_and_package_imports():
     """The walker finds imports inside functions, relative ones and ``from pkg import mod``."""
     found = {(m, t) for m, t, _, _ in edges()}
     assert ("hpcdp.cli", "hpcdp.launch") in found  # inside a function
-    assert ("hpcdp.comm.cost", "hpcdp.comm.volume") in found  # from hpcdp.comm import volume
+    assert ("hpcdp.comm.model.cost", "hpcdp.comm.model.volume") in found  # from hpcdp.comm import volume
     assert any(m.startswith("hpcdp.io.") and t == "hpcdp.io.errors" for m, t in found)  # relative
 
 

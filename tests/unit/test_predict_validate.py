@@ -123,7 +123,7 @@ def test_the_repeat_statistic_drops_a_rate_limited_links_burst():
 
 
 def test_validation_points_across_a_rate_limited_link_skip_the_burst():
-    from hpcdp.comm.cost import Link, Profile
+    from hpcdp.comm.model.cost import Link, Profile
 
     link = Link(alpha_s=50e-6, beta_s_per_byte=8.4e-9)  # 1 Gbit/s (tbf), as the emulated cluster
     prof = Profile(name="tbf", intra=link, inter=link, gamma_s_per_byte=0.0, call_s={"ring": 0.0},
@@ -143,7 +143,7 @@ def test_zero_step_study_puts_the_model_beside_each_point():
     prediction of that strategy and algorithm (ZeRO's groups from parallel.zero.bucket_mb)."""
     from argparse import Namespace
 
-    from hpcdp.comm.cost import load_profile
+    from hpcdp.comm.model.cost import load_profile
     from hpcdp.config import load_config
     from hpcdp.scale import model as M
     from hpcdp.scale.zero_study import predict_steps, strategies_for

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hpcdp.comm.cost import Topology, ps_push_pull, ring_allreduce
+from hpcdp.comm.model.cost import Topology, ps_push_pull, ring_allreduce
 from hpcdp.scale import reproduce as R
 
 
@@ -41,7 +41,7 @@ def _table(strategy="ddp", overlap=0.0, fusion=0, call_s=0.0):
 
 def test_a_ddp_point_is_the_ring_allreduce_after_the_step_when_nothing_overlaps():
     """One bucket, no overlap: t(N) = t(1) + hpcdp's flat ring allreduce of the whole
-    gradient across nodes of 4 (closed form from hpcdp.comm.cost)."""
+    gradient across nodes of 4 (closed form from hpcdp.comm.model.cost)."""
     t = _table()
     mdl = t["models"]["vgg16"]
     t1 = mdl["batch"] / mdl["images_per_s"]

@@ -3,7 +3,7 @@
 A fingerprint is what identifies one collective call: sequence number, collective,
 dtype, length, root, algorithm, op (seven int64s). Normally nothing is sent ahead
 of a collective; a deadline that passes starts the lazy missing-rank diagnosis
-(hpcdp.comm.diagnose), which exchanges fingerprints then.
+(hpcdp.comm.core.diagnose), which exchanges fingerprints then.
 
 In debug mode (``HPCDP_DEBUG=1`` or :func:`hpcdp.comm.set_debug`) each rank first
 sends its fingerprint to every peer on the control communicator, waits for all of
@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.errors import CollectiveMismatch
+from hpcdp.comm.core.errors import CollectiveMismatch
 
 FIELDS = ("seq", "collective", "dtype", "length", "root", "algorithm", "op")
 _NAMES: dict[int, str] = {}
@@ -42,7 +42,7 @@ def code(text: str) -> int:
 
 # Names a peer's fingerprint may carry: registered up front, so a rank can read a
 # code it never produced itself (another rank's collective, dtype or algorithm).
-for _text in ("allreduce", "reduce_scatter", "all_gather", "ps_push", "ps_pull", "ps_allreduce",
+for _text in ("allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "ps_push", "ps_pull", "ps_allreduce",
               "ring", "recursive", "native", "auto", "ps", "", "sum", "mean", "max", "min"):
     code(_text)
 for _t in "bBhHiIlLqQefdgFD?":
@@ -67,7 +67,7 @@ def debug_check(ctx, call: tuple, timeout: float) -> None:
     """Debug mode: exchange fingerprints with every peer and compare; raise
     :class:`CollectiveMismatch` (same on every rank) or, past the deadline, the
     diagnosis' :class:`CollectiveTimeout`."""
-    from hpcdp.comm.diagnose import diagnose, pending
+    from hpcdp.comm.core.diagnose import diagnose, pending
 
     fp = fingerprint(*call)
     seq = call[0]

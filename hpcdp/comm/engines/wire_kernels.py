@@ -1,4 +1,4 @@
-"""bfloat16 <-> float32 for the 16-bit wire (hpcdp.comm.wire), compiled: one pass,
+"""bfloat16 <-> float32 for the 16-bit wire (hpcdp.comm.engines.wire), compiled: one pass,
 no temporaries. bfloat16 is the top 16 bits of a float32; narrowing rounds to
 nearest even (a tie goes to the even word), keeps NaN a quiet NaN of the same sign
 and rounds past the largest finite value to inf, as ml_dtypes, JAX and PyTorch do."""

@@ -2,12 +2,12 @@
 
 A blocking ``allreduce`` / ``reduce_scatter`` / ``all_gather`` with
 ``algorithm="ring"`` on a communicator whose ring runs compiled
-(hpcdp.comm.compiled.engine) spends most of its time, at small sizes, in Python:
+(hpcdp.comm.engines.compiled.engine) spends most of its time, at small sizes, in Python:
 the general front's checks, the call tuple, the registered start, a request object
 and its ledger record. Here a call's signature ``(collective, length, dtype,
 op, in place, segment_bytes)`` is checked once by the general path (whose first
 call also compiles the plan's code outside any deadline); its plan
-(hpcdp.comm.compiled.request.Plan) is then cached per signature on the
+(hpcdp.comm.engines.compiled.request.Plan) is then cached per signature on the
 communicator's context (``CommContext.blocking_plans``), and a repeated call is:
 a few buffer checks, a sequence number, a state from the plan, one compiled
 ``advance`` in ``BLOCK`` mode up to the deadline, and the ledger's counters.
@@ -28,13 +28,13 @@ from time import monotonic
 
 import numpy as np
 
-from hpcdp.comm.compiled import kernels as K
-from hpcdp.comm.compiled.kernels import BLOCK, DONE, FRESH_SHIFT
-from hpcdp.comm.compiled.engine import compiled_engine, engine_name
-from hpcdp.comm.compiled.request import failure, plan_for, timed_out
-from hpcdp.comm.context import known_context
-from hpcdp.comm.ops import resolve
-from hpcdp.comm.requests import MAX_MESSAGE_BYTES
+from hpcdp.comm.engines.compiled import kernels as K
+from hpcdp.comm.engines.compiled.kernels import BLOCK, DONE, FRESH_SHIFT
+from hpcdp.comm.engines.compiled.engine import compiled_engine, engine_name
+from hpcdp.comm.engines.compiled.request import failure, plan_for, timed_out
+from hpcdp.comm.core.context import known_context
+from hpcdp.comm.core.ops import resolve
+from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES
 from hpcdp.shard import shard_range
 
 _OPS = frozenset(("sum", "mean", "max", "min"))
@@ -130,7 +130,7 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
     limit = ctx.timeout if timeout is None else float(timeout)
     if res is None:
         res = work
-    if e.half:  # float16 is reduced on its bits (hpcdp.comm.compiled.kernels)
+    if e.half:  # float16 is reduced on its bits (hpcdp.comm.engines.compiled.kernels)
         work, src, res = work.view(np.uint16), src.view(np.uint16), res.view(np.uint16)
     started = monotonic()
     call = e.call
@@ -146,6 +146,8 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
     if code != DONE:  # the state is dropped: MPI may still hold its buffers
         if code == K.FAILED:
             raise failure(ctx, name, seq, st)
+        if code == K.ABORTED:
+            raise ctx.failed
         raise timed_out(ctx, (seq, name, dtype, n, -1, "ring", e.op_name), started, limit,
                         st, joined=code == K.PEER)
     if ledger is not None:  # (the four counters are adjacent: one slice, four ints)

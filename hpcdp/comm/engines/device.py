@@ -18,12 +18,11 @@ library offers it (Open MPI), else False (MPICH's PyPI wheel is not CUDA-aware).
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.context import get_context
+from hpcdp.comm.core.context import get_context
 
 
 def is_device_array(x) -> bool:
@@ -36,9 +35,10 @@ def is_device_array(x) -> bool:
 
 
 def detect_cuda_aware() -> bool:
-    raw = os.environ.get("HPCDP_CUDA_AWARE")
-    if raw is not None and raw.strip() != "":
-        return raw.strip().lower() not in ("0", "false", "no", "off")
+    from hpcdp.comm.core.settings import settings
+    said = settings().cuda_aware  # [comm] cuda_aware, HPCDP_CUDA_AWARE overriding it
+    if said != "auto":
+        return said == "true"
     query = getattr(MPI, "Query_cuda_support", None)
     if query is not None:
         try:

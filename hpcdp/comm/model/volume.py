@@ -222,7 +222,7 @@ def hierarchical_bytes(n: int, nodes: int, per_node: int, node: int, local_rank:
             "inter": ring_allreduce_bytes(chunk, nodes, node, itemsize)}
 
 
-# -- few-step reduce-scatter / all-gather (hpcdp.comm.halving, bruck, hier_shard) -----
+# -- few-step reduce-scatter / all-gather (hpcdp.comm.schedules.halving, bruck, hier_shard) -----
 
 def _fold(N: int):
     p = 1 << (N.bit_length() - 1)
@@ -238,7 +238,7 @@ def offsets_of(n: int, N: int):
 
 def halving_steps(N: int, rank: int) -> list[tuple[int, int, int, int]]:
     """The halving steps of ``rank`` among ``N`` (non-powers of two folded as in
-    hpcdp.comm.halving): ``(peer, virtual distance, kept window, given window)`` with
+    hpcdp.comm.schedules.halving): ``(peer, virtual distance, kept window, given window)`` with
     windows as ``(first, end)`` ring-chunk indices; empty for a folded-out rank."""
     p, rem, vstart = _fold(N)
     if rank < 2 * rem and rank % 2 == 0:
@@ -286,7 +286,7 @@ def halving_offsets_bytes(at, N: int, rank: int, itemsize: int, collective: str)
 
 
 def halving_reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
-    """Recursive halving (hpcdp.comm.halving) on the ring's chunks: with ``N = 2^k`` the
+    """Recursive halving (hpcdp.comm.schedules.halving) on the ring's chunks: with ``N = 2^k`` the
     ring's ``(N-1)/N * S`` each way; a fold rank of a non-power of two adds ``S``."""
     return halving_offsets_bytes(offsets_of(n, N), N, rank, itemsize, "reduce_scatter") if n else (0, 0)
 
@@ -297,7 +297,7 @@ def doubling_all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple
 
 
 def bruck_all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
-    """Bruck's all-gather (hpcdp.comm.bruck): receives every chunk but its own once;
+    """Bruck's all-gather (hpcdp.comm.schedules.bruck): receives every chunk but its own once;
     sends chunks ``rank .. rank+c_k-1`` at step k (``c_k = min(2^k, N - 2^k)``)."""
     if N == 1 or n == 0:
         return 0, 0

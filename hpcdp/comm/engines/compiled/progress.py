@@ -4,9 +4,9 @@ training thread computes, without anyone polling them.
 One daemon thread per process (started on the first non-blocking compiled
 collective). It takes requests oldest first (every rank issues collectives in the
 same order, so neighbours work on the same one) and advances each inside compiled
-code that holds no GIL (hpcdp.comm.compiled.kernels, mode BACKGROUND): when a pass
+code that holds no GIL (hpcdp.comm.engines.compiled.kernels, mode BACKGROUND): when a pass
 finds nothing to do it sleeps (``usleep``, doubling from 1 us to
-hpcdp.comm.compiled.request.BACKOFF_US), so on a machine without a spare core it
+hpcdp.comm.engines.compiled.request.BACKOFF_US), so on a machine without a spare core it
 takes a few percent of one, never a busy-polled core. The thread's timer slack is
 set to 1 us (``prctl(PR_SET_TIMERSLACK)``, Linux) so those short sleeps are short.
 
@@ -18,13 +18,13 @@ a condition variable, which ``submit`` then notifies. (Notifying a sleeping thre
 from every launch cost the training thread its core on a machine without a spare
 one: the woken thread preempts the waker; docs/results.md.) A warm plan's first
 pass (its first posts) is the thread's too, so a launch makes no MPI call and no
-GIL-releasing call on the training thread (hpcdp.comm.compiled.request).
+GIL-releasing call on the training thread (hpcdp.comm.engines.compiled.request).
 
 The thread never raises: a request whose deadline passes (or that a waiting thread
 takes over, see CompiledRingRequest.wait) is left to the thread that waits on it,
 which runs the timeout diagnosis or completes it. MPI is initialised with
 MPI_THREAD_MULTIPLE (mpi4py's default); with a lower thread level the engine keeps
-requests on the calling thread (hpcdp.comm.compiled.engine), and so does
+requests on the calling thread (hpcdp.comm.engines.compiled.engine), and so does
 ``HPCDP_COMM_PROGRESS=calls`` (:func:`progress_mode`): then the caller's ``test()``
 calls progress them. The default, ``auto``, runs the thread only where this rank
 has a core to spare for it (:func:`choose_progress`: its affinity mask against the
@@ -43,8 +43,8 @@ import time
 import numpy as np
 from numba import njit
 
-from hpcdp.comm.compiled import kernels as K
-from hpcdp.comm.compiled.ccall import ccall
+from hpcdp.comm.engines.compiled import kernels as K
+from hpcdp.comm.engines.compiled.ccall import ccall
 
 PR_SET_TIMERSLACK = 29
 IDLE_MAX_US = 1000      # the idle thread's longest sleep between looks at the queue
@@ -87,10 +87,8 @@ def progress_mode() -> str:
     thread: they advance only in the caller's ``test()`` calls, one compiled pass each,
     at the points where the training loop polls: the grad-ready hooks between backward
     ops and ZeRO-3's unit hooks; the comparison of the two is in docs/results.md)."""
-    raw = os.environ.get("HPCDP_COMM_PROGRESS", "").strip().lower() or "auto"
-    if raw not in PROGRESS_MODES:
-        raise ValueError(f"HPCDP_COMM_PROGRESS must be one of {PROGRESS_MODES}, got {raw!r}")
-    return raw
+    from hpcdp.comm.core.settings import settings
+    return settings().progress
 
 
 def local_ranks(env=None, world_size: int = 1) -> tuple[int, str]:
@@ -124,7 +122,7 @@ def resolved_mode() -> tuple[str, str]:
     by :func:`choose_progress` on this process's affinity mask and node."""
     mode = progress_mode()
     if mode != "auto":
-        return mode, f"HPCDP_COMM_PROGRESS={mode}"
+        return mode, f"[comm] progress = {mode!r}"
     try:
         mask = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux: all CPUs
@@ -151,7 +149,7 @@ class ProgressThread:
                  "the progress thread" if mode == "thread" else "the caller's test() calls", why)
         self.mode = mode
         self.enabled = mode == "thread"
-        self.usleep = usleep  # libc's usleep (hpcdp.comm.compiled.binding)
+        self.usleep = usleep  # libc's usleep (hpcdp.comm.engines.compiled.binding)
         self._queue: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._thread = None

@@ -11,12 +11,12 @@ array argument costs little), posts ``MPI_Iallreduce`` (``MPI_Ireduce_scatter_bl
 / ``MPI_Ireduce_scatter``, ``MPI_Iallgather`` / ``MPI_Iallgatherv`` when N does not
 divide the length) on the context's data communicator, and tests it in a loop that
 reads CLOCK_MONOTONIC every 64 polls, as hpcdp.comm.fast.spin does: past the deadline
-it returns TIMEOUT; after SPIN_POLLS fruitless polls it yields the core every 64
+it returns TIMEOUT, once the communicator is aborted (its flag, hpcdp.comm.abort) ABORTED; after SPIN_POLLS fruitless polls it yields the core every 64
 polls and probes the control communicator for a peer's diagnosis status message
-(PEER), as hpcdp.comm.compiled.kernels.advance does. A failed MPI call returns
+(PEER), as hpcdp.comm.engines.compiled.kernels.advance does. A failed MPI call returns
 FAILED with MPI's error code in the entry (the caller raises ``MPI.Exception``, what
 mpi4py raises); TIMEOUT and PEER make the caller run the missing-rank diagnosis
-(hpcdp.comm.diagnose) exactly as the mpi4py path does. A mean is divided in the
+(hpcdp.comm.core.diagnose) exactly as the mpi4py path does. A mean is divided in the
 kernel (integers: floor division, as ``np.floor_divide``; floats: one IEEE division
 by the dtype's N, as ``np.true_divide``), the in-place reduce-scatter's chunk is
 copied from the entry's scratch to its shard position there too; float16 travels as
@@ -33,7 +33,7 @@ it in about 10 ms. The first call compiles before it posts: peers wait for it
 inside their own deadline, as for the compiled ring's first call.
 
 Selection: this path runs whenever the MPI library can be bound
-(hpcdp.comm.compiled.binding), whatever ``HPCDP_COMM_ENGINE`` says. That variable
+(hpcdp.comm.engines.compiled.binding), whatever ``HPCDP_COMM_ENGINE`` says. That variable
 chooses who runs hpcdp's own ring; here MPI runs the collective in both cases and the
 wire traffic, results and ledger are the same, and since both paths post the same MPI
 call on the same communicator, ranks need not even agree on the path (one may fall
@@ -47,26 +47,25 @@ path: their request is tested from Python anyway.
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from hpcdp.comm.compiled.ccall import ccall
-from hpcdp.comm.context import get_context
-from hpcdp.comm.debug import SPIN_POLLS
+from hpcdp.comm.engines.compiled.ccall import ccall, peek
+from hpcdp.comm.core.context import get_context
+from hpcdp.comm.core.debug import SPIN_POLLS
 
 PATHS = ("compiled", "mpi4py")
-DONE, TIMEOUT, PEER, FAILED, REFUSED, NEED_SCRATCH = 0, -1, -2, -3, -4, -5
+DONE, TIMEOUT, PEER, FAILED, REFUSED, NEED_SCRATCH, ABORTED = 0, -1, -2, -3, -4, -5, -6
 CLOCK_MONOTONIC = 1  # Linux; time.monotonic() reads the same clock
 
 # I (int64): the functions' addresses, the call's constants and the kernel's scratch
 F_IALLREDUCE, F_IRS_BLOCK, F_IRS, F_IAG, F_IAGV, F_TEST, F_IPROBE, F_CLOCK, F_YIELD, \
     L_N, L_RANK, L_IN_PLACE, L_MEAN, L_STATUS_TAG, L_ANY, L_ERR, L_FLAG, L_PFLAG, L_T0, \
-    L_TS, L_TS1, L_COUNTS, L_STATUS = range(23)
-L_HEAD = 23
+    L_TS, L_TS1, L_COUNTS, L_STATUS, L_ABORT = range(24)
+L_HEAD = 24  # L_ABORT: the address of the communicator's abort flag (hpcdp.comm.abort)
 # H (the ABI's handle width): data communicator, control communicator, datatype, op,
 # the request
 H_COMM, H_CTRL, H_TYPE, H_OP, H_REQ = range(5)
@@ -184,6 +183,8 @@ def _wait(I, H, limit):
         if idle & 63 == 0:
             if _now(I) > deadline:
                 return TIMEOUT
+            if peek(I[L_ABORT]) != 0:
+                return ABORTED
             if idle > SPIN_POLLS:
                 ccall(I[F_YIELD], ())  # oversubscribed ranks: let the peer run
                 ccall(I[F_IPROBE], (np.int32(I[L_ANY]), np.int32(I[L_STATUS_TAG]), H[H_CTRL],
@@ -311,10 +312,9 @@ KERNELS = {"allreduce": allreduce, "reduce_scatter": reduce_scatter, "all_gather
 # -- the Python side: the path's choice, the binding and one entry per signature --
 
 def default_path() -> str:
-    raw = os.environ.get("HPCDP_COMM_LEAN", "").strip().lower() or "compiled"
-    if raw not in PATHS:
-        raise ValueError(f"HPCDP_COMM_LEAN must be one of {PATHS}, got {raw!r}")
-    return raw
+    """``[comm] lean`` (``HPCDP_COMM_LEAN`` overrides it)."""
+    from hpcdp.comm.core.settings import settings
+    return settings().lean
 
 
 def set_lean_path(comm, name: str) -> None:
@@ -342,10 +342,10 @@ def lean_path(ctx) -> str:
 
 
 def binding():
-    """The bound MPI (hpcdp.comm.compiled.binding), or None: then the reason is logged
+    """The bound MPI (hpcdp.comm.engines.compiled.binding), or None: then the reason is logged
     once per process and the mpi4py path runs."""
     if _BOUND["binding"] is None and _BOUND["why"] is None:
-        from hpcdp.comm.compiled.binding import Unbindable, bound
+        from hpcdp.comm.engines.compiled.binding import Unbindable, bound
 
         try:
             _BOUND["binding"] = bound()
@@ -358,7 +358,7 @@ def binding():
 
 def forget() -> None:
     """Bind again on next use (tests: after changing what the binding's load sees)."""
-    from hpcdp.comm.compiled import binding as compiled_binding
+    from hpcdp.comm.engines.compiled import binding as compiled_binding
 
     compiled_binding.forget()
     _BOUND["binding"], _BOUND["why"] = None, None
@@ -387,6 +387,7 @@ class Entry:
                                                               ctx.status_tag, b.any_source)
         I[L_MEAN] = int(bool(mean) and not self.half)
         I[L_COUNTS], I[L_STATUS] = L_HEAD, L_HEAD + N
+        I[L_ABORT] = ctx.abort_flag.ctypes.data  # (the array lives as long as the context)
         self.I = I
         self.H = np.array([b.handle(ctx.data), b.handle(ctx.ctrl), b.handle(mpi_type),
                            b.handle(mpi_op), b.handle(MPI.REQUEST_NULL)], dtype=b.handle_dtype)

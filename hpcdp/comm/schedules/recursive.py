@@ -20,7 +20,7 @@ from __future__ import annotations
 
 
 def recursive_doubling(req, buf, op, tmp):
-    """Generator body for :class:`~hpcdp.comm.requests.GenRequest` (in place on ``buf``)."""
+    """Generator body for :class:`~hpcdp.comm.core.requests.GenRequest` (in place on ``buf``)."""
     ctx = req.ctx
     N, r = ctx.size, ctx.rank
     p = 1 << (N.bit_length() - 1)
@@ -61,7 +61,7 @@ def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segmen
     ``work``, with pooled scratch of its size."""
     import numpy as np
 
-    from hpcdp.comm.requests import GenRequest
+    from hpcdp.comm.core.requests import GenRequest
 
     if src is not work:
         work[...] = src
@@ -70,7 +70,7 @@ def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segmen
         if isinstance(work, np.ndarray):
             tmp = req.scratch(work.size, work.dtype)
         else:
-            from hpcdp.comm.device import device_scratch
+            from hpcdp.comm.engines.device import device_scratch
             tmp = device_scratch(ctx, work.size, work.dtype)
         return (yield from recursive_doubling(req, work, op, tmp))
 
@@ -81,7 +81,7 @@ def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segmen
 
 def expected_bytes(n_bytes: int, N: int, rank: int) -> tuple[int, int]:
     """(sent, received) bytes of ``rank`` for an ``n_bytes`` recursive doubling
-    (:func:`hpcdp.comm.volume.recursive_bytes`, the one formula)."""
-    from hpcdp.comm.volume import recursive_bytes
+    (:func:`hpcdp.comm.model.volume.recursive_bytes`, the one formula)."""
+    from hpcdp.comm.model.volume import recursive_bytes
 
     return recursive_bytes(n_bytes, N, rank)

@@ -1,6 +1,6 @@
 """The compiled ring's state machine: ``advance``, ``@njit(nogil=True, cache=True)``,
 posts, tests and reduces every segment of a ring collective, calling MPI through
-the addresses in its plan (hpcdp.comm.compiled.ccall, .binding).
+the addresses in its plan (hpcdp.comm.engines.compiled.ccall, .binding).
 
 It is hpcdp.comm.ring's algorithm step for step (that module's docstring): the same
 chunks, segments, tags, scratch slots, receive window and dependency rules, so the
@@ -15,12 +15,13 @@ into flat arrays:
 - ``st`` holds the counters (``ST_*`` below): open requests, remaining messages and
   the ledger's bytes and messages, counted when posted as the Python ring does.
 
-``advance`` returns DONE, PROGRESS (something moved), IDLE, TIMEOUT (CLOCK_MONOTONIC,
+``advance`` returns DONE, PROGRESS (something moved), IDLE, ABORTED (the communicator's
+abort flag is set: hpcdp.comm.abort), TIMEOUT (CLOCK_MONOTONIC,
 time.monotonic's clock, passed the deadline), PEER (a peer started the missing-rank diagnosis: its status
 message waits on the control communicator) or FAILED (an MPI call returned an
 error: ``st[ST_ERR]``). Modes: ``ONCE`` (passes until nothing moves; ``test()``),
 ``BLOCK`` (until done or the deadline, spinning like MPI and yielding the core
-after SPIN_POLLS fruitless polls as hpcdp.comm.debug does; ``wait()``),
+after SPIN_POLLS fruitless polls as hpcdp.comm.core.debug does; ``wait()``),
 ``BACKGROUND`` (the progress thread: sleeps between fruitless passes with a
 doubling back-off, never busy-polls, returns when done, at the deadline or when
 ``st[ST_STOP]`` asks it to hand over to a waiting thread).
@@ -33,9 +34,9 @@ import math
 
 from numba import njit
 
-from hpcdp.comm.compiled.ccall import ccall
+from hpcdp.comm.engines.compiled.ccall import ccall, peek
 
-DONE, PROGRESS, IDLE, TIMEOUT, PEER, FAILED = 1, 2, 0, -1, -2, -3
+DONE, PROGRESS, IDLE, TIMEOUT, PEER, FAILED, ABORTED = 1, 2, 0, -1, -2, -3, -4
 ONCE, BLOCK, BACKGROUND = 0, 1, 2
 # ``mode | (tag base + 1) << FRESH_SHIFT``: a mode that also asks for the reset
 # (P_FRESH), one Python integer instead of a store into the state (the blocking front)
@@ -45,7 +46,7 @@ REDUCE = 0
 OP_SUM, OP_MAX, OP_MIN = 0, 1, 2
 WINDOW = 32        # posted receives per request (as hpcdp.comm.ring.WINDOW)
 TEST_WINDOW = 64   # requests per MPI_Testsome
-SPIN_POLLS = 2000  # as hpcdp.comm.debug.SPIN_POLLS
+SPIN_POLLS = 2000  # as hpcdp.comm.core.debug.SPIN_POLLS
 
 # One int64 array ``I`` carries the plan and the state (a call into compiled code
 # costs per argument, so there are few). Its head P holds the scalars below, then
@@ -57,12 +58,14 @@ P_N, P_T, P_S, P_SEG, P_ITEM, P_LEFT, P_RIGHT, P_LAST_RS, P_OP, P_MEAN, P_INT, \
     O_ST, O_STEPS, O_OFF, O_SIZE, O_NSEG, O_RST, O_SST, O_COPY, O_RMETA, O_SMETA, \
     O_RNEXT, O_SNEXT, O_END, \
     F_ISEND, F_IRECV, F_TESTSOME, F_IPROBE, F_CLOCK, F_USLEEP, F_YIELD, P_HALF, \
-    P_FRESH, P_TAGBASE, P_NULL, P_RES_OFF = range(41)
-P_LEN = 41
+    P_FRESH, P_TAGBASE, P_NULL, P_RES_OFF, P_ABORT = range(42)
+P_LEN = 42
+# P_ABORT: the address of the communicator's abort flag (an int64, hpcdp.comm.abort):
+# nonzero makes advance return ABORTED (checked on entry and every 64 idle polls)
 # P_RES_OFF: an out-of-place reduce-scatter's last step reduces its chunk straight
 # into the caller's output ``res`` (``res[i - P_RES_OFF]`` for buffer index i); -1:
 # every step writes ``work``
-# A state is reused call after call (hpcdp.comm.compiled.request.State): ``I`` holds
+# A state is reused call after call (hpcdp.comm.engines.compiled.request.State): ``I`` holds
 # the live part [0, L) (L = P[O_END]) and the plan's template after it [L, 2L). The
 # caller writes the call's tag base + 1 into P_FRESH of the live part (one store), or
 # passes it in the mode (FRESH_SHIFT); the next ``advance`` then resets the live part from the template (P_TAGBASE = the base,
@@ -360,6 +363,8 @@ def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
         mode &= FRESH_SHIFT_MASK
     if P[P_FRESH] != 0:
         _reset(I, H)
+    if peek(P[P_ABORT]) != 0:
+        return ABORTED
     T, S, N = P[P_T], P[P_S], P[P_N]
     TS = T * S
     st = I[P[O_ST]:P[O_ST] + ST_LEN]
@@ -406,6 +411,8 @@ def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
             else:
                 if _now(P, st) > deadline:
                     return TIMEOUT
+                if peek(P[P_ABORT]) != 0:
+                    return ABORTED
                 ccall(P[F_USLEEP], (np.uint32(sleep_us),))
                 sleep_us = min(sleep_us * 2, P[P_BACKOFF])
             continue
@@ -415,6 +422,8 @@ def advance(mode, deadline, I, H, work, src, res, tmp, div, X, stat):
         if idle & 63 == 0:
             if _now(P, st) > deadline:
                 return TIMEOUT
+            if peek(P[P_ABORT]) != 0:
+                return ABORTED
             if idle > SPIN_POLLS:
                 ccall(P[F_IPROBE], (np.int32(P[P_ANY]), np.int32(P[P_STATUS_TAG]), hv[H_CTRL],
                                     outc.ctypes.data, stat.ctypes.data))

@@ -36,3 +36,18 @@ def ccall(typingctx, address, args):
         return builder.call(fn, values)
 
     return sig, codegen
+
+
+@intrinsic
+def peek(typingctx, address):
+    """The int64 at ``address`` (an integer), read with an atomic (monotonic) load: a
+    flag another thread sets (hpcdp.comm.abort) is seen by a loop in compiled code."""
+    if not isinstance(address, types.Integer):
+        return None
+    sig = types.int64(address)
+
+    def codegen(context, builder, signature, llargs):
+        ptr = builder.inttoptr(llargs[0], ir.IntType(64).as_pointer())
+        return builder.load_atomic(ptr, "monotonic", 8)
+
+    return sig, codegen

@@ -1,8 +1,8 @@
 """What hpcdp's collectives cost on a machine: the link half of the cost model.
 
 A machine is a :class:`Profile` (TOML, measured by ``hpcdp scale --calibrate`` or written
-from a cluster's data sheet; shipped ones in ``hpcdp/comm/profiles/``). Every byte and
-message count comes from :mod:`hpcdp.comm.volume` (the one place for them); this module
+from a cluster's data sheet; shipped ones in ``hpcdp/comm/model/profiles/``). Every byte and
+message count comes from :mod:`hpcdp.comm.model.volume` (the one place for them); this module
 only turns counts into seconds, alpha-beta-gamma style:
 
     time = messages * alpha[link] + bytes * beta[link] * share + reduced bytes * gamma
@@ -42,7 +42,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpcdp.comm import volume as V
+from hpcdp.comm.model import volume as V
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"  # shipped as package data
 SEGMENT_BYTES = 1 << 20  # hpcdp's ring segment (hpcdp.comm.ring.DEFAULT_SEGMENT_BYTES)
@@ -412,7 +412,7 @@ def _fastest_cached(nbytes: int, name: str, nodes: int, per_node: int) -> str:
 def halving_phase_cost(p: Profile, at, G: int, rank: int, collective: str, itemsize: int,
                        kind_of, share: float = 1.0) -> Cost:
     """Recursive halving (reduce-scatter) or doubling (all-gather) over ``G`` ranks on
-    chunks at offsets ``at(0..G)`` (hpcdp.comm.halving), seen from ``rank`` (one that
+    chunks at offsets ``at(0..G)`` (hpcdp.comm.schedules.halving), seen from ``rank`` (one that
     runs every step; a fold, when G is not a power of two, is on everyone's critical
     path). ``kind_of(a, b)``: the link kind between ranks a and b of the group."""
     c = Cost()

@@ -39,8 +39,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.debug import FIELDS, describe, fingerprint
-from hpcdp.comm.errors import CollectiveTimeout
+from hpcdp.comm.core.debug import FIELDS, describe, fingerprint
+from hpcdp.comm.core.errors import CollectiveTimeout
 
 STATUS, VIEW = 1, 2
 HEAD = 4 + len(FIELDS)  # kind, rank, seq, waited ms, fingerprint fields

@@ -10,7 +10,7 @@ each way: what MPI moves internally is not visible from here.
 A training step reports its own bytes with ``snap = ledger.snapshot()`` before
 and ``ledger.delta(snap)`` after (or ``reset()``).
 
-Thread-safe: the compiled engine's progress thread (hpcdp.comm.compiled.progress)
+Thread-safe: the compiled engine's progress thread (hpcdp.comm.engines.compiled.progress)
 records the collectives it completes while the training thread records its own and
 reads totals, so every update and every read holds the ledger's lock.
 """

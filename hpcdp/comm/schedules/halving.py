@@ -29,7 +29,7 @@ in the last bits; integer and exact-mode payloads (integers, hpcdp.strategies.co
 bit-for-bit equal because integer addition is associative. Deterministic: the same
 inputs give the same bits on every run.
 
-Bytes per rank (hpcdp.comm.volume.halving_bytes): with ``N = 2^k`` and ``N | n``, each
+Bytes per rank (hpcdp.comm.model.volume.halving_bytes): with ``N = 2^k`` and ``N | n``, each
 phase sends and receives ``(N-1)/N * S``, the ring's volume, in ``log2 N`` messages
 instead of ``N-1``. Non-powers of two add ``S`` (the fold) on the fold ranks.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcdp.comm.volume import halving_steps, offsets_of
+from hpcdp.comm.model.volume import halving_steps, offsets_of
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def reduce_scatter_steps(req, buf, at, op, tmp, peers: Peers, step0: int = 0):
     """Generator body: in place on ``buf``, this rank's chunk ``[at(r), at(r+1))``
     reduced over the ``peers`` (``at(c)``: chunk c's offset, ``at(size)`` the end).
     ``tmp``: scratch of ``at(size) - at(0)`` elements. No finalize (the caller's).
-    The steps are hpcdp.comm.volume.halving_steps (the ledger's formula walks the same)."""
+    The steps are hpcdp.comm.model.volume.halving_steps (the ledger's formula walks the same)."""
     N, r, comm = peers.size, peers.rank, peers.comm
     rem = N - (1 << (N.bit_length() - 1))
     lo_all, hi_all = at(0), at(N)
@@ -122,7 +122,7 @@ def scratch_like(req, n, like):
     NumPy ``like``, device memory for a device array."""
     if isinstance(like, np.ndarray):
         return req.scratch(n, like.dtype)
-    from hpcdp.comm.device import device_scratch
+    from hpcdp.comm.engines.device import device_scratch
     return device_scratch(req.ctx, n, like.dtype)
 
 
@@ -130,7 +130,7 @@ def start_reduce_scatter(ctx, call, ledger, timeout, *, src, out, in_place, resu
                          segment_bytes, max_message_bytes):
     """The registered start (hpcdp.comm.algorithms): ``src`` the full input, ``out``
     this rank's chunk (a view of ``src`` in place)."""
-    from hpcdp.comm.requests import GenRequest
+    from hpcdp.comm.core.requests import GenRequest
 
     N, r, n = ctx.size, ctx.rank, src.size
     at = ring_offsets(n, N)
@@ -154,7 +154,7 @@ def start_reduce_scatter(ctx, call, ledger, timeout, *, src, out, in_place, resu
 def start_all_gather(ctx, call, ledger, timeout, *, full, result, segment_bytes,
                      max_message_bytes):
     """The registered start: ``full`` holds this rank's chunk in position."""
-    from hpcdp.comm.requests import GenRequest
+    from hpcdp.comm.core.requests import GenRequest
 
     at = ring_offsets(full.size, ctx.size)
     body = lambda req: all_gather_steps(req, full, at, Peers(None, ctx.rank, ctx.size))  # noqa: E731

@@ -5,7 +5,7 @@ The state is cached on the user's communicator as an MPI attribute (the MPI way 
 hang library state on a communicator, no module-level communicator). It holds two
 ``Idup`` copies of the user's communicator: ``data`` carries payload, ``ctrl``
 carries debug fingerprints and, once a deadline has passed, the missing-rank
-diagnosis (hpcdp.comm.diagnose), so neither ever matches the other or the user's
+diagnosis (hpcdp.comm.core.diagnose), so neither ever matches the other or the user's
 own messages.
 
 Every collective call takes the next sequence number; all ranks call collectives
@@ -18,6 +18,12 @@ every peer on the user's communicator with the reserved tag ``TAG_UB`` (so a use
 receive with ``MPI.ANY_TAG`` on that communicator could steal it: do not post one
 while hpcdp sets up). If setup times out, the missing tokens name the ranks that
 never entered their first collective.
+
+Failure (hpcdp.comm's hooks for a job that survives a rank): the two duplicates use
+``MPI.ERRORS_RETURN`` (an MPI error comes back as hpcdp.comm.core.errors.MPIError, never
+an abort); :func:`abort` marks a context failed (every wait loop, the compiled
+engine's included, reads ``abort_flag``) and :func:`forget` drops a context and all it
+derived (sub-communicators of the topology, the two-level requests' channels).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.errors import CollectiveTimeout
+from hpcdp.comm.core import settings as _settings
+from hpcdp.comm.core.errors import CollectiveTimeout, CommAborted
 
 DEFAULT_TIMEOUT_S = 300.0
 _KEYVAL = None
@@ -37,22 +44,9 @@ _LAST: dict = {}  # id(comm object) -> (comm object, context): skips Get_attr pe
 KNOWN = _LAST
 
 
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
-
-
 def default_timeout() -> float:
-    """``HPCDP_COMM_TIMEOUT`` seconds, else 300."""
-    raw = os.environ.get("HPCDP_COMM_TIMEOUT")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"HPCDP_COMM_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"HPCDP_COMM_TIMEOUT must be > 0 seconds, got {raw!r}")
-    return value
+    """``[comm] timeout`` (``HPCDP_COMM_TIMEOUT`` overrides it), else 300 seconds."""
+    return _settings.settings().timeout
 
 
 def as_comm(comm):
@@ -117,17 +111,45 @@ class CommContext:
         # hpcdp.comm.fast's ready compiled calls: (allreduce, reduce-scatter, all-gather),
         # each length -> its LeanCall (the last signature seen at that length)
         self.lean_calls: tuple = ({}, {}, {})
-        # hpcdp.comm.compiled.lean: "compiled" or "mpi4py" (None: HPCDP_COMM_LEAN when needed)
+        # hpcdp.comm.engines.compiled.lean: "compiled" or "mpi4py" (None: HPCDP_COMM_LEAN when needed)
         self.lean_path: str | None = None
-        self.debug = _truthy(os.environ.get("HPCDP_DEBUG"))
-        self.timeout = default_timeout()
-        self.cuda_aware = None  # decided lazily by hpcdp.comm.device
-        # hpcdp.comm.compiled: the engine asked for (None: HPCDP_COMM_ENGINE when first
+        conf = _settings.settings()
+        self.debug = conf.debug
+        self.timeout = conf.timeout
+        self.cuda_aware = None  # decided lazily by hpcdp.comm.engines.device
+        # hpcdp.comm.engines.compiled: the engine asked for (None: HPCDP_COMM_ENGINE when first
         # needed) and the compiled ring's plans (shape key -> Plan, with reusable states)
         self.engine: str | None = None
         self.compiled_plans: dict = {}
-        # hpcdp.comm.compiled.blocking: a blocking ring call's signature -> its ready plan
+        # hpcdp.comm.engines.compiled.blocking: a blocking ring call's signature -> its ready plan
         self.blocking_plans: dict = {}
+        # abort(): nonzero once this communicator is aborted (the compiled engine's loops
+        # read it through its address); the contexts of communicators derived from this
+        # one (topology, two-level channels), aborted and forgotten with it
+        self.abort_flag = np.zeros(1, dtype=np.int64)
+        self.derived: list = []
+        self.topology = None  # hpcdp.comm.nodes: built on first use
+        self.extra: dict = {}  # per-communicator state of upper layers (two-level requests)
+
+    def arrive(self, name, dtype, n, root, algorithm, op, timeout):
+        """Take the next sequence number; return the call tuple (the fingerprint, sent
+        only by a diagnosis or the debug check). Nothing goes on the wire here unless
+        debug mode is on. A failed communicator raises its error."""
+        if self.failed is not None:
+            raise self.failed
+        call = (self.next_seq(), name, dtype, n, root, algorithm, op)
+        if self.debug:
+            from hpcdp.comm.core.debug import debug_check
+            debug_check(self, call, self.timeout if timeout is None else timeout)
+        return call
+
+    def derive(self, sub) -> "CommContext":
+        """The context of a communicator hpcdp made from this one (set up now, collective
+        on ``sub``), kept so :func:`abort` and :func:`forget` reach it."""
+        ctx = get_context(sub)
+        if ctx not in self.derived:
+            self.derived.append(ctx)
+        return ctx
 
     def keep(self, reqs) -> None:
         """Hold control requests (and so their buffers) until they complete."""
@@ -169,6 +191,8 @@ def _setup(comm, timeout: float) -> CommContext:
     recvs = [comm.Irecv([tokens_in[i:i + 1], MPI.BYTE], p, tag) for i, p in enumerate(peers)]
     data, r1 = comm.Idup()
     ctrl, r2 = comm.Idup()
+    for c in (data, ctrl):  # errors come back (hpcdp.comm.core.errors.MPIError), never abort
+        c.Set_errhandler(MPI.ERRORS_RETURN)
     pending = reqs + recvs + [r1, r2]
     deadline = time.monotonic() + timeout
     idle = 0
@@ -188,7 +212,7 @@ def _setup(comm, timeout: float) -> CommContext:
 
 def known_context(comm) -> CommContext | None:
     """``comm``'s context if a collective already set it up (the fast fronts' look-up,
-    hpcdp.comm.fast and hpcdp.comm.compiled.blocking), else None: no MPI call."""
+    hpcdp.comm.fast and hpcdp.comm.engines.compiled.blocking), else None: no MPI call."""
     hit = _LAST.get(id(comm))
     return hit[1] if hit is not None and hit[0] is comm else None
 
@@ -215,6 +239,90 @@ def get_context(comm, timeout: float | None = None) -> CommContext:
         _LAST.clear()
     _LAST[id(given)] = (given, ctx)  # holds the object: its id cannot be reused meanwhile
     return ctx
+
+
+def abort(comm, reason: str, *, revoke: bool = False) -> None:
+    """Give up on ``comm`` on this rank: every collective on it (and on the communicators
+    hpcdp derived from it), in flight or later, raises :class:`CommAborted` promptly.
+    Local (sends nothing); callable from any thread. ``revoke``: also ``MPI_Comm_revoke``
+    hpcdp's duplicates where this MPI has ULFM, so peers blocked in hpcdp collectives on
+    them fail too. On a communicator hpcdp never set up there is nothing to abort."""
+    ctx = get_context_if_any(comm)
+    if ctx is None:
+        return
+    err = CommAborted(reason, rank=ctx.rank)
+    for c in _family(ctx):
+        if c.failed is None or not isinstance(c.failed, CommAborted):
+            c.failed = err
+        c.abort_flag[0] = 1
+        if revoke:
+            for dup in (c.data, c.ctrl):
+                fn = getattr(dup, "Revoke", None)
+                if fn is not None:
+                    try:
+                        fn()
+                    except Exception:  # noqa: BLE001 - no ULFM here: the local abort stands
+                        pass
+
+
+def forget(comm, *, free: bool = True) -> None:
+    """Drop everything hpcdp derived from ``comm``: its context (sequence numbers, pools,
+    cached decisions, compiled plans and ready calls), its topology and the communicators
+    derived from it. ``free``: also ``MPI_Comm_free`` hpcdp's duplicates and derived
+    communicators (pass False after a failure where freeing might block). The next
+    collective on ``comm`` sets up afresh (collectively)."""
+    ctx = get_context_if_any(comm)
+    if ctx is None:
+        return
+    base = as_comm(comm)
+    if _KEYVAL is not None:
+        try:
+            base.Delete_attr(_KEYVAL)
+        except Exception:  # noqa: BLE001 - a freed or broken communicator: nothing to delete
+            pass
+    family = _family(ctx)
+    for key, (obj, c) in list(_LAST.items()):
+        if c in family:
+            del _LAST[key]
+    for c in family:
+        c.abort_flag[0] = 1  # anything still running on a dropped plan stops
+        if c.failed is None:
+            c.failed = CommAborted("hpcdp.comm.forget dropped this communicator's state",
+                                   rank=c.rank)
+        if free:
+            subs = [c.data, c.ctrl] + ([c.parent] if c is not ctx else [])
+            for sub in subs:
+                try:
+                    sub.Free()
+                except Exception:  # noqa: BLE001 - already freed or unusable: dropped anyway
+                    pass
+        c.derived, c.topology, c.extra = [], None, {}
+        c.compiled_plans, c.blocking_plans, c.lean_sigs, c.lean_bounds = {}, {}, {}, {}
+        c.lean_calls = ({}, {}, {})
+
+
+def _family(ctx) -> list:
+    """``ctx`` and every context derived from it, depth first."""
+    out, todo = [], [ctx]
+    while todo:
+        c = todo.pop()
+        if c not in out:
+            out.append(c)
+            todo.extend(c.derived)
+    return out
+
+
+def get_context_if_any(comm) -> CommContext | None:
+    """``comm``'s context if hpcdp set one up (no MPI call, nothing created)."""
+    hit = _LAST.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    if _KEYVAL is None:
+        return None
+    try:
+        return as_comm(comm).Get_attr(_KEYVAL)
+    except Exception:  # noqa: BLE001 - a freed communicator
+        return None
 
 
 def set_debug(comm, enabled: bool = True) -> None:

@@ -2,8 +2,8 @@
 
 Same constructor, same results, same ledger, same timeouts: ``wait()`` runs the
 compiled passes in a nogil loop until done or the deadline (then the missing-rank
-diagnosis, hpcdp.comm.diagnose, as for every request). A non-blocking request is
-handed to the rank's progress thread (hpcdp.comm.compiled.progress), which makes
+diagnosis, hpcdp.comm.core.diagnose, as for every request). A non-blocking request is
+handed to the rank's progress thread (hpcdp.comm.engines.compiled.progress), which makes
 its passes (from the first, for a warm plan) while the training thread computes;
 ``test()`` is then a read of the counters those passes write (no lock, no compiled
 call, no GIL hand-off), and it finishes the request (the ledger) itself if
@@ -31,10 +31,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.compiled import kernels as K
-from hpcdp.comm.diagnose import peer_failed
-from hpcdp.comm.errors import CommError
-from hpcdp.comm.requests import Request
+from hpcdp.comm.engines.compiled import kernels as K
+from hpcdp.comm.core.diagnose import peer_failed
+from hpcdp.comm.core.errors import CommError, mpi_error
+from hpcdp.comm.core.requests import Request
 from hpcdp.shard import shard_bounds
 
 COPY = 1
@@ -88,6 +88,7 @@ class Plan:
         P[K.P_BACKOFF] = BACKOFF_US
         P[K.P_NULL] = b.request_null
         P[K.P_RES_OFF] = int(off[r]) if own_work and self.has_rs else -1
+        P[K.P_ABORT] = ctx.abort_flag.ctypes.data  # (the array lives as long as the context)
         if op is not None:
             P[K.P_OP] = engine.op_code(op)
             P[K.P_MEAN] = int(op.is_mean)
@@ -170,7 +171,7 @@ class State:
         self.tmp = np.empty(2 * plan.mc if plan.has_rs else 0, dtype=dt)
         self.div = np.full(1, plan.N, dtype=dt)
         self.work = np.empty(plan.n, dtype=dt) if plan.own_work else None
-        if dt == np.float16:  # computed on the bits (hpcdp.comm.compiled.kernels)
+        if dt == np.float16:  # computed on the bits (hpcdp.comm.engines.compiled.kernels)
             self.tmp, self.div = self.tmp.view(np.uint16), self.div.view(np.uint16)
         self.st = self.I[plan.st_slice]
         self.lock = threading.Lock()
@@ -251,13 +252,15 @@ class CompiledRingRequest(Request):
                                    s.stat)
         if code == K.FAILED:
             self._failed()
+        if code == K.ABORTED:
+            raise self.ctx.failed
         return code
 
     def _failed(self):
         raise failure(self.ctx, self.name, self.seq, self.st)
 
     def _finish(self):
-        """Complete once: the counts and the ledger (hpcdp.comm.requests.Request)."""
+        """Complete once: the counts and the ledger (hpcdp.comm.core.requests.Request)."""
         if self.done:
             return
         st = self.st
@@ -278,6 +281,8 @@ class CompiledRingRequest(Request):
     def test(self) -> bool:
         if self.done:
             return True
+        if self.ctx.failed is not None:
+            raise self.ctx.failed
         drive = not self.progresses_alone
         if not drive:
             # The progress thread advances it: a test is a read of the counters its
@@ -312,6 +317,8 @@ class CompiledRingRequest(Request):
     def wait(self, timeout: float | None = None):
         if self.done:
             return self.result
+        if self.ctx.failed is not None:
+            raise self.ctx.failed
         limit = self.timeout if timeout is None else float(timeout)
         self.st[K.ST_STOP] = 1  # the progress thread hands over within one sleep
         with self.lock:
@@ -330,21 +337,19 @@ class CompiledRingRequest(Request):
 
 
 def failure(ctx, name, seq, st) -> CommError:
-    """The error of an MPI call that failed inside compiled code (``st[ST_ERR]``)."""
-    err = int(st[K.ST_ERR])
-    try:
-        text = MPI.Get_error_string(err)
-    except Exception:  # noqa: BLE001 - the code itself is the message then
-        text = "unknown error"
-    return CommError(f"collective {name!r} (sequence number {seq}) on rank {ctx.rank}: an MPI "
-                     f"call in the compiled ring returned error {err} ({text})")
+    """The error of an MPI call that failed inside compiled code (``st[ST_ERR]``): an
+    MPIError with MPI's error class; the communicator is marked failed with it."""
+    err = mpi_error(int(st[K.ST_ERR]), collective=name, seq=seq, rank=ctx.rank)
+    if ctx.failed is None:
+        ctx.failed = err
+    return err
 
 
 def timed_out(ctx, call, started, limit, st, joined=False):
     """The missing-rank diagnosis' error for a compiled ring past its deadline (or
     joining a peer's diagnosis): this rank still waits on its left neighbour when a
     receive is open or owed."""
-    from hpcdp.comm.diagnose import diagnose
+    from hpcdp.comm.core.diagnose import diagnose
 
     waiting = {(ctx.rank - 1) % ctx.size} if int(st[K.ST_OPEN_R]) > 0 \
         or int(st[K.ST_LEFT_RECV]) else set()

@@ -27,7 +27,7 @@ Formats: float16 is IEEE binary16 (NumPy's float16; the same bits as NumPy's cas
 round to nearest even, overflow to inf, subnormals kept), bfloat16 travels as raw
 uint16 words (the top half of a float32: round to nearest even, NaN kept quiet,
 overflow to inf; widening is a 16-bit shift). Both are converted by compiled functions
-(hpcdp.comm.wire_kernels, imported on first use). No new dependency (ml_dtypes would
+(hpcdp.comm.engines.wire_kernels, imported on first use). No new dependency (ml_dtypes would
 give a bfloat16 dtype, but only its cast is needed): numba is hpcdp's compiler
 already, it converts in one pass without the temporaries a uint32 formula in NumPy
 allocates per segment, and NumPy's own float16 cast runs in software here, 2.5x slower
@@ -69,7 +69,7 @@ class Wire:
     def _kernels(self):
         k = self.__dict__.get("kernels")
         if k is None:  # numba is imported on the first 16-bit call, not with hpcdp.comm
-            from hpcdp.comm import wire_kernels as K
+            from hpcdp.comm.engines import wire_kernels as K
             k = self.kernels = ((K.f16_narrow, K.f16_widen) if self.name == "float16"
                                 else (K.bf16_narrow, K.bf16_widen))
         return k

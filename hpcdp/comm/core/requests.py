@@ -3,8 +3,8 @@
 Every hpcdp collective is a request; the blocking functions are ``start + wait``.
 ``test()`` advances it as far as possible without blocking and returns True when
 done; ``wait()`` polls ``test()`` until done or until the timeout, then runs the
-missing-rank diagnosis (hpcdp.comm.diagnose) and raises its
-:class:`~hpcdp.comm.errors.CollectiveTimeout`, which names the ranks that never
+missing-rank diagnosis (hpcdp.comm.core.diagnose) and raises its
+:class:`~hpcdp.comm.core.errors.CollectiveTimeout`, which names the ranks that never
 arrived the same way on every rank. Callers with their own deadline (a loop over
 several requests) call :meth:`Request.expire` when it passes.
 
@@ -19,8 +19,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.debug import SPIN_POLLS, _idle
-from hpcdp.comm.diagnose import diagnose, peer_failed
+from hpcdp.comm.core.debug import SPIN_POLLS, _idle
+from hpcdp.comm.core.diagnose import diagnose, peer_failed
+from hpcdp.comm.core.errors import mpi_error
 
 # MPI counts are C ints: one message carries at most 2**31 - 1 elements of its
 # datatype. hpcdp sends bytes, so every message is cut below 2 GiB.
@@ -105,10 +106,18 @@ class Request:
         """Advance without blocking; True when the collective is complete.
 
         Raises the diagnosis' CollectiveTimeout when a peer's wait timed out (checked
-        every 1024 fruitless calls, so a caller that only polls still takes part)."""
+        every 1024 fruitless calls, so a caller that only polls still takes part), the
+        communicator's error once it failed or was aborted (hpcdp.comm.abort), and an
+        MPI error as hpcdp.comm.core.errors.MPIError."""
         if self.done:
             return True
-        if self._progress():
+        if self.ctx.failed is not None:
+            raise self.ctx.failed
+        try:
+            finished = self._progress()
+        except MPI.Exception as exc:
+            raise self.mpi_failed(exc) from None
+        if finished:
             self._complete()
             return True
         self._polls += 1
@@ -131,6 +140,14 @@ class Request:
                 if idle > SPIN_POLLS and peer_failed(self.ctx):
                     raise self._timeout(limit, joined=True)
         return self.result
+
+    def mpi_failed(self, exc):
+        """The MPIError of an MPI call that failed in this request; the communicator is
+        marked failed with it (later collectives on it raise it at once)."""
+        err = mpi_error(exc, collective=self.name, seq=self.seq, rank=self.ctx.rank)
+        if self.ctx.failed is None:
+            self.ctx.failed = err
+        return err
 
     def expire(self):
         """The caller's own deadline for this request passed: raise the diagnosis'

@@ -8,10 +8,10 @@ positions (``shard_range``: the same chunk layout as the ring, ZeRO's shard cont
 so a step is at most two contiguous pieces (where the range wraps past rank N-1) and no
 scratch or final rotation is needed.
 
-Against recursive doubling (hpcdp.comm.halving) it wins when N is not a power of two:
+Against recursive doubling (hpcdp.comm.schedules.halving) it wins when N is not a power of two:
 ``ceil(log2 N)`` steps instead of ``floor(log2 N) + 2`` (fold and unfold), and no rank
 moves the whole buffer twice. Each rank receives every chunk but its own once (the
-ring's ``n - c_r``); it sends ``sum_k |chunks r .. r+c_k-1|`` (hpcdp.comm.volume.
+ring's ``n - c_r``); it sends ``sum_k |chunks r .. r+c_k-1|`` (hpcdp.comm.model.volume.
 bruck_bytes), ``(N-1)/N * S`` with even chunks. Copy only: no reduction, no order.
 """
 
@@ -47,8 +47,8 @@ def bruck_steps(req, buf, at, rank: int, N: int, comm=None, step0: int = 0):
 def start_all_gather(ctx, call, ledger, timeout, *, full, result, segment_bytes,
                      max_message_bytes):
     """The registered start (hpcdp.comm.algorithms): ``full`` holds this rank's chunk."""
-    from hpcdp.comm.halving import ring_offsets
-    from hpcdp.comm.requests import GenRequest
+    from hpcdp.comm.schedules.halving import ring_offsets
+    from hpcdp.comm.core.requests import GenRequest
 
     at = ring_offsets(full.size, ctx.size)
     body = lambda req: bruck_steps(req, full, at, ctx.rank, ctx.size)  # noqa: E731

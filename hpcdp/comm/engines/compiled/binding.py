@@ -22,7 +22,7 @@ vendor-specific constant: the engine passes a scratch array of
 ``MPI._sizeof(MPI.Status)`` bytes per request instead.
 
 :func:`load` returns a :class:`Binding` or raises :class:`Unbindable` with the
-reason (hpcdp.comm.compiled.engine then falls back to the Python ring and says so
+reason (hpcdp.comm.engines.compiled.engine then falls back to the Python ring and says so
 once in the log).
 """
 
@@ -41,7 +41,7 @@ _NP_INT = {4: np.int32, 8: np.int64}
 
 
 class Binding:
-    """Addresses of the C functions the engine calls (hpcdp.comm.compiled.ccall) and
+    """Addresses of the C functions the engine calls (hpcdp.comm.engines.compiled.ccall) and
     the ABI facts it needs."""
 
     def __init__(self, lib, handle_size: int, status_size: int, request_null: int,
@@ -59,7 +59,7 @@ class Binding:
         self.usleep = address(libc, "usleep")
         self.sched_yield = address(libc, "sched_yield")
         # MPI's own non-blocking collectives and MPI_Test: the lean path
-        # (hpcdp.comm.compiled.lean) posts one and tests it from compiled code
+        # (hpcdp.comm.engines.compiled.lean) posts one and tests it from compiled code
         self.iallreduce = address(lib, "MPI_Iallreduce")
         self.ireduce_scatter_block = address(lib, "MPI_Ireduce_scatter_block")
         self.ireduce_scatter = address(lib, "MPI_Ireduce_scatter")

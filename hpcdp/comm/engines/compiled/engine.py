@@ -3,13 +3,13 @@
 ``HPCDP_COMM_ENGINE`` (``compiled``, the default, or ``python``, read when a
 communicator's context is first used) or :func:`set_engine` per communicator. ``compiled`` runs
 the ring collectives (reduce-scatter, all-gather, allreduce) through
-hpcdp.comm.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
+hpcdp.comm.engines.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
 It takes host numpy buffers of native byte order with a built-in op (sum, mean,
 max, min) and a dtype compiled code handles (8- to 64-bit integers, float16,
 float32, float64); any other call (a callable op, long double, a device array) runs on the
 Python ring, as does everything when the MPI library cannot be bound
-(hpcdp.comm.compiled.binding): then one line in the log says why, once per process.
-A 16-bit wire (hpcdp.comm.wire) runs on the Python ring too (its per-segment
+(hpcdp.comm.engines.compiled.binding): then one line in the log says why, once per process.
+A 16-bit wire (hpcdp.comm.engines.wire) runs on the Python ring too (its per-segment
 conversion is not in the compiled state machine): one info line, once per process.
 
 :func:`ring_request` is the one hook the collectives call where they used to build
@@ -19,11 +19,11 @@ hpcdp.comm.ring.RingRequest.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
 
+from hpcdp.comm.core.settings import settings
 from hpcdp.comm.ring import RingRequest
 
 ENGINES = ("python", "compiled")
@@ -33,20 +33,18 @@ log = logging.getLogger("hpcdp.comm")
 
 
 def default_engine() -> str:
-    raw = os.environ.get("HPCDP_COMM_ENGINE", "").strip().lower() or "compiled"
-    if raw not in ENGINES:
-        raise ValueError(f"HPCDP_COMM_ENGINE must be one of {ENGINES}, got {raw!r}")
-    return raw
+    """``[comm] engine`` (``HPCDP_COMM_ENGINE`` overrides it)."""
+    return settings().engine
 
 
 class CompiledEngine:
     """The bound MPI, the compiled functions and the progress thread of this process."""
 
     def __init__(self, binding):
-        from hpcdp.comm.compiled import kernels
-        from hpcdp.comm.compiled.progress import ProgressThread
+        from hpcdp.comm.engines.compiled import kernels
+        from hpcdp.comm.engines.compiled.progress import ProgressThread
 
-        from hpcdp.comm.compiled.request import CompiledRingRequest
+        from hpcdp.comm.engines.compiled.request import CompiledRingRequest
 
         self.binding = binding
         self.request = CompiledRingRequest  # imported once, not per call
@@ -94,7 +92,7 @@ def compiled_engine():
     """The process's CompiledEngine, or None (the reason logged once) if MPI cannot
     be bound."""
     if _STATE["engine"] is None and _STATE["why"] is None:
-        from hpcdp.comm.compiled.binding import Unbindable, bound
+        from hpcdp.comm.engines.compiled.binding import Unbindable, bound
 
         try:
             _STATE["engine"] = CompiledEngine(bound())
@@ -106,9 +104,9 @@ def compiled_engine():
 
 
 def forget() -> None:
-    """Bind again on next use (tests: after changing what hpcdp.comm.compiled.binding.load
+    """Bind again on next use (tests: after changing what hpcdp.comm.engines.compiled.binding.load
     sees)."""
-    from hpcdp.comm.compiled import binding
+    from hpcdp.comm.engines.compiled import binding
 
     binding.forget()
     _STATE["engine"], _STATE["why"] = None, None
@@ -126,7 +124,7 @@ def set_engine(comm, name: str) -> None:
     """Run ``comm``'s ring collectives on ``name`` (``"python"`` or ``"compiled"``);
     collective: every rank must pick the same (the engines' wire traffic is the same,
     but the choice should not differ between ranks)."""
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.core.context import get_context
 
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
@@ -136,7 +134,7 @@ def set_engine(comm, name: str) -> None:
 def active_engine(comm) -> str:
     """What ``comm``'s ring collectives run on now: ``compiled`` only if asked for and
     the MPI library could be bound."""
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.core.context import get_context
 
     ctx = get_context(comm)
     if engine_name(ctx) == "compiled" and compiled_engine() is not None:
@@ -151,7 +149,7 @@ def overlap_algorithm(comm, algorithm: str) -> str:
     non-blocking collective, auto's pick below its crossover, moves only when
     polled); anything else, or "auto" with a machine profile (HPCDP_PROFILE: the cost
     model picks), is returned as given."""
-    if algorithm != "auto" or os.environ.get("HPCDP_PROFILE", "").strip():
+    if algorithm != "auto" or settings().profile:
         return algorithm
     return "ring" if active_engine(comm) == "compiled" else algorithm
 
@@ -161,7 +159,7 @@ def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, seg
     """A ring collective on the context's engine (module docstring). ``final_out``
     ``(out, off, size)``: an out-of-place reduce-scatter's last step reduces this
     rank's chunk ``[off, off+size)`` straight into ``out`` (the rest of the chunks pass
-    through a scratch). ``wire``: a 16-bit hpcdp.comm.wire.Wire
+    through a scratch). ``wire``: a 16-bit hpcdp.comm.engines.wire.Wire
     (the Python ring only)."""
     if wire is not None and engine_name(ctx) == "compiled" and not _STATE.get("wire_told"):
         _STATE["wire_told"] = True
