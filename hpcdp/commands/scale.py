@@ -36,7 +36,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     modes.add_argument("--reproduce", default="", metavar="NAME",
                        help="predict a published scaling table from the inputs it gives and print "
                             "prediction, published figure and error per point: horovod, tf-ec2-k80, "
-                            "all, or a table file written like hpcdp/scale/published/*.toml")
+                            "all, or a table file written like hpcdp/scale/published/*.toml (with --out "
+                            "DIR also reproduce.txt, .json and .png there)")
     p.add_argument("--json", default="", metavar="FILE",
                    help="--reproduce: also write the points as JSON records (source, point, published, "
                         "predicted, unit, error)")

@@ -195,13 +195,61 @@ def run(args) -> list[dict]:
         blocks.append(f"all {s['points']} points of {len(names)} tables: median |error| "
                       f"{s['median_abs_error']:.1f} points, largest {s['max_abs_error']:.1f} "
                       f"({s['within_10']}/{s['points']} within {AIM_MAX:g})")
-    print("\n\n".join(blocks))
+    text = "\n\n".join(blocks)
+    if getattr(args, "out", ""):  # table, records and the figure in a folder
+        from hpcdp.scale.report import write_outputs
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_outputs(out, "reproduce", text, {"points": _public(records), "summary": summarize(records)},
+                      plot_reproduce)
+    else:
+        print(text)
     if getattr(args, "json", ""):
-        keep = ("table", "source", "point", "model", "gpus", "published", "predicted", "unit", "error")
-        Path(args.json).write_text(json.dumps([{k: r[k] for k in keep} for r in records], indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(_public(records), indent=1) + "\n")
         print(f"wrote {args.json}")
     return records
 
 
+KEYS = ("table", "source", "point", "model", "gpus", "published", "predicted", "unit", "error")
+
+
+def _public(records: list[dict]) -> list[dict]:
+    return [{k: r[k] for k in KEYS} for r in records]
+
+
+def plot_reproduce(data: dict, path: Path) -> str | None:
+    """Predicted against published efficiency per point (one marker per table), the
+    diagonal and the aim's +-10 points."""
+    from hpcdp.scale.report import NO_MATPLOTLIB, pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    tables = list(dict.fromkeys(r["table"] for r in data["points"]))
+    for i, name in enumerate(tables):
+        pts = [r for r in data["points"] if r["table"] == name]
+        ax.scatter([r["published"] for r in pts], [r["predicted"] for r in pts], marker="osD^"[i % 4],
+                   label=name, zorder=3)
+        for r in pts:
+            ax.annotate(r["point"].replace(" GPUs", ""), (r["published"], r["predicted"]), fontsize=6,
+                        xytext=(3, 2), textcoords="offset points")
+    lo = min(min(r["published"], r["predicted"]) for r in data["points"]) - 5
+    ax.plot([lo, 100], [lo, 100], color="k", lw=0.8)
+    for d in (-AIM_MAX, AIM_MAX):
+        ax.plot([lo, 100], [lo + d, 100 + d], color="gray", ls="--", lw=0.7)
+    s = data["summary"]
+    ax.set(xlim=(lo, 100), ylim=(lo, 100), xlabel="published efficiency %", ylabel="hpcdp's model %",
+           title=f"{s['points']} published points: median |error| {s['median_abs_error']:.1f}, "
+                 f"largest {s['max_abs_error']:.1f} (dashed: +-{AIM_MAX:g})")
+    ax.title.set_fontsize(8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
 __all__ = ["available", "load_table", "reproduce", "summarize", "predicted_step_s", "published_value",
-           "profile_of", "workload_of", "format_records", "run", "TABLE_DIR"]
+           "profile_of", "workload_of", "format_records", "plot_reproduce", "run", "TABLE_DIR"]

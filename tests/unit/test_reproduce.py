@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -88,21 +86,28 @@ def test_the_published_tables_are_reproduced_within_the_aims():
     assert tf["median_met"] and tf["within_10"] >= 11, tf
 
 
-def test_reproduce_command_prints_each_point_and_writes_json_records(tmp_path):
+def test_reproduce_command_prints_each_point_and_writes_json_records(tmp_path, capsys):
+    from hpcdp.cli import main
+
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "scale", "--reproduce", "all", "--json",
-                           str(out), "--sweep"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "VGG-16, 512 GPUs" in proc.stdout and "median |error|" in proc.stdout
-    assert "inter_alpha_s = 5e-06" in proc.stdout  # --sweep: the assumed latency moved
+    assert main(["scale", "--reproduce", "all", "--json", str(out), "--sweep"]) == 0
+    said = capsys.readouterr().out
+    assert "VGG-16, 512 GPUs" in said and "median |error|" in said
+    assert "inter_alpha_s = 5e-06" in said  # --sweep: the assumed latency moved
     recs = json.loads(out.read_text())
     assert len(recs) == sum(len(R.load_table(n)["points"]) for n in R.available())
     for r in recs:
         assert {"source", "point", "published", "predicted", "unit"} <= set(r)
         assert r["unit"] == "%" and r["error"] == pytest.approx(r["predicted"] - r["published"], abs=0.11)
-    bad = subprocess.run([sys.executable, "-m", "hpcdp.cli", "scale", "--reproduce", "nosuch"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "hpcdp: error: --reproduce 'nosuch': no such table" in bad.stderr
+    # --out: the same table, the records and the figure in a folder
+    folder = tmp_path / "rep"
+    assert main(["scale", "--reproduce", "horovod", "--out", str(folder)]) == 0
+    saved = json.loads((folder / "reproduce.json").read_text())
+    assert len(saved["points"]) == 6 and saved["summary"]["max_met"]
+    assert "VGG-16, 512 GPUs" in (folder / "reproduce.txt").read_text()
+    capsys.readouterr()
+    assert main(["scale", "--reproduce", "nosuch"]) == 2
+    assert "hpcdp: error: --reproduce 'nosuch': no such table" in capsys.readouterr().err
 
 
 def test_a_table_with_a_point_of_an_unknown_model_is_refused(tmp_path):
