@@ -309,6 +309,11 @@ def _check_exact_config(cfg) -> None:
         raise ConfigError(f"parallel.{strategy}.comm_dtype: {wire!r} cannot be exact (exact mode sums "
                           "int64 fixed-point gradients; a 16-bit wire rounds them); use "
                           f"parallel.{strategy}.comm_dtype = \"float32\" or train.reproducible = 'fast'")
+    if strategy == "diloco":
+        raise ConfigError("train.reproducible = 'exact' with parallel.strategy = 'diloco': DiLoCo's weights "
+                          "depend on how many replica groups there are (each group trains alone between "
+                          "syncs, on its own part of the batch), so they cannot be the same bits for every "
+                          "rank count; use train.reproducible = 'fast' (docs/diloco.md, \"Exact mode\")")
     if strategy == "ps":
         ps = cfg.parallel.sub("ps")
         if ps is not None and getattr(ps, "mode", "sync") == "async":

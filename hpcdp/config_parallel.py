@@ -14,7 +14,7 @@ Adding a strategy's options: write its dataclass here and add it to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hpcdp.config_error import ConfigError
 
@@ -225,12 +225,106 @@ class ZeroConfig:
         _choices(f"{s}.shard", self.shard, ("world", "node"))
 
 
+# -- diloco ------------------------------------------------------------------------
+
+OuterDtype = Literal["float32", "bfloat16", "int8"]
+"""What the outer gradients carry on the wire between replica groups
+(hpcdp.strategies.diloco.wire)."""
+
+
+@dataclass(kw_only=True)
+class DiLoCoConfig:
+    """``[parallel.diloco]``: replica groups that take ``sync_every`` local steps with the
+    inner optimizer (``[optim]``) and then average their parameter change, applied by an
+    outer SGD with Nesterov momentum (docs/diloco.md)."""
+
+    # keys that apply only with some values of another (the config rule of hpcdp.config)
+    APPLIES: ClassVar[dict] = {"outer_block": ("parallel.diloco.outer_dtype", ("int8",))}
+    # the inner strategy's own table applies inside a group
+    ALSO_READS: ClassVar[tuple] = ("ddp", "zero")
+
+    groups: int | str = "node"
+    """Replica groups: "node" (one per node, found as hybrid ZeRO finds nodes: the ranks
+    that share memory or blocks of HPCDP_RANKS_PER_NODE), or an integer K dividing the
+    ranks into K groups of consecutive ranks."""
+    inner: Literal["none", "ddp", "zero"] = "ddp"
+    """The strategy inside a group: "none" (one rank per group), "ddp" ([parallel.ddp])
+    or "zero" ([parallel.zero], stages 1 and 2)."""
+    sync_every: int = 100
+    """H: inner steps between two synchronisations of a fragment (of the whole model
+    with fragments = 1)."""
+    outer_lr: float = 0.7
+    """The outer SGD's learning rate (OpenDiLoCo's recipe: 0.7)."""
+    outer_momentum: float = 0.9
+    """The outer SGD's momentum (0: none)."""
+    outer_nesterov: bool = True
+    """Nesterov momentum for the outer SGD (needs outer_momentum > 0)."""
+    outer_dtype: OuterDtype = "float32"
+    """The outer gradients on the wire: "float32", "bfloat16" (16-bit messages, float32
+    sums) or "int8" (8-bit integers with one float32 scale per block of outer_block
+    values, the scale shared by every group so the integers add exactly)."""
+    outer_block: int = 256
+    """int8: values per scale (a scale costs 4 bytes: 1 + 4/outer_block bytes a value)."""
+    fragments: int = 1
+    """P: the model's units cut into P contiguous fragments synchronised in turn, each
+    every sync_every steps, staggered by sync_every / P steps (Streaming DiLoCo)."""
+    overlap: int = 0
+    """tau: inner steps a fragment's exchange runs in the background before its result
+    is applied (0: the exchange blocks at its step). Needs overlap < sync_every / fragments."""
+    mixing: float = 0.0
+    """alpha: when an averaged fragment lands, the replica keeps alpha x its own current
+    values plus (1 - alpha) x the new outer values (Streaming DiLoCo's merge; 0: take
+    the outer values, plain DiLoCo; the paper uses 0.5 with overlap)."""
+    check_every: int = 0
+    """Compare a hash of the outer parameters across groups every K outer steps (0: off)."""
+
+    def __post_init__(self):
+        s = "parallel.diloco"
+        g = self.groups
+        if isinstance(g, str):
+            if g != "node":
+                raise ConfigError(f"{s}.groups: {g!r} is not allowed; use \"node\" (one group per node) "
+                                  "or an integer K >= 1 (K groups of consecutive ranks)")
+        elif isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise ConfigError(f"{s}.groups: {g!r} is out of range; use \"node\" or an integer K >= 1")
+        _choices(f"{s}.inner", self.inner, ("none", "ddp", "zero"))
+        _choices(f"{s}.outer_dtype", self.outer_dtype, literal_values(OuterDtype))
+        for key in ("sync_every", "fragments", "outer_block"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{s}.{key}: {v!r} is out of range; allowed [1, inf)")
+        if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or self.overlap < 0:
+            raise ConfigError(f"{s}.overlap: {self.overlap!r} is out of range; allowed [0, inf) "
+                              "(inner steps an exchange runs in the background)")
+        if self.sync_every % self.fragments:
+            raise ConfigError(f"{s}.fragments: {self.fragments} does not divide {s}.sync_every = "
+                              f"{self.sync_every}; the fragments sync every sync_every steps, staggered "
+                              "by sync_every / fragments: choose a divisor")
+        stagger = self.sync_every // self.fragments
+        if self.overlap >= stagger:
+            raise ConfigError(f"{s}.overlap: {self.overlap} inner steps must be < sync_every / fragments "
+                              f"= {stagger} (a fragment's exchange lands before the next one starts)")
+        if not self.outer_lr > 0:
+            raise ConfigError(f"{s}.outer_lr: {self.outer_lr!r} is out of range; allowed (0, inf)")
+        if not 0.0 <= self.outer_momentum < 1.0:
+            raise ConfigError(f"{s}.outer_momentum: {self.outer_momentum!r} is out of range; allowed [0, 1)")
+        if self.outer_nesterov and self.outer_momentum == 0.0:
+            raise ConfigError(f"{s}.outer_nesterov: Nesterov momentum needs {s}.outer_momentum > 0; "
+                              f"set {s}.outer_nesterov = false or an outer_momentum such as 0.9")
+        if not 0.0 <= self.mixing < 1.0:
+            raise ConfigError(f"{s}.mixing: {self.mixing!r} is out of range; allowed [0, 1) (the share "
+                              "of the replica's own values kept when a fragment lands)")
+        if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) or self.check_every < 0:
+            raise ConfigError(f"{s}.check_every: {self.check_every!r} is out of range; allowed [0, inf)")
+
+
 # -- registry --------------------------------------------------------------------------
 
-PARALLEL_OPTIONS: dict[str, type] = {"ddp": DDPConfig, "ps": PSConfig, "zero": ZeroConfig}
+PARALLEL_OPTIONS: dict[str, type] = {"ddp": DDPConfig, "ps": PSConfig, "zero": ZeroConfig,
+                                     "diloco": DiLoCoConfig}
 """Strategy name -> its options dataclass (``[parallel.<name>]``)."""
 
 
-__all__ = ["DDPConfig", "PSConfig", "ZeroConfig", "PARALLEL_OPTIONS", "MIB", "CommDtype",
+__all__ = ["DDPConfig", "PSConfig", "ZeroConfig", "DiLoCoConfig", "OuterDtype", "PARALLEL_OPTIONS", "MIB", "CommDtype",
            "parse_staleness", "check_stale_lr", "literal_values",
            "UNBOUNDED_SPELLINGS", "STALE_LR_RULES"]

@@ -21,7 +21,9 @@ Rules it owns:
 
 - The loss given to backward is weighted by ``micro_samples / global_samples``, so
   summing gradients over ranks gives the gradient of the global mean loss, also for
-  a short last batch or uneven slices.
+  a short last batch or uneven slices. A strategy that sums over a group of ranks
+  only (DiLoCo's replica groups) says so with ``strategy.loss_scale(batch)``: the
+  weights given to backward are multiplied by it (the reported loss is not).
 - The empty-slice rule: a micro-batch with no samples on this rank still runs one
   forward and backward, on ``batch.filler`` (one sample) with weight 0, so its
   hooks fire like every other rank's (collectives started from hooks, or gathers
@@ -72,12 +74,16 @@ def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
     codec = getattr(strategy, "grad_codec", None)
     if codec is not None:
         codec.begin_step(batch.global_samples)
+    # The reduction's scope: 1 when the strategy sums over every rank; a strategy whose
+    # gradient sum spans a group of ranks (DiLoCo's replica groups) scales the weights
+    # so that the group's sum is the gradient of the group's mean loss.
+    grad_scale = strategy.loss_scale(batch) if hasattr(strategy, "loss_scale") else 1.0
     while True:
         strategy.zero_grad()
         loss_part = 0.0
         for m, idx in enumerate(batch.micro):
             strategy.begin_backward(last_micro=(m == n_micro - 1))
-            loss_part += micro_pass(model, batch, m, fetch, checks)
+            loss_part += micro_pass(model, batch, m, fetch, checks, grad_scale=grad_scale)
             if after_backward is not None:
                 after_backward(m)
         if checks is not None and codec is None:  # mid-step: DDP's allreduces are in flight
@@ -90,10 +96,12 @@ def train_step(model, strategy, batch: LocalBatch, fetch: Callable, *,
     return StepResult(loss=loss_part, samples=batch.samples)
 
 
-def micro_pass(model, batch: LocalBatch, m: int, fetch: Callable, checks=None) -> float:
+def micro_pass(model, batch: LocalBatch, m: int, fetch: Callable, checks=None,
+               grad_scale: float = 1.0) -> float:
     """Forward and backward of micro-batch ``m``: the random context, the loss weighting
     (and ``checks.loss_weight``, where a fault test's NaN enters) and the empty-slice
-    rule. Returns its part of this rank's loss share."""
+    rule. Returns its part of this rank's loss share (``grad_scale`` multiplies only
+    the weight given to backward: :meth:`Strategy.loss_scale`)."""
     idx = batch.micro[m]
     weight = len(idx) / batch.global_samples if batch.weights is None else batch.weights[m]
     if len(idx) == 0:  # keep the hooks firing: one sample, weight 0
@@ -106,7 +114,7 @@ def micro_pass(model, batch: LocalBatch, m: int, fetch: Callable, checks=None) -
     part = loss.item() * weight
     if checks is not None:
         weight = checks.loss_weight(weight)
-    (loss * weight).backward()
+    (loss * (weight * grad_scale if grad_scale != 1.0 else weight)).backward()
     return part
 
 

@@ -259,6 +259,9 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
                    f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
                    f"{total} steps of {cfg.train.global_batch} samples ({batches.batches_per_epoch} per epoch)")
+        layout_line = getattr(strategy, "layout_line", None)  # e.g. DiLoCo's replica groups
+        if layout_line is not None:
+            writer.log(layout_line())
 
     def run_eval(step):
         res = evaluate(model, ds, cfg.train.eval_batch, strategy.dp_rank, strategy.dp_size, comm, be,

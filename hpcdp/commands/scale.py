@@ -82,7 +82,11 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                         "MPI here; 1: a NIC or DMA engine does)")
     p.add_argument("--strategies", default="ddp-ring,ddp-hierarchical,ddp-auto,ps1,ps8,zero1,zero2,zero3",
                    help="--predict: ddp-ring|ddp-recursive|ddp-hierarchical|ddp-auto, psK, zero1-3 "
-                        "(the ring) or zeroK-recursive|zeroK-hierarchical|zeroK-auto")
+                        "(the ring) or zeroK-recursive|zeroK-hierarchical|zeroK-auto, hybrid1-3, "
+                        "diloco[-H<n>][-P<n>][-T<n>][-float32|-bfloat16|-int8] (one group per node)")
+    p.add_argument("--link", default="",
+                   help="--predict: the inter-node link at this rate (tc's spelling: 10mbit, "
+                        "100mbit, 1gbit), replacing the profile's bandwidth; its latency is kept")
     p.add_argument("--node-mttf-h", type=float, default=0.0, metavar="HOURS",
                    help="--predict: a node's mean time to failure; adds the checkpoint interval "
                         "(Young / Daly) and the goodput per rank count, for the classic policy (end, "

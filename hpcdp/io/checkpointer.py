@@ -92,7 +92,8 @@ class Checkpointer:
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
         from .format.runstate import expected_tensors
-        return expected_tensors(self.flat, self.optimizer)
+        extra = getattr(self.strategy, "checkpoint_buffers", None)  # e.g. DiLoCo's replicas
+        return expected_tensors(self.flat, self.optimizer, extra() if extra is not None else ())
 
     def _state(self, step: int, rank_arrays: dict) -> tuple[dict, dict, dict]:
         from hpcdp.config import dump_toml
@@ -133,11 +134,19 @@ class Checkpointer:
         path = Path(AGREEMENT.on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
                                       timeout=self.timeout))
         t0 = time.perf_counter()
+        saved = getattr(self.strategy, "checkpoint_saved", None)
+        if saved is not None:  # a strategy whose targets depend on what was saved (DiLoCo)
+            import json
+            from .format.runstate import saved_summary
+            saved(json.loads(AGREEMENT.on_root(self.comm, lambda: saved_summary(path), timeout=self.timeout)))
         targets = self.strategy.checkpoint_targets()
         index, nbytes = load(path, targets, self.flat.layout, self.expected(), self.optimizer.kind,
                              self.comm, backend=self.flat.backend, timeout=self.timeout, threads=self.threads)
         self._check_run_state(index, path)
         self.strategy.checkpoint_restored()
+        note = getattr(self.strategy, "restore_note", None)
+        if note is not None:
+            self.log(note())
         self.optimizer.steps = int(index.state.get("optimizer_steps", 0))
         step = index.step
         self.last_saved = step

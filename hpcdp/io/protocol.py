@@ -20,7 +20,13 @@ array (host or device) that holds it on this rank. Four methods, on every strate
 Optional: ``checkpoint_check()`` (refuse a configuration up front, on every rank)
 and ``checkpoint_begin(step, wait)`` (called first in every save, on every rank: a
 parameter server's workers wait for their updates there and ask the dedicated
-server ranks, which run no steps, to join the save).
+server ranks, which run no steps, to join the save). A strategy that keeps state
+besides the parameters and the optimizer's (DiLoCo: the outer momentum, every
+replica group's parameters and inner state) names those buffers with
+``checkpoint_buffers() -> [name]`` (each laid out like ``flat.data``), and one whose
+restore targets depend on what a checkpoint holds gets ``checkpoint_saved(info)``
+first (``info``: :func:`hpcdp.io.format.runstate.saved_summary`'s buffers, step and per-rank
+scalars).
 
 The helpers below implement them for replicated strategies (none, ddp, PS with
 worker-side update: rank r of N writes ``shard_range(numel, N, r)`` of each buffer

@@ -266,6 +266,57 @@ def hybrid_step(p: Profile, wl: Workload, strategy: str, t: Topology, batch_per_
                 "ring/node" if N > 1 else "-")
 
 
+def diloco_step(p: Profile, wl: Workload, t: Topology, batch_per_rank: float, *, sync_every: int = 100,
+                fragments: int = 1, overlap: int = 0, outer_dtype: str = "float32",
+                outer_block: int = 256) -> Step:
+    """DiLoCo (hpcdp.strategies.diloco) with one replica group per node (``M = t.nodes``
+    groups of ``L = t.per_node`` ranks), DDP (ring) inside the group.
+
+    A step = the inner step (compute, the group's ring allreduces over intra-node links,
+    exposed as DDP's) + ``1/H`` of an outer synchronisation, amortised: per fragment
+    (``P`` per ``H`` steps) a ring allreduce of each rank's ``1/L`` chunk across the
+    ``M`` groups (``L`` such rings share the node's NICs; int8 adds the scales' ring),
+    the group's all-gather of the fragment's new values (intra) and the outer SGD on the
+    chunk. Exposed per fragment: everything when ``overlap = 0``; with ``overlap = tau``
+    the wire's part (latency + bandwidth) hides behind ``tau`` inner steps, hpcdp's own
+    CPU work (software, reductions) and the gather do not."""
+    from hpcdp.comm.model.cost import ring_phases_cost
+    from hpcdp.strategies.diloco.wire import n_blocks
+
+    s = wl.itemsize
+    L, M, N = t.per_node, t.nodes, t.ranks
+    t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, L)
+    inner, costs = Cost(), []
+    for size in wl.buckets:
+        c = ring_phases_cost(p, size * s, L, "intra", ("rs", "ag"), itemsize=s)
+        costs.append(c.total_s)
+        inner = inner + c
+    exposed_inner = _exposed(p, t_b, _ready_in_backward(wl, t_b), costs)
+    inner_step = t_f + t_b + t_o + exposed_inner
+    share = max(1.0, L / p.nics_per_node)
+    frag = -(-wl.params // fragments)
+    chunk = -(-frag // L)
+    wire = {"float32": 4, "bfloat16": 2, "int8": 1}[outer_dtype]
+    x = ring_phases_cost(p, chunk * wire, M, "inter", ("rs", "ag"), share, wire)
+    if outer_dtype == "int8":
+        x = x + ring_phases_cost(p, n_blocks(chunk, outer_block) * 4, M, "inter", ("rs", "ag"), share, 4)
+    gather = ring_phases_cost(p, frag * s, L, "intra", ("ag",), itemsize=s)
+    apply_s = chunk * p.optimizer_s_per_param * p.contention_at(L)
+    wire_s = x.latency_s + x.bandwidth_s
+    exposed_x = (x.software_s + x.reduce_s + max(0.0, wire_s - overlap * inner_step)) if overlap else x.total_s
+    per = fragments / sync_every            # fragment exchanges per step
+    outer = x + gather
+    exposed = exposed_inner + per * (exposed_x + gather.total_s + apply_s)
+    comm = sum(costs) + per * outer.total_s
+    compute = t_f + t_b + t_o               # the outer SGD counts with the exposed overhead
+    link = inner.link_bytes + per * outer.link_bytes
+    inter_node = 0 if M <= 1 else int(per * sum(x.inter) * L)
+    memory = _memory(wl, L, 0) + 2 * chunk * fragments * s   # + theta and the outer momentum
+    return Step("diloco", N, batch_per_rank, compute + exposed, compute,
+                comm, exposed, int(link), inter_node, memory,
+                f"H={sync_every} P={fragments} tau={overlap} {outer_dtype}" if N > 1 else "-")
+
+
 def predicted_efficiency(base: Step, point: Step, study: str = "weak") -> float:
     """Weak: t(1)/t(N) at the same per-rank batch; strong: t(1)/(N t(N))."""
     if study == "weak":
@@ -371,6 +422,7 @@ def ps_keeps_up_until(p: Profile, wl: Workload, batch_per_rank: float, servers: 
     return last, first
 
 
-__all__ = ["Workload", "Step", "workload_from_config", "step", "node_streams", "hybrid_step", "HYBRID", "predicted_efficiency",
+__all__ = ["Workload", "Step", "workload_from_config", "step", "node_streams", "hybrid_step", "HYBRID",
+           "diloco_step", "predicted_efficiency",
            "compute_times", "scheduled_exposed", "ring_latency_crossover", "ring_bound",
            "hierarchical_crossover", "ps_keeps_up_until", "flops_per_sample"]

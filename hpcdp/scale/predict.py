@@ -59,11 +59,61 @@ def _strategies(text: str):
             out.append((name, "ps", {"servers": int(name[2:])}))
         elif name in ("zero1", "zero2", "zero3", "hybrid1", "hybrid2", "hybrid3"):
             out.append((name, name, {}))
+        elif name == "diloco" or name.startswith("diloco-"):
+            out.append((name, "diloco", diloco_options(name)))
         else:
             raise SystemExit(f"hpcdp scale --predict: --strategies: {name!r}; choose from "
                              "ddp-ring, ddp-recursive, ddp-hierarchical, ddp-auto, psK (K servers), "
-                             "zero1, zero2, zero3, hybrid1, hybrid2, hybrid3 (ZeRO sharded in the node)")
+                             "zero1, zero2, zero3, hybrid1, hybrid2, hybrid3 (ZeRO sharded in the node), "
+                             "diloco[-H<n>][-P<n>][-T<n>][-float32|-bfloat16|-int8]")
     return out
+
+
+def diloco_options(name: str, defaults=None) -> dict:
+    """``diloco-H100-P4-T1-int8`` -> sync_every 100, fragments 4, overlap 1, outer_dtype
+    "int8"; unnamed ones from ``defaults`` (the config's [parallel.diloco]) or DiLoCo's own."""
+    from hpcdp.config_parallel import DiLoCoConfig
+
+    d = defaults or DiLoCoConfig()
+    out = {"sync_every": d.sync_every, "fragments": d.fragments, "overlap": d.overlap,
+           "outer_dtype": d.outer_dtype, "outer_block": d.outer_block}
+    keys = {"H": "sync_every", "P": "fragments", "T": "overlap"}
+    for part in name.split("-")[1:]:
+        if part in ("float32", "bfloat16", "int8"):
+            out["outer_dtype"] = part
+        elif part[:1] in keys and part[1:].isdigit():
+            out[keys[part[:1]]] = int(part[1:])
+        else:
+            raise SystemExit(f"hpcdp scale --predict: --strategies: {name!r}: {part!r} is not H<n>, P<n>, "
+                             "T<n>, float32, bfloat16 or int8")
+    try:
+        DiLoCoConfig(**out)
+    except Exception as e:  # ConfigError: the same rules as the config's
+        raise SystemExit(f"hpcdp scale --predict: --strategies: {name!r}: {e}") from None
+    return out
+
+
+def link_rate(text: str) -> float:
+    """``10mbit``, ``100mbit``, ``1gbit``, ``250kbit`` -> bits per second (tc's spelling)."""
+    t = text.strip().lower()
+    for unit, k in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if t.endswith(unit):
+            try:
+                return float(t[:-len(unit)]) * k
+            except ValueError:
+                break
+    raise SystemExit(f"hpcdp scale --predict: --link {text!r}: write a rate like 10mbit, 100mbit or 1gbit")
+
+
+def with_link(profile, bits_per_s: float):
+    """``profile`` with its inter-node link at ``bits_per_s`` (a rate-limited link: every
+    byte costs ``8 / rate`` seconds at any message size; its latency is kept)."""
+    import dataclasses
+
+    beta = 8.0 / bits_per_s
+    inter = dataclasses.replace(profile.inter, beta_s_per_byte=beta, ring_beta_s_per_byte=beta,
+                                rndv_beta_s_per_byte=beta if profile.inter.eager_bytes else 0.0)
+    return dataclasses.replace(profile, inter=inter, name=f"{profile.name} @ {bits_per_s / 1e6:g} Mbit/s")
 
 
 def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=None) -> dict:
@@ -80,11 +130,17 @@ def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=N
         for N in ranks:
             if strategy == "ps" and kw["servers"] > N:
                 continue
-            st = M.step(profile, wl, strategy, N, batch, per_node=per_node, **kw)
+            if strategy == "diloco":
+                st = M.diloco_step(profile, wl, CM.Topology.of(N, per_node), batch, **kw)
+            else:
+                st = M.step(profile, wl, strategy, N, batch, per_node=per_node, **kw)
             row = {**st.as_dict(), "strategy": label, "strategy_kind": st.strategy}
             row["weak_efficiency"] = base.step_s / st.step_s
+            row["utilisation"] = st.compute_s / st.step_s
             if strong_batch:
-                sn = M.step(profile, wl, strategy, N, strong_batch / N, per_node=per_node, **kw)
+                sn = (M.diloco_step(profile, wl, CM.Topology.of(N, per_node), strong_batch / N, **kw)
+                      if strategy == "diloco" else
+                      M.step(profile, wl, strategy, N, strong_batch / N, per_node=per_node, **kw))
                 row["strong_step_s"] = sn.step_s
                 row["strong_efficiency"] = base_strong.step_s / (N * sn.step_s)
             rows.append(row)
@@ -136,7 +192,7 @@ def format_predict(res: dict) -> str:
              f"{res['ranks_per_node']} ranks per node"]
     strong = res.get("strong_batch")
     hdr = (f"{'strategy':<17} {'ranks':>5} {'step ms':>9} {'compute':>8} {'comm ms':>9} "
-           f"{'exposed':>9} {'link MB':>8} {'NIC MB':>8} {'mem MB':>7} {'weak eff':>8}"
+           f"{'exposed':>9} {'link MB':>8} {'NIC MB':>8} {'mem MB':>7} {'util':>6} {'weak eff':>8}"
            + (f" {'strong eff':>10}" if strong else "") + "  allreduce")
     lines += [hdr, "-" * len(hdr)]
     for r in res["rows"]:
@@ -144,7 +200,7 @@ def format_predict(res: dict) -> str:
             f"{r['strategy']:<17} {r['ranks']:>5} {1e3 * r['step_s']:>9.2f} {1e3 * r['compute_s']:>8.2f} "
             f"{1e3 * r['comm_s']:>9.2f} {1e3 * r['exposed_s']:>9.2f} {r['link_bytes'] / 1e6:>8.2f} "
             f"{r['inter_bytes_node'] / 1e6:>8.2f} {r['memory_bytes'] / 1e6:>7.1f} "
-            f"{r['weak_efficiency']:>8.1%}"
+            f"{r.get('utilisation', 0.0):>6.1%} {r['weak_efficiency']:>8.1%}"
             + (f" {r['strong_efficiency']:>10.1%}" if strong else "") + f"  {r['algorithms']}")
     c = res["crossovers"]
     mb = c["bucket_bytes"] / 2**20
@@ -169,7 +225,8 @@ def format_predict(res: dict) -> str:
                      f"stop keeping up at N = {v['stops_at'] or 'beyond this range'}")
     lines.append("columns: link MB = bytes the busiest rank sends + receives per step; NIC MB = "
                  "bytes through the busiest node's NICs per step; mem = params + grads + "
-                 "optimizer state per rank")
+                 "optimizer state per rank; util = compute / step time; diloco: per step "
+                 "amortised (1/H of an outer exchange per fragment synced)")
     return "\n".join(lines)
 
 
@@ -224,12 +281,18 @@ def run(args) -> dict:
     except ValueError as e:
         raise SystemExit(f"hpcdp scale --predict: --profile: {e}") from None
     cfg = load_config(args.config, args.set or [])
+    if getattr(args, "link", ""):
+        profile = with_link(profile, link_rate(args.link))
     wl = workload_from_config(cfg)
     ranks = expand_ranks(args.ranks)
     batch = args.batch or cfg.train.global_batch
     studies = [s.strip() for s in args.study.split(",")]
     strong = batch * max(ranks) if "strong" in studies else None
-    res = predict(profile, wl, ranks, batch, _strategies(args.strategies),
+    strategies = _strategies(args.strategies)
+    own = cfg.parallel.sub("diloco") if hasattr(cfg.parallel, "sub") else None
+    if own is not None:  # the config's [parallel.diloco] for what a name leaves out
+        strategies = [(lb, k, diloco_options(lb, own) if k == "diloco" else kw) for lb, k, kw in strategies]
+    res = predict(profile, wl, ranks, batch, strategies,
                   args.ranks_per_node or None, strong)
     res.update(config=str(args.config), date=time.strftime("%Y-%m-%d %H:%M:%S"))
     text = format_predict(res)

@@ -86,6 +86,14 @@ class Strategy(ABC):
         gradients zeroes what it holds."""
         self.flat.zero_grad()
 
+    def loss_scale(self, batch) -> float:
+        """The factor on this step's loss weights for backward (``batch``: this rank's
+        LocalBatch, before its first micro-batch). 1: the weights are shares of the
+        global batch and the gradient sum over every rank is the global mean's. A
+        strategy whose gradient sum spans only a group of ranks returns ``global /
+        group`` share (DiLoCo: each replica group trains on its own part of the batch)."""
+        return 1.0
+
     def begin_backward(self, last_micro: bool = True) -> None:
         """Called before each micro-batch's backward. A replicated strategy starts
         communication only during the last micro-batch's backward (gradients

@@ -60,6 +60,14 @@ STRATEGIES = {
     "hybrid1": {"strategy": "zero", "zero": {"stage": 1, "bucket_mb": 0.001, "shard": "node"}},
     "hybrid2": {"strategy": "zero", "zero": {"stage": 2, "bucket_mb": 0.001, "shard": "node"}},
     "hybrid3": {"strategy": "zero", "zero": {"stage": 3, "shard": "node"}},
+    # DiLoCo: 2 groups (of DDP inside at 4 ranks), streamed in 2 fragments with overlap
+    "diloco2": {"strategy": "diloco", "diloco": {"groups": 2, "sync_every": 4, "fragments": 2,
+                                                  "overlap": 1, "mixing": 0.5},
+                "ddp": {"bucket_mb": 0.001}},
+    "diloco2x1": {"strategy": "diloco", "diloco": {"groups": 2, "inner": "none", "sync_every": 4,
+                                                    "fragments": 2, "overlap": 1, "mixing": 0.5}},
+    "diloco4": {"strategy": "diloco", "diloco": {"groups": 4, "inner": "none", "sync_every": 4,
+                                                  "fragments": 2, "overlap": 1, "mixing": 0.5}},
 }
 
 

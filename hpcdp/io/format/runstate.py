@@ -34,15 +34,33 @@ def hpcdp_version() -> str:
         return "unknown"
 
 
-def expected_tensors(flat, optimizer) -> dict:
+def expected_tensors(flat, optimizer, extra=()) -> dict:
     """``{logical tensor: (shape, dtype name)}`` of a model's flat layout and its
-    optimizer's state, in index order (parameters, then each state buffer)."""
+    optimizer's state, in index order (parameters, then each state buffer, then the
+    ``extra`` buffers a strategy keeps besides them: ``strategy.checkpoint_buffers()``,
+    each laid out like the parameters)."""
     dtype = np.dtype(flat.dtype).name
     out = {tensor_name(PARAM, s.name): (tuple(s.shape), dtype) for s in flat.layout}
-    for name in getattr(optimizer, "names", ()):
+    for buffer in [optim_buffer(name) for name in getattr(optimizer, "names", ())] + list(extra):
         for s in flat.layout:
-            out[tensor_name(optim_buffer(name), s.name)] = (tuple(s.shape), dtype)
+            out[tensor_name(buffer, s.name)] = (tuple(s.shape), dtype)
     return out
+
+
+def saved_summary(ckpt_dir) -> str:
+    """JSON of what a checkpoint holds, for a strategy's ``checkpoint_saved(info)``
+    before it names its restore targets: ``buffers`` (sorted names), ``step``, and the
+    per-rank scalars ``arrays`` (``rank_<key>``: one value per writing rank)."""
+    import json
+
+    from .index import read_index
+    from .names import split_tensor_name
+
+    index = read_index(ckpt_dir)
+    return json.dumps({"buffers": sorted({split_tensor_name(t)[0] for t in index.tensors}),
+                       "step": index.step,
+                       "arrays": {k: np.asarray(v).astype(float).tolist() for k, v in index.arrays.items()
+                                  if k.startswith("rank_")}})
 
 
 def compatibility_problem(index, expected: dict, optimizer_kind: str | None) -> str | None:
@@ -74,4 +92,4 @@ def compatibility_problem(index, expected: dict, optimizer_kind: str | None) -> 
     return None
 
 
-__all__ = ["hpcdp_version", "expected_tensors", "compatibility_problem"]
+__all__ = ["hpcdp_version", "expected_tensors", "saved_summary", "compatibility_problem"]
