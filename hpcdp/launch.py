@@ -78,12 +78,31 @@ def hpcdp_command(module: str = "hpcdp.cli") -> list[str]:
     return [sys.executable, "-m", module]
 
 
+def sets_for_job(config, sets) -> list[str]:
+    """``sets`` less the strategy options the job does not read: a study or check runs
+    several strategies with one list of ``--set`` overrides (the user's, for whichever
+    strategy reads them, and its own, e.g. DDP's bucketing variants), and ``hpcdp train``
+    refuses an option given by ``--set`` that its strategy does not read
+    (hpcdp.config_applies). A config that does not load is left to the job to report."""
+    from hpcdp.config import load_config
+    from hpcdp.config_error import ConfigError
+    from hpcdp.config import parse_override
+
+    sets = list(sets)
+    try:
+        unread = set(load_config(config, sets, shared_options=True).unread_options)
+    except (ConfigError, OSError):
+        return sets
+    return [s for s in sets if ".".join(parse_override(s)[0]) not in unread]
+
+
 def train_command(config=None, sets=(), resume: str | None = None, module: str = "hpcdp.cli") -> list[str]:
-    """``python -m hpcdp.cli train [--config C] [--set S ...] [--resume R]``."""
+    """``python -m hpcdp.cli train [--config C] [--set S ...] [--resume R]``; strategy
+    options in ``sets`` that the job does not read are left out (:func:`sets_for_job`)."""
     cmd = hpcdp_command(module) + ["train"]
     if config:
         cmd += ["--config", str(config)]
-    for s in sets:
+    for s in sets_for_job(config, sets):
         cmd += ["--set", s]
     if resume:
         cmd += ["--resume", resume]
@@ -158,5 +177,5 @@ def wait_quiet(limit: float, max_wait: float = 1800.0, poll: float = 10.0) -> No
 
 
 __all__ = ["THREAD_VARS", "THREAD_ENV", "CLEARED_ENV", "LaunchError", "ChildFailed", "find_mpiexec",
-           "package_root", "child_env", "hpcdp_command", "train_command", "mpiexec_command",
+           "package_root", "child_env", "hpcdp_command", "train_command", "sets_for_job", "mpiexec_command",
            "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]

@@ -242,6 +242,8 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
     uniform = math.log(ds.n_classes)  # the loss of predicting every class (token) alike
     if writer_rank:
         writer.log(f"run dir: {run_dir}")
+        for line in getattr(cfg, "warnings", ()):  # config keys this run does not read (config_applies)
+            writer.log(line)
         writer.log(f"data: {ds.describe()}" + (f"; loss floor (exact conditional entropy) "
                                                f"{floor:.4f} nats, a uniform guess {uniform:.4f}"
                                                if floor is not None else ""))

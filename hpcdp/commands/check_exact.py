@@ -116,7 +116,8 @@ def run(args) -> int:
                          f"got {args.restart_at} and {args.restart_ranks}")
     # Check the config once here, so bad input is one clear error, not N failed jobs.
     from hpcdp.config import load_config
-    cfg = load_config(args.config, common + ['train.reproducible="exact"'] + sets[names[0]])
+    cfg = load_config(args.config, common + ['train.reproducible="exact"'] + sets[names[0]],
+                      shared_options=True)
     if cfg.train.exact_micro_chosen:  # unset: one micro-batch size that every rank count holds
         from hpcdp.config import choose_micro_batch
         micro = choose_micro_batch(cfg.train.global_batch, ranks + [args.restart_ranks] * bool(args.restart_ranks))

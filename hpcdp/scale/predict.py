@@ -223,7 +223,7 @@ def run(args) -> dict:
         profile = load_profile(args.profile)
     except ValueError as e:
         raise SystemExit(f"hpcdp scale --predict: --profile: {e}") from None
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, args.set or [], shared_options=True)
     wl = workload_from_config(cfg)
     ranks = expand_ranks(args.ranks)
     batch = args.batch or cfg.train.global_batch

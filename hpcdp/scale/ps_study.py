@@ -59,7 +59,7 @@ def _load(config: str, overrides: list[str]):
     from hpcdp.optim import build_optimizer
     from hpcdp.train import task_of
 
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides, shared_options=True)
     ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
     model = build_model(cfg.model, dtype=cfg.run.dtype, device="cpu")
     opt = build_optimizer(cfg.optim, layout=model.flat.layout, dtype=cfg.run.dtype)  # decay groups as in training

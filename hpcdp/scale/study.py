@@ -127,7 +127,7 @@ def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path, tag:
     module = "hpcdp.scale.compute_only" if variant == "compute_only" else "hpcdp.cli"
     cmd = launch_command(args, k) + [sys.executable, "-m", module, "train",
                                      "--config", str(args.config)]
-    for s in sets:
+    for s in sets_for_job(args.config, sets):  # the strategy options this point reads
         cmd += ["--set", s]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True,
@@ -221,7 +221,7 @@ def run(args) -> dict:
         raise SystemExit(f"hpcdp scale: --steps {args.steps} must exceed --warmup {args.warmup}")
     from hpcdp.config import load_config
 
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, args.set or [], shared_options=True)
     batch = args.batch or cfg.train.global_batch
     if "strong" in studies and batch < max(ranks):
         raise SystemExit(f"hpcdp scale: strong scaling splits a global batch of {batch} over "

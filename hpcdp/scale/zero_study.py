@@ -80,7 +80,7 @@ def _with_sets(args, sets: list):
 
 def _cfg(args):
     from hpcdp.config import load_config
-    return load_config(args.config, args.set or [])
+    return load_config(args.config, args.set or [], shared_options=True)
 
 
 def shard_ranks(cfg, strategy: str, k: int) -> int:
