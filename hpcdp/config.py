@@ -77,9 +77,19 @@ class RunConfig:
     device: str = "cpu"
     log_every: int = 10  # print one log line every this many steps (and the last)
     eval_every: int = 0  # evaluate every this many steps; 0: only after the last step
+    metrics_flush_s: float = 5.0  # every rank's figures reach metrics.jsonl at least this often
+    tensorboard: bool = False  # also write TensorBoard events to <run dir>/tensorboard (hpcdp[tensorboard])
+    # metrics.jsonl at scale: above this many ranks a step's record has the spread of each
+    # figure (min/median/max, the slowest rank), and the per-rank lists only every N steps
+    rank_lists_up_to: int = 64
+    rank_lists_every: int = 100
 
     def __post_init__(self):
         s = self.SECTION
+        _range(s, "metrics_flush_s", self.metrics_flush_s, 0.0, lo_open=True)
+        _finite(s, "metrics_flush_s", self.metrics_flush_s)
+        _range(s, "rank_lists_up_to", self.rank_lists_up_to, 1)
+        _range(s, "rank_lists_every", self.rank_lists_every, 1)
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
             raise ConfigError(f"{s}.name: {self.name!r} must be non-empty and use only letters, digits, '.', '_', '-'")
         _range(s, "seed", self.seed, 0, 2**63 - 1)

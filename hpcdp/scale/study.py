@@ -89,7 +89,12 @@ def _rank_mean(rec: dict, key: str):
     """A strategy figure of one metrics line, averaged over ranks.
 
     train.py writes the strategy's step_stats() per rank as ``{"ranks": {key: [r0, r1..]}}``
-    (or flat lists under the key); one-rank runs may have no strategy figures at all."""
+    (above run.rank_lists_up_to ranks, on most steps only ``{"spread": {key: {"mean", ...}}}``;
+    or flat lists under the key); one-rank runs may have no strategy figures at all."""
+    from hpcdp.metrics import rank_values
+
+    if "ranks" not in rec and "spread" in rec:
+        return rank_values(rec, key, "mean")
     for holder in (rec.get("ranks"), rec.get("strategy"), rec):
         if isinstance(holder, dict) and key in holder:
             v = holder[key]
