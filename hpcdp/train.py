@@ -200,6 +200,9 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
                               f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
         agreed.fingerprint = schedule_text(ds, total, batches.batches_per_epoch)  # same data everywhere
+        if resume and world.rank == 0:  # a checkpoint of another model: one line, status 2, no run dir
+            from hpcdp.io.checkpointer import check_resume_target
+            check_resume_target(resume, cfg, flat, optimizer, batches.sampler)
 
     # The run directory: named on world rank 0, known to every rank.
     def make_run_dir():
