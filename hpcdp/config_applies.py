@@ -18,7 +18,10 @@ The rule (docs/user-guide.md, "Keys that do not apply"), applied by
 
 - a key of a section that the run does not read is an error when it was given by
   ``--set`` or holds a value other than its default (a resolved ``config.toml``
-  carries every key, the unread ones at their defaults, and reruns as it is);
+  carries every key, the unread ones at their defaults, and reruns as it is), unless
+  it comes from the config file and ``--set`` switched the setting that leaves it
+  unread (``--set train.reproducible=fast`` on an exact job's file that sets
+  ``train.exact_micro_batch``): then it is named in the warning line;
 - strategy options are different: a shared config file may carry several strategies'
   tables, or the options of every ZeRO stage, and pick one with ``--set
   parallel.strategy=...`` / ``--set parallel.zero.stage=...``. A ``[parallel.<name>]``
@@ -87,7 +90,7 @@ def _unread(cfg, obj, prefix: str, set_keys) -> list[tuple[str, str, str]]:
             continue
         why = _why_not(cfg, rules)
         if why:
-            out.append((path, rules[0][0], why))
+            out.append((path, [sel for sel, _ in rules], why))
     return out
 
 
@@ -108,8 +111,8 @@ def unread_options(cfg, raw: dict, set_keys=()) -> list[tuple[str, str]]:
     out = []
     for name, opts in sorted(cfg.parallel.options.items()):
         if name in read:
-            out += [(path, f"{sel} is {value_at(cfg, sel)!r}")
-                    for path, sel, _ in _unread(cfg, opts, f"parallel.{name}", set_keys)]
+            out += [(path, f"{sels[0]} is {value_at(cfg, sels[0])!r}")
+                    for path, sels, _ in _unread(cfg, opts, f"parallel.{name}", set_keys)]
         else:
             keys = sorted((raw.get("parallel") or {}).get(name) or {}) or ["*"]
             out += [(f"parallel.{name}.{k}", f"parallel.strategy is {strategy!r}") for k in keys]
@@ -123,12 +126,16 @@ def check_keys_apply(cfg, raw: dict, set_keys=(), shared_keys=()) -> list[str]:
     ``--set`` gave; ``shared_keys``: those of them that may carry options of several
     strategies (a study's common overrides), which are treated as the file's."""
     set_keys, shared = set(set_keys), set(shared_keys)
+    noted: dict[str, list[str]] = {}
     for section in dataclasses.fields(cfg):  # a Config's fields are its sections
         if section.name != "parallel":
-            for path, sel, why in _unread(cfg, getattr(cfg, section.name), section.name, set_keys):
-                _refuse(cfg, path, sel, why)
+            for path, sels, why in _unread(cfg, getattr(cfg, section.name), section.name, set_keys):
+                switched = [sel for sel in sels if sel in set_keys]
+                if path in set_keys or not switched:
+                    _refuse(cfg, path, sels[0], why)
+                # the file's key, unread because --set switched its selector: a warning
+                noted.setdefault(f"{switched[0]} is {value_at(cfg, switched[0])!r}", []).append(path)
     strategy = cfg.parallel.strategy
-    noted: dict[str, list[str]] = {}
     for path, why in unread_options(cfg, raw, set_keys):
         if path in set_keys and path not in shared:
             table = path.rsplit(".", 1)[0]

@@ -129,12 +129,16 @@ def run_child(cmd: list, what: str, timeout: float, env: dict | None = None,
 
 
 def launch_train(n: int, config, sets, run_dir: Path, *, timeout: float, resume: str | None = None,
-                 clear_env=(), echo: bool = True, what: str = "job") -> subprocess.CompletedProcess:
+                 clear_env=(), echo: bool = True, what: str = "job",
+                 replace: bool = False) -> subprocess.CompletedProcess:
     """``mpiexec -n n hpcdp train`` in a fresh ``run_dir`` (``run.out_dir``), one thread per
     rank, the children importing this hpcdp; ``clear_env``: variables unset for the job.
-    A failure or timeout is a :class:`ChildFailed` with the output's tail."""
+    An existing ``run_dir`` is a :class:`LaunchError` unless ``replace`` (then it is
+    deleted first). A failure or timeout is a :class:`ChildFailed` with the output's tail."""
     run_dir = Path(run_dir)
     if run_dir.exists():
+        if not replace:
+            raise LaunchError(f"{run_dir} already exists: it holds an earlier job's results")
         shutil.rmtree(run_dir)
     cmd = mpiexec_command(n) + train_command(config, [f'run.out_dir="{run_dir}"', *sets], resume)
     if echo:

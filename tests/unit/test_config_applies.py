@@ -148,3 +148,15 @@ def test_a_study_passes_each_job_only_the_strategy_options_it_reads():
     # in-process, a study loads its config leniently and is told what its job would not read
     cfg = load_config(ROOT / "jobs/gpt_ddp.toml", user, shared_options=True)
     assert cfg.unread_options == ["parallel.zero.bucket_mb", "parallel.zero.shard"]
+
+
+def test_a_files_key_left_unread_by_a_set_switch_is_a_warning(tmp_path):
+    """An exact job's file run with --set train.reproducible=fast: its exact_micro_batch
+    was written for the other setting (a warning); the same key in a fast file is an error."""
+    job = tmp_path / "exact.toml"
+    job.write_text('[train]\nsteps = 4\nreproducible = "exact"\nexact_micro_batch = 2\nglobal_batch = 8\n')
+    (line,) = load_config(job, ['train.reproducible="fast"']).warnings
+    assert "train.exact_micro_batch (train.reproducible is 'fast')" in line
+    job.write_text('[train]\nsteps = 4\nexact_micro_batch = 2\nglobal_batch = 8\n')
+    with pytest.raises(ConfigError, match=r"train\.exact_micro_batch: 2 is not read"):
+        load_config(job)
