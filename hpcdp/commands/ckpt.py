@@ -98,7 +98,7 @@ def cmd_verify(args) -> int:
 def cmd_export(args) -> int:
     from hpcdp.io.export import export_any
 
-    print(export_any(args.ckpt, args.out, args.format, optimizer=args.optimizer))
+    print(export_any(args.ckpt, args.out, args.format, optimizer=args.optimizer, force=args.force))
     return OK
 
 
@@ -119,6 +119,8 @@ def main(argv=None) -> int:
     q.add_argument("--format", choices=FORMATS,
                    help="default: from OUT's suffix; hf-gpt2: a folder GPT2LMHeadModel.from_pretrained loads")
     q.add_argument("--optimizer", action="store_true", help="also export the optimizer state")
+    q.add_argument("--force", action="store_true",
+                   help="hf-gpt2: replace OUT even if it is a folder that is not an earlier export")
     args = p.parse_args(argv)
     try:
         return {"ls": cmd_ls, "info": cmd_info, "verify": cmd_verify, "export": cmd_export}[args.cmd](args)
