@@ -45,6 +45,41 @@ class ChildFailed(RuntimeError):
     """A child job failed or timed out; the message holds its command and output's tail."""
 
 
+RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE")
+
+
+def launched_rank() -> tuple[int, int]:
+    """``(rank, ranks)`` of this process as its launcher (mpiexec, srun) says, without
+    initializing MPI; ``(0, 1)`` when not launched."""
+    def first(names):
+        for var in names:
+            if os.environ.get(var, "").isdigit():
+                return int(os.environ[var])
+        return None
+    return first(RANK_VARS) or 0, first(SIZE_VARS) or 1
+
+
+def local_ranks() -> int | None:
+    """How many ranks of this launch share this node, from the launcher's environment
+    (MPICH's hydra, Open MPI, PMIx, Slurm's srun), without MPI; None when it does not say."""
+    for var in LOCAL_SIZE_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if per_node:  # e.g. "2(x3),1": tasks of node 0, 1, 2, 3
+        counts = []
+        for part in per_node.split(","):
+            n, _, rep = part.partition("(x")
+            if not n.isdigit():
+                return None
+            counts += [int(n)] * (int(rep.rstrip(")")) if rep.rstrip(")").isdigit() else 1)
+        node = os.environ.get("SLURM_NODEID", "0")
+        return counts[int(node)] if node.isdigit() and int(node) < len(counts) else max(counts)
+    return None
+
+
 def find_mpiexec(what: str = "hpcdp") -> str:
     """mpiexec next to this Python first (the venv's MPI matches its mpi4py), then PATH
     (``mpiexec``, then ``mpirun``). ``what`` names the command in the error."""
@@ -181,5 +216,5 @@ def wait_quiet(limit: float, max_wait: float = 1800.0, poll: float = 10.0) -> No
 
 
 __all__ = ["THREAD_VARS", "THREAD_ENV", "CLEARED_ENV", "LaunchError", "ChildFailed", "find_mpiexec",
-           "package_root", "child_env", "hpcdp_command", "train_command", "sets_for_job", "mpiexec_command",
-           "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]
+           "launched_rank", "local_ranks", "package_root", "child_env", "hpcdp_command", "train_command", "sets_for_job",
+           "mpiexec_command", "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]

@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
-COMMANDS = ("train", "bench", "scale", "data", "check-exact", "ckpt", "sample")
+COMMANDS = ("train", "bench", "scale", "data", "check-exact", "ckpt", "sample", "plot")
 PLACEHOLDER = re.compile(r"\.\.\.|<[^>]*>|\$|\bCKPT\b|\bFOLDER\b|\bPATH\b|\bFILE\b|\bDIR\b|runs/")
 
 
@@ -180,3 +180,17 @@ def test_the_readme_checkpoint_lines_run(scratch):
     assert "OK " in _run(scratch, verify).stdout
     text = _run(scratch, sample).stdout
     assert text.startswith("def ") and len(text) > 4
+
+
+def test_the_user_guides_print_config_and_plot_lines_run(scratch):
+    """hpcdp train --print-config and the plot example, exactly as the user guide has them."""
+    lines = [c.split("#")[0].strip() for c in shell_commands("docs/user-guide.md")]
+    show = next(c for c in lines if "--print-config" in c)
+    out = _run(scratch, show).stdout
+    assert "[model]" in out and 'kind = "gpt"' in out and not (scratch / "runs").exists()
+    train = next(c for c in lines if "runs/plot-demo" in c and c.startswith("hpcdp train"))
+    plot = next(c for c in lines if c.startswith("hpcdp plot runs/plot-demo"))
+    _run(scratch, train)
+    assert "wrote runs/plot-demo/plot.png" in _run(scratch, plot).stdout
+    assert (scratch / "runs" / "plot-demo" / "series.csv").read_text().count("\n") == 41
+
