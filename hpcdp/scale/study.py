@@ -46,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcdp.launch import child_env, loadavg, mpiexec_command, parse_ranks, wait_quiet
+from hpcdp.launch import child_env, loadavg, mpiexec_command, parse_ranks, sets_for_job, wait_quiet
 
 # DDP modes compared by the study (values are --set overrides of [parallel.ddp]).
 VARIANTS = {

@@ -164,7 +164,8 @@ def test_quick_commands_run_as_written(scratch, command):
 def test_the_readme_checkpoint_lines_run(scratch):
     """Corpus as written; training lines as written but 6 + 2 steps of a smaller
     GPT; verify (of the first save) and sample on what they saved."""
-    lines = [c.split("#")[0].strip() for c in shell_commands("README.md")]
+    # the "first hour" block repeats some of these lines: each counted once
+    lines = list(dict.fromkeys(c.split("#")[0].strip() for c in shell_commands("README.md")))
     prepare = next(c for c in lines if c.startswith("hpcdp data prepare"))
     first, second = [c for c in lines if "checkpoint.dir" in c and "gpt_pysource" in c]
     verify = next(c for c in lines if c.startswith("hpcdp ckpt verify"))
@@ -193,4 +194,15 @@ def test_the_user_guides_print_config_and_plot_lines_run(scratch):
     _run(scratch, train)
     assert "wrote runs/plot-demo/plot.png" in _run(scratch, plot).stdout
     assert (scratch / "runs" / "plot-demo" / "series.csv").read_text().count("\n") == 41
+
+
+def test_the_readme_first_hour_quick_lines_run(scratch):
+    """The first hour's short lines as written (the launcher dropped: one rank)."""
+    block = re.search(r"## The first hour\n\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    lines = [c.split("#")[0].strip() for c in block.splitlines() if c.strip()]
+    ddp = next(c for c in lines if "runs/first-ddp" in c and "train" in c)
+    plot = next(c for c in lines if c.startswith("hpcdp plot"))
+    _run(scratch, ddp)
+    assert "wrote runs/first-ddp/plot.png" in _run(scratch, plot).stdout
+    assert "bash tests/run_quick.sh" in lines and (ROOT / "tests" / "run_quick.sh").is_file()
 
