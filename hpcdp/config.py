@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from hpcdp.config_applies import check_keys_apply, unread_options
 from hpcdp.config_error import ConfigError
-from hpcdp.config_parallel import PARALLEL_OPTIONS, literal_values
+from hpcdp.config_parallel import PARALLEL_OPTIONS, AllreduceAlgorithm, ZeroAlgorithm, literal_values
 
 
 # ---------------------------------------------------------------------------
@@ -126,7 +126,7 @@ class ModelConfig:
     # Targets equal to this id are left out of the loss (padding), or "none"; the
     # loss is the mean over the other positions, as PyTorch's ignore_index.
     ignore_index: int | str = "none"
-    # Start from these weights instead of the random init (hpcdp/io/init_from.py): a
+    # Start from these weights instead of the random init (hpcdp/io/interop/init_from.py): a
     # Hugging Face GPT-2 folder or an hpcdp .safetensors file; "" = random init.
     init_from: str = ""
 
@@ -461,15 +461,45 @@ class ParallelConfig:
 @dataclass
 class CommConfig:
     SECTION: ClassVar[str] = "comm"
-    algorithm: str = "auto"  # collective algorithm; strategies check the names they know
+    # what ``algorithm="auto"`` runs (hpcdp.comm.select): "auto" (the measured size rule, or
+    # the cost model with a profile) or an algorithm name; per collective where one is set
+    algorithm: str = "auto"
+    allreduce: str = ""  # "": ``algorithm``
+    reduce_scatter: str = ""
+    all_gather: str = ""
+    engine: str = "compiled"  # who runs hpcdp's ring: "compiled" (Numba) or "python"
+    lean: str = "compiled"  # MPI's own small blocking calls: "compiled" or "mpi4py"
+    progress: str = "auto"  # compiled non-blocking collectives: "auto", "thread", "calls"
+    profile: str = ""  # a machine profile (name or file): "auto" asks the cost model
+    ranks_per_node: int = 0  # nodes are blocks of this many ranks; 0: ranks sharing memory
+    allreduce_crossover: int = 0  # bytes from which "auto" runs the ring; 0: the measured table
+    reduce_scatter_crossover: int = 0
+    all_gather_crossover: int = 0
+    cuda_aware: str = "auto"  # device buffers straight to MPI: "auto" (ask MPI), "true", "false"
     debug: bool = False  # check that ranks agree on every collective (costs a message each)
     timeout: float = 300.0  # seconds a rank waits for its peers before raising
     setup_timeout: float = 600.0  # seconds ranks wait for each other before training (loading data)
 
     def __post_init__(self):
         s = self.SECTION
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.algorithm):
-            raise ConfigError(f"{s}.algorithm: {self.algorithm!r} is not an algorithm name")
+        every = tuple(a for a in literal_values(AllreduceAlgorithm) if a in literal_values(ZeroAlgorithm))
+        allowed = {"algorithm": every, "allreduce": literal_values(AllreduceAlgorithm),
+                   "reduce_scatter": literal_values(ZeroAlgorithm),
+                   "all_gather": literal_values(ZeroAlgorithm) + ("bruck",)}
+        for key, names in allowed.items():  # (hpcdp.comm's registered names: a unit test
+            value = getattr(self, key)      # checks that the two agree)
+            if key != "algorithm" and value == "":
+                continue
+            if value not in names:
+                raise ConfigError(f"{s}.{key}: {value!r} is not allowed; choose one of "
+                                  + ", ".join(repr(a) for a in names))
+        _choice(s, "engine", self.engine, ("compiled", "python"))
+        _choice(s, "lean", self.lean, ("compiled", "mpi4py"))
+        _choice(s, "progress", self.progress, ("auto", "thread", "calls"))
+        _choice(s, "cuda_aware", self.cuda_aware, ("auto", "true", "false"))
+        _range(s, "ranks_per_node", self.ranks_per_node, 0)
+        for c in ("allreduce", "reduce_scatter", "all_gather"):
+            _range(s, f"{c}_crossover", getattr(self, f"{c}_crossover"), 0)
         _range(s, "timeout", self.timeout, 0.0, lo_open=True)
         _range(s, "setup_timeout", self.setup_timeout, 0.0, lo_open=True)
 

@@ -42,9 +42,9 @@ AllreduceAlgorithm = Literal["ring", "auto", "recursive", "native", "hierarchica
 """hpcdp.comm.auto's allreduce names (listed here so parsing does not import comm)."""
 
 CommDtype = Literal["float32", "float16", "bfloat16"]
-"""What gradient (and ZeRO-3 parameter) messages carry: hpcdp.comm.wire.WIRE_DTYPES."""
+"""What gradient (and ZeRO-3 parameter) messages carry: hpcdp.comm.engines.wire.WIRE_DTYPES."""
 WIRE_ALGORITHMS = ("ring", "auto")
-"""Algorithms that carry a 16-bit wire ("auto" then runs the ring): hpcdp.comm.wire."""
+"""Algorithms that carry a 16-bit wire ("auto" then runs the ring): hpcdp.comm.engines.wire."""
 
 
 def _check_comm_dtype(s: str, comm_dtype, algorithm) -> None:
@@ -79,7 +79,7 @@ class DDPConfig:
     comm_dtype: CommDtype = "float32"
     """What the gradient allreduce's messages carry: "float32" (the gradients' own bytes),
     or "float16" / "bfloat16": half the bytes, sums still accumulated in float32 inside
-    the ring (hpcdp.comm.wire says where rounding happens); needs algorithm "ring" or
+    the ring (hpcdp.comm.engines.wire says where rounding happens); needs algorithm "ring" or
     "auto" (which then runs the ring) and a float32 run."""
 
     def __post_init__(self):

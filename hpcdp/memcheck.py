@@ -79,7 +79,7 @@ def check_fits(world, need_per_rank: int, *, strategy: str, hint: str = "") -> N
     """Refuse (ConfigError) when the model state of the ranks on this node exceeds the
     node's available memory. Local: every rank reads /proc/meminfo itself; train.py
     calls it inside a setup stage, whose agreement makes every rank raise the same
-    error if any rank refuses (hpcdp.failure.setup_outcome)."""
+    error if any rank refuses (hpcdp.failure.agreement)."""
     avail = available_bytes()
     need_node = need_per_rank * world.local_size
     if avail <= 0 or need_node <= avail:

@@ -131,7 +131,7 @@ def before_anything(cfg: Config, resume, held: list) -> None:
     ``--resume`` target must name a complete checkpoint, and a job that saves into
     an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py)."""
     if resume:
-        from hpcdp.io.commit import resolve
+        from hpcdp.io.format.commit import resolve
         resolve(resume, cfg.checkpoint.dir or None)
     if cfg.checkpoint.enabled and cfg.checkpoint.dir:
         from hpcdp.io.lock import acquire
@@ -141,7 +141,7 @@ def before_anything(cfg: Config, resume, held: list) -> None:
 def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: list) -> dict:
     from hpcdp.autograd import Tensor
     from hpcdp.backend import get_backend
-    from hpcdp.failure.setup_outcome import on_root, stage
+    from hpcdp.failure.agreement import on_root, stage
     from hpcdp.failure.skew import schedule_differences, schedule_text
     from hpcdp.failure.steps import StepChecks, release
     from hpcdp.nn.padding import slice_weight
@@ -153,7 +153,11 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
     # The memory figures count what this process holds: free an earlier in-process
     # run's cyclic garbage first (one collection per run, milliseconds).
     gc.collect()
-    # Each setup stage ends with every rank agreeing (hpcdp.failure.setup_outcome): an error on
+    # The [comm] section steers every collective from here on (an environment variable
+    # that overrides one of its values is logged once: hpcdp.comm.core.settings).
+    from hpcdp.comm import configure
+    configure(cfg.comm)
+    # Each setup stage ends with every rank agreeing (hpcdp.failure.agreement): an error on
     # any rank (config, data, memory...) raises the same JobError on every rank.
     setup_s = cfg.comm.setup_timeout
     with stage(world.comm, "setup", timeout=setup_s):
@@ -186,7 +190,7 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         strategy.setup(flat, optimizer, world)  # SingleRank raises here on > 1 rank
         init_line = None
         if cfg.model.init_from and not resume:  # weights made elsewhere; --resume wins
-            from hpcdp.io.init_from import init_from
+            from hpcdp.io.interop.init_from import init_from
             init_line = init_from(cfg.model.init_from, strategy, flat, cfg.model, world.comm,
                                   corpus_tokenizer=ds.info.get("tokenizer"), timeout=setup_s)
         exact = None
@@ -433,7 +437,7 @@ def main_train(config_path=None, overrides=(), out=None, resume=None, build_stra
     loads its own config; they must agree (hpcdp.failure.skew) before anything else.
     ``build_strategy``: see :func:`run_training`."""
     from hpcdp.config import CommConfig, load_config
-    from hpcdp.failure.setup_outcome import stage
+    from hpcdp.failure.agreement import stage
     from hpcdp.failure.skew import config_differences, config_text
     from hpcdp.world import World
 

@@ -19,7 +19,7 @@ class World:
     local_rank: int = 0
     local_size: int = 1
     device: str = "cpu"
-    ledger: Any = field(default=None, repr=False)  # hpcdp.comm.ledger.Ledger
+    ledger: Any = field(default=None, repr=False)  # hpcdp.comm.core.ledger.Ledger
 
     @classmethod
     def from_mpi(cls, comm=None, device: str = "cpu") -> "World":
@@ -34,7 +34,7 @@ class World:
         world = cls(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(),
                     local_rank=local_rank, local_size=local_size, device=device)
         try:
-            from hpcdp.comm.ledger import Ledger
+            from hpcdp.comm.core.ledger import Ledger
             world.ledger = Ledger()
         except ImportError:  # comm package not built yet
             world.ledger = None

@@ -18,7 +18,7 @@ flat ring: the bytes of the node's last rank, whose ring successor is on the oth
 recursive halving / doubling: not split by link kind in the ledger, "-") and from
 the node's veth counters (everything the node's link carried, start-up and the final
 evaluation included, divided by the steps; so above the ledger). The prediction:
-``hpcdp.scale.model.step`` with ``hpcdp/comm/profiles/emulated-cluster.toml``, its
+``hpcdp.scale.model.step`` with ``hpcdp/comm/model/profiles/emulated-cluster.toml``, its
 inter-node bandwidth capped at the rate (tbf), the global batch of the run.
 """
 
@@ -84,7 +84,7 @@ def summarize(layout: str, res: dict, warmup: int) -> dict:
 
 
 def predict(layout: str, rate: str, batch_per_rank: float) -> dict:
-    from hpcdp.comm.cost import load_profile
+    from hpcdp.comm.model.cost import load_profile
     from hpcdp.config import load_config
     from hpcdp.scale import model as M
 

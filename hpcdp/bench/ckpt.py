@@ -17,7 +17,7 @@ least 1 GiB.
 Options: ``--io direct,buffered`` times the writer with O_DIRECT (where the file
 system takes it) and through the page cache (``HPCDP_CKPT_DIRECT=0``) in the same
 run; ``--restore replica`` restores the whole state on every rank (DDP's restore:
-1/M read per rank and shared, io/spread.py) and reports the bytes read over all
+1/M read per rank and shared, io/restore/spread.py) and reports the bytes read over all
 ranks (the readers' counters and /proc/self/io); ``--dcp-python`` times PyTorch DCP
 (dcp_contender.py, with the Python of a venv that has torch) on the same state
 interleaved with ours; ``--sizes gpt25m`` is the 25 M-parameter GPT (8 blocks, 512
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdp.io.direct import ENV as DIRECT_ENV  # "0": the writer goes through the page cache
+from hpcdp.io.disk.direct import ENV as DIRECT_ENV  # "0": the writer goes through the page cache
 from hpcdp.jobs import config_path
 
 GIB = 1 << 30
@@ -120,12 +120,12 @@ def _evict(paths) -> None:
 def worker(args) -> None:
     from mpi4py import MPI
 
-    from hpcdp.io.checksum import hash_threads
-    from hpcdp.io.load import load
+    from hpcdp.io.format.checksum import hash_threads
+    from hpcdp.io.restore.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.runstate import expected_tensors
-    from hpcdp.io.save import SaveJob, save
-    from hpcdp.io.snapshot import take_snapshot
+    from hpcdp.io.format.runstate import expected_tensors
+    from hpcdp.io.save.save import SaveJob, save
+    from hpcdp.io.save.snapshot import take_snapshot
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -162,7 +162,7 @@ def worker(args) -> None:
     # restore into live buffers, as a resumed run does (model and optimizer built):
     # touched memory, so the page faults of fresh allocations are not counted as reading
     # --restore replica: every rank restores the whole state (none, DDP, PS workers),
-    # which reads 1/M each and shares (io/spread.py); shard: each its own 1/R (ZeRO)
+    # which reads 1/M each and shares (io/restore/spread.py); shard: each its own 1/R (ZeRO)
     if args.restore == "replica":
         numel = _numel(layout)
         wanted = [Piece(p.buffer, 0, np.concatenate(comm.allgather(p.array))) for p in pieces]

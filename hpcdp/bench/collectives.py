@@ -217,7 +217,7 @@ def run(args) -> list[dict]:
     comm = MPI.COMM_WORLD
     N, rank = comm.Get_size(), comm.Get_rank()
     get_context(comm)
-    from hpcdp.comm.compiled import active_engine, set_engine
+    from hpcdp.comm.engines.compiled import active_engine, set_engine
 
     if args.engine is not None:
         set_engine(comm, args.engine)

@@ -13,7 +13,7 @@ microseconds per call:
 - ``MPI non-blocking + Test loop``: what a deadline needs, still no hpcdp;
 - ``hpcdp auto``: the public call as users make it (below the crossover: the lean
   path, hpcdp.comm.fast, in compiled code when this MPI can be bound,
-  hpcdp.comm.compiled.lean);
+  hpcdp.comm.engines.compiled.lean);
 - ``hpcdp auto, mpi4py lean path``: the same call on a communicator whose lean path
   runs through mpi4py (``set_lean_path(comm, "mpi4py")``);
 - ``hpcdp native, general request``: MPI's collective through hpcdp's generic
@@ -21,7 +21,7 @@ microseconds per call:
   call took before the lean path;
 - ``hpcdp recursive doubling`` (allreduce only) and ``hpcdp ring``: hpcdp's own
   algorithms on point-to-point messages;
-- ``hpcdp ring, compiled engine``: the same ring run by hpcdp.comm.compiled (when
+- ``hpcdp ring, compiled engine``: the same ring run by hpcdp.comm.engines.compiled (when
   this MPI can be bound);
 - ``hpcdp auto, debug mode``: plus the fingerprint all-to-all of ``HPCDP_DEBUG=1``.
 
@@ -67,7 +67,7 @@ def _layers(comm, name, a, b, chunk):
     from mpi4py import MPI
 
     import hpcdp.comm as C
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.core.context import get_context
     from hpcdp.shard import shard_bounds
 
     bounds = shard_bounds(a.size if name != "all_gather" else b.size, comm.size)
@@ -93,7 +93,7 @@ def _layers(comm, name, a, b, chunk):
                 ("MPI non-blocking + Test loop",
                  lambda: spin(comm.Iallgatherv([chunk, T], [b, counts, displs, T])))]
         call = lambda comm=comm, **kw: C.all_gather(chunk, b, comm=comm, **kw)  # noqa: E731
-    from hpcdp.comm.compiled.lean import set_lean_path
+    from hpcdp.comm.engines.compiled.lean import set_lean_path
 
     viampi4py = comm.Dup()  # the same calls through the mpi4py lean path
     set_lean_path(viampi4py, "mpi4py")
@@ -103,7 +103,7 @@ def _layers(comm, name, a, b, chunk):
     if name == "allreduce":
         rows.append(("hpcdp recursive doubling", lambda: call(algorithm="recursive")))
     rows.append(("hpcdp ring", lambda: call(algorithm="ring")))
-    from hpcdp.comm.compiled import active_engine, set_engine
+    from hpcdp.comm.engines.compiled import active_engine, set_engine
 
     compiled = comm.Dup()  # the same calls on a communicator whose ring runs compiled
     set_engine(compiled, "compiled")

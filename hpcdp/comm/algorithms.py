@@ -11,9 +11,9 @@ hierarchical.py) and one :class:`Algorithm` line in :func:`_builtin` below, whic
   ring chunk, a view of ``src`` in place), an all-gather's ``full, result`` (``full``
   holds this rank's chunk in position), each with ``segment_bytes`` and
   ``max_message_bytes``;
-- ``bytes(n, N, rank, itemsize) -> (sent, received)``: its formula of hpcdp.comm.volume
+- ``bytes(n, N, rank, itemsize) -> (sent, received)``: its formula of hpcdp.comm.model.volume
   (``None``: its bytes run on two link kinds, see its own formula);
-- ``cost(profile, nbytes, topology, itemsize) -> Cost``: its price in hpcdp.comm.cost
+- ``cost(profile, nbytes, topology, itemsize) -> Cost``: its price in hpcdp.comm.model.cost
   (``None``: the model does not price it), and ``model_picks``: whether ``"auto"`` with a
   machine profile may choose it (``"always"``, ``"multi_node"``: only on 2+ nodes of 2+
   ranks, ``"never"``).
@@ -72,9 +72,10 @@ def _table() -> dict[str, dict[str, Algorithm]]:
 
 def _builtin() -> None:
     """hpcdp's own algorithms (imported on first use: the modules import the registry's users)."""
-    from hpcdp.comm import cost as C
-    from hpcdp.comm import bruck, halving, hier_shard, hierarchical, native, recursive, ring
-    from hpcdp.comm import volume as V
+    from hpcdp.comm.model import cost as C
+    from hpcdp.comm import hier_shard, hierarchical, native, ring
+    from hpcdp.comm.schedules import bruck, halving, recursive
+    from hpcdp.comm.model import volume as V
 
     for alg in (
         Algorithm("allreduce", "ring", ring.start_allreduce, V.ring_allreduce_bytes, C.ring_allreduce, "always"),

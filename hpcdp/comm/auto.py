@@ -17,7 +17,7 @@ With a machine profile (``HPCDP_PROFILE``, see docs/scaling.md) the cost model p
 instead, for the node layout: the allreduce among ring, recursive doubling and the
 hierarchical allreduce, the reduce-scatter among ring, recursive halving and the
 hierarchical one, the all-gather among ring, recursive doubling, Bruck and the
-hierarchical one (hpcdp.comm.collectives asks :func:`hpcdp.comm.cost.fastest`; this
+hierarchical one (hpcdp.comm.collectives asks :func:`hpcdp.comm.model.cost.fastest`; this
 module imports no cost model); the lean path then stays off for "auto" collectives
 (:func:`native_below` is 0), so every size is the model's choice.
 
@@ -28,7 +28,7 @@ row in ``TABLE`` (or a world-size rule in :func:`choose`).
 
 from __future__ import annotations
 
-import os
+from hpcdp.comm.core.settings import generation, reload, settings
 
 
 # (below this many bytes, use this algorithm); None: everything larger
@@ -44,42 +44,26 @@ _BOUNDS: dict = {}  # collective -> bound; the environment is read once (0.3 us 
 
 
 def crossover_bytes(collective: str = "allreduce") -> int:
-    """The bound below which auto does not use the ring (``HPCDP_<NAME>_CROSSOVER``,
-    read on first use; :func:`forget` reads it again)."""
+    """The bound below which auto does not use the ring (``[comm] <name>_crossover``,
+    ``HPCDP_<NAME>_CROSSOVER`` overriding it; 0: the table's)."""
+    if _BOUNDS.get("generation") != generation():
+        _BOUNDS.clear()
+        _NATIVE_BELOW.clear()
+        _BOUNDS["generation"] = generation()
     bound = _BOUNDS.get(collective)
-    if bound is not None:
-        return bound
-    var = f"HPCDP_{collective.upper()}_CROSSOVER"
-    raw = os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        bound = TABLE[collective][-2][0]
-    else:
-        try:
-            bound = int(raw)
-        except ValueError:
-            raise ValueError(f"{var} must be an integer byte count, got {raw!r}") from None
-    _BOUNDS[collective] = bound
+    if bound is None:
+        bound = settings().crossover.get(collective)
+        if bound is None:
+            bound = TABLE[collective][-2][0]
+        _BOUNDS[collective] = bound
     return bound
 
 
 def forget() -> None:
-    """Read the ``HPCDP_<NAME>_CROSSOVER`` variables, ``HPCDP_PROFILE`` (and the
-    registered algorithm names) again on next use, on every communicator: the lean
-    path's per-communicator bounds (hpcdp.comm.fast) follow :func:`generation`."""
-    _BOUNDS.clear()
-    _NATIVE_BELOW.clear()
+    """Read the settings (hpcdp.comm.core.settings: ``[comm]`` and the environment)
+    again and drop every decision cached from them, on every communicator."""
     _NAMES.clear()
-    _GENERATION[0] += 1
-
-
-_GENERATION = [0]
-
-
-def generation() -> int:
-    """How many times :func:`forget` ran: caches of auto's decisions kept elsewhere
-    (a communicator's lean bounds) are dropped when it moves, so every rank decides
-    from the same environment whatever it cached before."""
-    return _GENERATION[0]
+    reload()
 
 
 _NATIVE_BELOW: dict = {}
@@ -92,6 +76,7 @@ def native_below(collective: str, world_size: int) -> int:
     table, capped by the crossover; 0 if :func:`choose` does not pick "native" for
     small buffers at this world size (a world-size rule added there wins)."""
     key = (collective, world_size)
+    crossover_bytes(collective)  # (drops what older settings decided)
     bound = _NATIVE_BELOW.get(key)
     if bound is None:
         bound = 0
@@ -100,8 +85,8 @@ def native_below(collective: str, world_size: int) -> int:
                 break
             bound = below
         bound = min(bound, crossover_bytes(collective))
-        if os.environ.get("HPCDP_PROFILE", "").strip():
-            bound = 0  # the cost model picks every auto collective (hpcdp.comm.cost.fastest)
+        if settings().profile:
+            bound = 0  # the cost model picks every auto collective (hpcdp.comm.model.cost.fastest)
         if bound and (choose(collective, 0, world_size) != "native"
                       or choose(collective, bound - 1, world_size) != "native"):
             bound = 0

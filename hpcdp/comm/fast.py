@@ -8,8 +8,8 @@ communicator's context, :func:`signature`), a sequence number, one MPI call (``I
 ``Ireduce_scatter_block`` / ``Ireduce_scatter``, ``Iallgather`` / ``Iallgatherv``)
 and a ``Test`` loop that looks at the clock every 64 polls. Nothing else goes on
 the wire; past the deadline the missing-rank diagnosis runs as for every request
-(hpcdp.comm.diagnose). The ledger records what ``algorithm="native"`` records
-(:func:`hpcdp.comm.volume.native_bytes`).
+(hpcdp.comm.core.diagnose). The ledger records what ``algorithm="native"`` records
+(:func:`hpcdp.comm.model.volume.native_bytes`).
 
 :class:`FastRequest` has the request interface (``test``, ``wait``, ``expire``,
 ``done``, ``result``) with ``__slots__`` and no generator; a blocking call makes no
@@ -27,16 +27,18 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm.auto import generation, native_below
-from hpcdp.comm.compiled import lean
-from hpcdp.comm.context import KNOWN, known_context
-from hpcdp.comm.debug import SPIN_POLLS
-from hpcdp.comm.diagnose import diagnose, peer_failed
-from hpcdp.comm.ops import mpi_datatype
-from hpcdp.comm.requests import MAX_MESSAGE_BYTES, Request
+from hpcdp.comm.core.settings import settings
+from hpcdp.comm.engines.compiled import lean
+from hpcdp.comm.core.context import KNOWN, known_context
+from hpcdp.comm.core.debug import SPIN_POLLS
+from hpcdp.comm.core.diagnose import diagnose, peer_failed
+from hpcdp.comm.core.errors import mpi_error
+from hpcdp.comm.core.ops import mpi_datatype
+from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES, Request
 from hpcdp.shard import shard_bounds, shard_range
 
 def _known_types(codes: str) -> dict:
-    """The MPI datatype of each numpy type code this MPI has (hpcdp.comm.ops.mpi_datatype;
+    """The MPI datatype of each numpy type code this MPI has (hpcdp.comm.core.ops.mpi_datatype;
     Open MPI 4 has no float16, 'e': mpi4py cannot map it there, and importing hpcdp.comm
     must not fail)."""
     out = {}
@@ -79,7 +81,7 @@ def _bounds(ctx, n):
 
 class FastRequest(Request):
     """One MPI request, polled under the timeout (see module docstring). Shares
-    ``test`` and ``expire`` with :class:`~hpcdp.comm.requests.Request`, without its
+    ``test`` and ``expire`` with :class:`~hpcdp.comm.core.requests.Request`, without its
     constructor (no message bookkeeping: one MPI call)."""
 
     __slots__ = ("req", "nbytes", "after")
@@ -105,13 +107,13 @@ class FastRequest(Request):
         self.done = True
         if self.after is not None:
             self.after()
-        if self.ledger is not None:
-            sent, recv = self.nbytes
-            self.ledger.record(self.call[1], sent, recv, 1, 1, calls=1)
+        if self.ledger is not None:  # (sent, received[, sent messages, received messages])
+            sent, recv, *msgs = self.nbytes
+            self.ledger.record(self.call[1], sent, recv, *(msgs or (1, 1)), calls=1)
 
     def wait(self, timeout: float | None = None):
         if not self.done:
-            if not self.req.Test():
+            if not _test(self.ctx, self.req, self.call):
                 spin(self.ctx, self.req, self.call, self.timeout if timeout is None else timeout,
                      self.started)
             self._complete()
@@ -205,6 +207,8 @@ def _bound(ctx, collective, algorithm) -> int:
     key = (collective, algorithm)
     bound = bounds.get(key)
     if bound is None:
+        if algorithm == "auto":  # what [comm] says "auto" runs (hpcdp.comm.select.configured)
+            algorithm = settings().algorithm(collective)
         if algorithm == "native":
             bound = MAX_MESSAGE_BYTES
         elif algorithm == "auto":
@@ -242,7 +246,7 @@ def signature(ctx, collective, op, algorithm, dtype):
     bound = _bound(ctx, collective, algorithm)
     hit = None
     if spec is not None and T is not None and bound != 0:
-        # the blocking calls' compiled call (hpcdp.comm.compiled.lean), or None: mpi4py
+        # the blocking calls' compiled call (hpcdp.comm.engines.compiled.lean), or None: mpi4py
         # raw: mpi4py's own mapping of the array's type code is T (see lean_allreduce)
         raw = T == MPI.Datatype.fromcode(dtype.char)
         hit = (T, spec[0], spec[1], bound, lean.entry(ctx, collective, T, spec[0], spec[1], dtype),
@@ -261,15 +265,28 @@ def spin(ctx, req, call, timeout, started=None) -> None:
     limit = ctx.timeout if timeout is None else float(timeout)
     deadline = now + limit
     idle = 0
-    while not req.Test():
+    while not _test(ctx, req, call):
         idle += 1
         if idle & 63 == 0:
+            if ctx.failed is not None:  # aborted (hpcdp.comm.abort) or failed meanwhile
+                raise ctx.failed
             if time.monotonic() > deadline:
                 raise diagnose(ctx, call, time.monotonic() - started, limit, ())
             if idle > SPIN_POLLS:
                 os.sched_yield()  # oversubscribed ranks: let the peer run
                 if peer_failed(ctx):
                     raise diagnose(ctx, call, time.monotonic() - started, limit, (), joined=True)
+
+
+def _test(ctx, req, call) -> bool:
+    """``req.Test()``, an MPI error as MPIError (the communicator marked failed)."""
+    try:
+        return req.Test()
+    except MPI.Exception as exc:
+        err = mpi_error(exc, collective=call[1], seq=call[0], rank=ctx.rank)
+        if ctx.failed is None:
+            ctx.failed = err
+        raise err from None
 
 
 def _finish(ctx, req, seq, name, dtype, n, op, ledger, nbytes, timeout, after):
@@ -380,7 +397,7 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
     if sig is None or nbytes >= sig[3] or nbytes == 0:
         return None
     e = sig[4]
-    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
         if recvbuf is None:
             recvbuf = sendbuf
         elif recvbuf.__class__ is not np.ndarray or recvbuf.size != sendbuf.size \
@@ -404,7 +421,7 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
         return recvbuf
     # the arrays themselves as MPI buffers where mpi4py maps their (native) format code to
     # the same datatype as sig[0] (sig[5]), without a [buf, T] list; else with one (uint64:
-    # hpcdp.comm.ops.mpi_datatype)
+    # hpcdp.comm.core.ops.mpi_datatype)
     if recvbuf is None or recvbuf is sendbuf:
         s, result = IN_PLACE, sendbuf
     elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
@@ -443,7 +460,12 @@ def _compiled_failed(ctx, e, code, seq, name, buf, op, limit):
         ctx.seq = seq
         return None
     if code == lean.FAILED:
-        raise MPI.Exception(e.error_code())
+        err = mpi_error(e.error_code(), collective=name, seq=seq, rank=ctx.rank)
+        if ctx.failed is None:
+            ctx.failed = err
+        raise err
+    if code == lean.ABORTED:
+        raise ctx.failed
     call = (seq, name, buf.dtype, buf.size, -1, "native", op)
     raise diagnose(ctx, call, time.monotonic() - e.started(), limit, (),
                    joined=code == lean.PEER)
@@ -496,7 +518,7 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
     if ctx is None:
         return None
     e = sig[4]
-    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
         in_place = recvbuf is None or recvbuf is sendbuf
         if in_place:
             recvbuf = sendbuf
@@ -601,7 +623,7 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
     if ctx is None:
         return None
     e = sig[4]
-    if blocking and e is not None:  # one compiled call (hpcdp.comm.compiled.lean)
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
         if not in_place and (sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1):
             return None
         seq = ctx.seq

@@ -1,9 +1,8 @@
 """Hierarchical reduce-scatter and all-gather: the fast links first, the slow ones on
 1/L of the data.
 
-Nodes come from the same detection as the hierarchical allreduce
-(hpcdp.comm.hierarchical.hierarchy: ``MPI.COMM_TYPE_SHARED``, or blocks of
-``HPCDP_RANKS_PER_NODE`` ranks): ``M`` nodes of ``L`` ranks; rank ``g(m, l)`` is local
+Nodes are the communicator's topology (hpcdp.comm.nodes: ``MPI.COMM_TYPE_SHARED``, or
+blocks of ``[comm] ranks_per_node`` ranks): ``M`` nodes of ``L`` ranks; rank ``g(m, l)`` is local
 rank ``l`` on node ``m``. ZeRO's contract holds: rank ``r`` ends the reduce-scatter with
 ring chunk ``r`` (``shard_range(n, N, r)``) and the all-gather starts from it.
 
@@ -20,44 +19,38 @@ into a scratch slice by slice (slice 0 first, in node order inside a slice), the
   (intra-node), then unpacked into ring order.
 
 Addition order: the node's ranks' data is added first (the binary tree of
-hpcdp.comm.halving over local ranks), then the nodes' partial sums (the tree over
+hpcdp.comm.schedules.halving over local ranks), then the nodes' partial sums (the tree over
 nodes); integer payloads are exact in any order. ``mean``: sums, one division by N on
 the owned chunk.
 
-Bytes (hpcdp.comm.volume.hier_shard_bytes, per link kind, ledger names
+Bytes (hpcdp.comm.model.volume.hier_shard_bytes, per link kind, ledger names
 ``reduce_scatter.intra`` / ``.inter`` and ``all_gather.intra`` / ``.inter``): with even
 division, ``(L-1)/L * S`` intra-node and ``(M-1)/M * S / L`` inter-node per rank per
 collective, in ``log2 L + log2 M`` steps (non-powers of two fold as in halving.py).
 
-The two sub-communicators it sends on are duplicates of the hierarchy's (its own
-tags never meet the hierarchical allreduce's), made with the rank table (one
-allgather of node indices) on first use; :func:`prepare` does that up front (ZeRO
+The two sub-communicators it sends on are duplicates of the topology's (its own
+tags never meet the hierarchical allreduce's), made on first use; :func:`prepare` does that up front (ZeRO
 calls it at setup, while no request is in flight).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from hpcdp.comm.halving import Peers, all_gather_steps, reduce_scatter_steps, scratch_like
-from hpcdp.comm.ops import resolve
-from hpcdp.comm.requests import GenRequest
-
-_STATE: dict = {}  # id(Hierarchy) -> (hierarchy, Layout)
+from hpcdp.comm.schedules.halving import Peers, all_gather_steps, reduce_scatter_steps, scratch_like
+from hpcdp.comm.core.ops import resolve
+from hpcdp.comm.core.requests import GenRequest
+from hpcdp.comm.nodes import duplicate, topology
 
 
 class Layout:
-    """The rank table of a hierarchy and the two duplicated sub-communicators."""
+    """The communicator's topology (its rank table) and two duplicates of its
+    sub-communicators (this module's own channels)."""
 
-    def __init__(self, ctx, h):
-        self.h = h
-        self.local = h.local.Dup()
-        self.cross = h.cross.Dup()
-        nodes = ctx.parent.allgather((h.node, h.local_rank))
-        self.table = [[0] * h.per_node for _ in range(h.nodes)]  # table[m][l] = global rank
-        for g, (m, l) in enumerate(nodes):
-            self.table[m][l] = g
-        self.M, self.L = h.nodes, h.per_node
+    def __init__(self, ctx, t, timeout):
+        self.h = t
+        self.local = duplicate(ctx, t.local, timeout, "hierarchical reduce-scatter setup")
+        self.cross = duplicate(ctx, t.cross, timeout, "hierarchical reduce-scatter setup")
+        self.table = t.table  # table[m][l] = rank in the communicator
+        self.M, self.L = t.nodes, t.per_node
         self._packs: dict = {}  # n -> packing(n): groups and units repeat every step
 
     def packing(self, n: int, N: int):
@@ -88,18 +81,17 @@ class Layout:
 
 
 def layout(ctx, timeout=None) -> Layout:
-    from hpcdp.comm.hierarchical import hierarchy
-
-    h = hierarchy(ctx, timeout)
-    found = _STATE.get(id(h))
-    if found is None or found[0] is not h:
-        found = _STATE[id(h)] = (h, Layout(ctx, h))
-    return found[1]
+    """Built on first use (collective) and kept on the context (hpcdp.comm.forget)."""
+    found = ctx.extra.get("hier_shard")
+    if found is None:
+        limit = ctx.timeout if timeout is None else float(timeout)
+        found = ctx.extra["hier_shard"] = Layout(ctx, topology(ctx, timeout=limit), limit)
+    return found
 
 
 def prepare(comm, timeout=None) -> None:
     """Build the node layout of ``comm`` now (collective; every rank calls it)."""
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.core.context import get_context
 
     ctx = get_context(comm, timeout)
     if ctx.size > 1:
@@ -109,11 +101,9 @@ def prepare(comm, timeout=None) -> None:
 def prepare_for(algorithm: str, comm, timeout=None) -> None:
     """:func:`prepare` where ``algorithm`` may run hierarchically: "hierarchical", or
     "auto" with a machine profile (``HPCDP_PROFILE``: the cost model may pick it)."""
-    import os
+    from hpcdp.comm.core.settings import settings
 
-    from hpcdp.comm.hierarchical import PROFILE_ENV
-
-    if algorithm == "hierarchical" or (algorithm == "auto" and os.environ.get(PROFILE_ENV, "").strip()):
+    if algorithm == "hierarchical" or (algorithm == "auto" and settings().profile):
         prepare(comm, timeout)
 
 

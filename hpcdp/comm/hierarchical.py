@@ -11,42 +11,34 @@ With ``M`` nodes of ``L`` ranks, local rank ``l`` on node ``m``:
 3. ring all-gather of the buffer over the node's ranks.
 
 Latency: ``2(L-1) + 2(M-1)`` ring steps instead of the flat ring's ``2(N-1)``, all but
-``2(M-1)`` of them on intra-node links. Bytes per rank (``hpcdp.comm.volume.
+``2(M-1)`` of them on intra-node links. Bytes per rank (``hpcdp.comm.model.volume.
 hierarchical_bytes``): ``2(L-1)/L * S`` intra-node and ``2(M-1)/M * S / L`` inter-node.
 The ledger records the two link kinds under ``allreduce.intra`` and ``allreduce.inter``.
 
-Nodes are the ranks that share memory (``MPI.COMM_TYPE_SHARED``), or consecutive blocks of
-``HPCDP_RANKS_PER_NODE`` ranks (e.g. ``2`` to emulate 2 nodes x 2 ranks on one machine).
-Every node must have the same number of ranks. The two sub-communicators are built once
-per communicator, on the first hierarchical (or profile-driven "auto") allreduce: every
-rank first sends a token to every peer and waits for theirs under the collective timeout
-(a rank that never comes is named), and only then enters the blocking ``MPI_Comm_split``.
+Nodes and the two sub-communicators are the communicator's topology (hpcdp.comm.nodes:
+shared memory, or blocks of ``[comm] ranks_per_node`` ranks), built on the first
+hierarchical (or profile-driven "auto") allreduce; the third channel (``gather``) is a
+duplicate of the node's communicator made then.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.diagnose import diagnose
-from hpcdp.comm.errors import CollectiveTimeout
-from hpcdp.comm.ops import resolve
-from hpcdp.comm.requests import Request
+from hpcdp.comm.core.diagnose import diagnose
+from hpcdp.comm.core.ops import resolve
+from hpcdp.comm.core.settings import settings
+from hpcdp.comm.core.requests import Request
+from hpcdp.comm.nodes import duplicate, topology
 from hpcdp.shard import shard_range
-
-RANKS_PER_NODE_ENV = "HPCDP_RANKS_PER_NODE"
-PROFILE_ENV = "HPCDP_PROFILE"
-_KEYVAL = None
-
 
 @dataclass
 class Hierarchy:
-    """The node layout of a communicator, its sub-communicators, and the order in which
-    hierarchical requests start their phases.
+    """The node layout of a communicator (hpcdp.comm.nodes), the third channel its
+    requests gather on, and the order in which hierarchical requests start their phases.
 
     Several hierarchical allreduces may be in flight (DDP's buckets). A phase is an hpcdp
     collective on a sub-communicator, and collectives on one communicator must start in
@@ -72,100 +64,30 @@ class Hierarchy:
     active: list = field(default_factory=list)             # unfinished requests, by ticket
 
 
-def ranks_per_node_override() -> int | None:
-    """``HPCDP_RANKS_PER_NODE`` as an integer >= 1, or None when unset."""
-    raw = os.environ.get(RANKS_PER_NODE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{RANKS_PER_NODE_ENV} must be a whole number >= 1, got {raw!r}")
-    return value
-
-
-def _wait_for_everyone(ctx, timeout: float) -> None:
-    """Tokens to and from every peer on the data communicator (tag TAG_UB, above every
-    tag a collective uses there; the control communicator's TAG_UB is the diagnosis'),
-    polled under ``timeout``: names the ranks missing."""
-    from hpcdp.comm.context import tag_upper_bound
-
-    comm = ctx.data
-    tag = tag_upper_bound(comm)
-    peers = [p for p in range(ctx.size) if p != ctx.rank]
-    out = np.zeros(1, dtype=np.uint8)
-    inbox = np.zeros(max(len(peers), 1), dtype=np.uint8)
-    sends = [comm.Isend([out, MPI.BYTE], p, tag) for p in peers]
-    recvs = [comm.Irecv([inbox[i:i + 1], MPI.BYTE], p, tag) for i, p in enumerate(peers)]
-    deadline = time.monotonic() + timeout
-    idle = 0
-    while not MPI.Request.Testall(sends + recvs):
-        if time.monotonic() > deadline:
-            missing = [p for p, r in zip(peers, recvs) if not r.Test()]
-            raise CollectiveTimeout(
-                f"hierarchical allreduce setup on rank {ctx.rank}: ranks {missing} never "
-                f"arrived (waited {timeout:g}s); every rank must call the same collectives "
-                "in the same order", seq=-1, name="hierarchical setup", missing=missing)
-        idle += 1
-        if idle % 64 == 0:
-            os.sched_yield()
-
-
-def _build(ctx, timeout: float) -> Hierarchy:
-    _wait_for_everyone(ctx, timeout)  # from here on every rank is in this setup
-    comm, rank = ctx.data, ctx.rank
-    per = ranks_per_node_override()
-    if per is not None:
-        if ctx.size % per:
-            raise ValueError(f"{RANKS_PER_NODE_ENV}={per} does not divide the {ctx.size} ranks "
-                             "into whole nodes; the hierarchical allreduce needs the same number "
-                             "of ranks on every node")
-        local = comm.Split(rank // per, rank)
-        source = f"{RANKS_PER_NODE_ENV}={per}"
-    else:
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        source = "shared-memory nodes (MPI.COMM_TYPE_SHARED)"
-    sizes = np.array([local.Get_size(), -local.Get_size()], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
-    if sizes[0] != -sizes[1]:
-        local.Free()
-        raise ValueError(f"hierarchical allreduce: nodes have between {-sizes[1]} and {sizes[0]} "
-                         f"ranks ({source}); it needs the same number on every node: place "
-                         f"ranks evenly or set {RANKS_PER_NODE_ENV}")
-    cross = comm.Split(local.Get_rank(), rank)
-    gather = local.Dup()
-    from hpcdp.comm.context import get_context
-    for sub in (local, cross, gather):  # hpcdp's state on each, now that all ranks are here
-        get_context(sub, timeout)
-    return Hierarchy(local=local, cross=cross, gather=gather, nodes=cross.Get_size(),
-                     per_node=local.Get_size(), node=cross.Get_rank(),
-                     local_rank=local.Get_rank(), source=source)
-
-
 def hierarchy(ctx, timeout: float | None = None) -> Hierarchy:
-    """The node layout of ``ctx``'s communicator, built (collectively) on first use and
-    kept as an attribute of the communicator, like hpcdp's other per-communicator state."""
-    global _KEYVAL
-    if _KEYVAL is None:
-        _KEYVAL = MPI.Comm.Create_keyval()
-    found = ctx.parent.Get_attr(_KEYVAL)
+    """The hierarchy of ``ctx``'s communicator, built (collectively) on first use and
+    kept on its context (hpcdp.comm.forget drops it)."""
+    found = ctx.extra.get("hierarchy")
     if found is None:
-        found = _build(ctx, ctx.timeout if timeout is None else timeout)
-        ctx.parent.Set_attr(_KEYVAL, found)
+        limit = ctx.timeout if timeout is None else float(timeout)
+        t = topology(ctx, timeout=limit)
+        gather = duplicate(ctx, t.local, limit, "hierarchical allreduce setup")
+        found = ctx.extra["hierarchy"] = Hierarchy(
+            local=t.local, cross=t.cross, gather=gather, nodes=t.nodes, per_node=t.per_node,
+            node=t.node, local_rank=t.local_rank, source=t.source)
     return found
 
 
 def auto_layout(ctx, timeout=None):
-    """For ``algorithm="auto"``: ``(profile name, nodes, per_node)`` when ``HPCDP_PROFILE``
-    names a machine profile (then the cost model picks the allreduce), else None (auto
-    keeps its size rule). Every rank must see the same profile, like any auto setting."""
-    name = os.environ.get(PROFILE_ENV, "").strip()
+    """For ``algorithm="auto"``: ``(profile name, nodes, per_node)`` when ``[comm] profile``
+    (``HPCDP_PROFILE``) names a machine profile (then the cost model picks the allreduce),
+    else None (auto keeps its size rule). Every rank must see the same profile, like any
+    auto setting."""
+    name = settings().profile
     if not name or ctx.size == 1:
         return None
-    h = hierarchy(ctx, timeout)
-    return name, h.nodes, h.per_node
+    t = topology(ctx, timeout=timeout)
+    return name, t.nodes, t.per_node
 
 
 class HierarchicalRequest(Request):
@@ -264,8 +186,8 @@ class HierarchicalRequest(Request):
 
 def expected_bytes(n: int, nodes: int, per_node: int, node: int, local_rank: int,
                    itemsize: int) -> dict[str, tuple[int, int]]:
-    """Per link kind (sent, received): :func:`hpcdp.comm.volume.hierarchical_bytes`."""
-    from hpcdp.comm.volume import hierarchical_bytes
+    """Per link kind (sent, received): :func:`hpcdp.comm.model.volume.hierarchical_bytes`."""
+    from hpcdp.comm.model.volume import hierarchical_bytes
 
     return hierarchical_bytes(n, nodes, per_node, node, local_rank, itemsize)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from hpcdp.comm.ops import mpi_datatype
-from hpcdp.comm.requests import pieces
+from hpcdp.comm.core.ops import mpi_datatype
+from hpcdp.comm.core.requests import pieces
 from hpcdp.shard import shard_bounds
 
 
@@ -62,7 +62,7 @@ def native_all_gather(req, chunk, full, in_place):
 
 def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
     """The registered start of MPI's own allreduce (hpcdp.comm.algorithms)."""
-    from hpcdp.comm.requests import GenRequest
+    from hpcdp.comm.core.requests import GenRequest
 
     req = GenRequest(ctx, "allreduce", call, ledger, timeout,
                      lambda r: native_allreduce(r, src, work, op), max_message_bytes)

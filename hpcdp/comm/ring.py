@@ -28,11 +28,11 @@ share one tag and are posted in segment order on both sides (MPI keeps order per
 sender and tag), steps have distinct tags, and concurrent requests distinct
 tag ranges (sequence numbers).
 
-16-bit wire (``wire``, hpcdp.comm.wire): the buffers stay float32 and only the
+16-bit wire (``wire``, hpcdp.comm.engines.wire): the buffers stay float32 and only the
 messages are 16-bit. Received reduce-scatter segments land in a 16-bit scratch, are
 widened into a float32 segment and reduced in float32; what is sent is narrowed
 into a 16-bit mirror of the buffer first (one for the reduce-scatter's sends, one
-that all-gather messages are received into and forwarded from). hpcdp.comm.wire
+that all-gather messages are received into and forwarded from). hpcdp.comm.engines.wire
 says where rounding happens.
 """
 
@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.requests import Request, mpi_buffer
+from hpcdp.comm.core.requests import Request, mpi_buffer
 from hpcdp.shard import shard_bounds
 
 REDUCE, COPY = 0, 1
@@ -146,7 +146,7 @@ class RingRequest(Request):
     def _scratch_like(self, like, n):
         if isinstance(like, np.ndarray):
             return self.scratch(n, like.dtype)
-        from hpcdp.comm.device import device_scratch
+        from hpcdp.comm.engines.device import device_scratch
         return device_scratch(self.ctx, n, like.dtype)
 
     def _seg(self, chunk, k):
@@ -282,8 +282,8 @@ class RingRequest(Request):
 def expected_bytes(n: int, N: int, rank: int, itemsize: int,
                    phases=("rs", "ag")) -> tuple[int, int]:
     """(sent, received) bytes of ``rank`` in a ring over ``n`` elements
-    (:func:`hpcdp.comm.volume.ring_bytes`, the one formula)."""
-    from hpcdp.comm.volume import ring_bytes
+    (:func:`hpcdp.comm.model.volume.ring_bytes`, the one formula)."""
+    from hpcdp.comm.model.volume import ring_bytes
 
     return ring_bytes(n, N, rank, itemsize, phases)
 
@@ -291,8 +291,8 @@ def expected_bytes(n: int, N: int, rank: int, itemsize: int,
 
 def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
     """The registered start of the ring allreduce (hpcdp.comm.algorithms), on the
-    context's engine (hpcdp.comm.compiled.engine: this RingRequest or the compiled one)."""
-    from hpcdp.comm.compiled.engine import ring_request
+    context's engine (hpcdp.comm.engines.compiled.engine: this RingRequest or the compiled one)."""
+    from hpcdp.comm.engines.compiled.engine import ring_request
 
     return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
                         phases=("rs", "ag"), segment_bytes=segment_bytes,

@@ -4,7 +4,7 @@
     hpcdp ckpt info CKPT [--config]      run state, tensors and where each piece lives
     hpcdp ckpt verify PATH...            every checksum (XXH3-128; format 1: SHA-256) of every checkpoint named
     hpcdp ckpt export CKPT OUT [--optimizer]   weights to one plain .h5 or .npz file
-    hpcdp ckpt export CKPT OUT --format safetensors|hf-gpt2   for other tools (hpcdp/io/export.py)
+    hpcdp ckpt export CKPT OUT --format safetensors|hf-gpt2   for other tools (hpcdp/io/interop/export.py)
 
 Exit status of ``verify``: 0 every checkpoint is sound, 1 a problem was found (each
 is printed), 2 a path is not a checkpoint. The other commands: 0, or 2 on an error.
@@ -25,7 +25,7 @@ def _mib(n) -> str:
 
 
 def cmd_ls(args) -> int:
-    from hpcdp.io.inspect import checkpoints_in, summary
+    from hpcdp.io.interop.inspect import checkpoints_in, summary
 
     rows = [summary(p) for p in checkpoints_in(args.dir)]
     print(f"{'checkpoint':<24} {'status':<10} {'size':>10}  written by")
@@ -40,9 +40,9 @@ def cmd_ls(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from hpcdp.io.commit import marker_problem
-    from hpcdp.io.index import read_index
-    from hpcdp.io.inspect import weights_sha256
+    from hpcdp.io.format.commit import marker_problem
+    from hpcdp.io.format.index import read_index
+    from hpcdp.io.interop.inspect import weights_sha256
 
     problem = marker_problem(args.ckpt)
     index = read_index(args.ckpt)
@@ -74,7 +74,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from hpcdp.io.inspect import checkpoints_in, verify
+    from hpcdp.io.interop.inspect import checkpoints_in, verify
 
     status = OK
     for path in args.paths:
@@ -96,7 +96,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from hpcdp.io.export import export_any
+    from hpcdp.io.interop.export import export_any
 
     print(export_any(args.ckpt, args.out, args.format, optimizer=args.optimizer, force=args.force))
     return OK
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     q = sub.add_parser("export", help="weights to one .h5, .npz or .safetensors file, or a transformers folder")
     q.add_argument("ckpt")
     q.add_argument("out")
-    from hpcdp.io.export import FORMATS
+    from hpcdp.io.interop.export import FORMATS
     q.add_argument("--format", choices=FORMATS,
                    help="default: from OUT's suffix; hf-gpt2: a folder GPT2LMHeadModel.from_pretrained loads")
     q.add_argument("--optimizer", action="store_true", help="also export the optimizer state")

@@ -6,7 +6,7 @@
 
 The model is rebuilt from the config stored in the checkpoint and its weights are
 read whatever wrote them (any rank count; ddp, ps, ZeRO 1-3; either layout):
-hpcdp.io.weights. Generation is hpcdp.generate's, with the checkpoint's
+hpcdp.io.restore.weights. Generation is hpcdp.generate's, with the checkpoint's
 ``[sample]`` settings as defaults, so with the same settings it prints what the
 training run would have sampled from those weights.
 
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         print(f"hpcdp sample: runs in one process; launched on {size} ranks, rank 0 generates alone "
               "(no mpiexec needed)", file=sys.stderr, flush=True)
     from hpcdp.config import load_config
-    from hpcdp.io.weights import model_from_checkpoint
+    from hpcdp.io.restore.weights import model_from_checkpoint
 
     sets = list(args.set) + _sample_sets(args)
     root = None

@@ -7,6 +7,8 @@
     hpcdp scale --predict --profile P             model only (hpcdp.scale.predict)
     hpcdp scale --validate --profile P            held-out points vs the model (hpcdp.scale.validate)
     hpcdp scale --collect DIR                     the table of points run as separate jobs
+    hpcdp scale --reproduce NAME|all [--json F]   the model against published scaling tables (hpcdp.scale.reproduce)
+    hpcdp scale --predict ... --node-mttf-h H     + checkpoint interval and goodput with failures (hpcdp.scale.goodput)
 
 This module parses the options and hands them to the part of hpcdp.scale that runs them.
 """
@@ -31,6 +33,15 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                        help="measure held-out points and compare with a profile's predictions")
     modes.add_argument("--collect", default="", metavar="DIR",
                        help="table and plot of the points gathered in DIR (a study job's folder)")
+    modes.add_argument("--reproduce", default="", metavar="NAME",
+                       help="predict a published scaling table from the inputs it gives and print "
+                            "prediction, published figure and error per point: horovod, tf-ec2-k80, "
+                            "all, or a table file written like hpcdp/scale/published/*.toml")
+    p.add_argument("--json", default="", metavar="FILE",
+                   help="--reproduce: also write the points as JSON records (source, point, published, "
+                        "predicted, unit, error)")
+    p.add_argument("--sweep", action="store_true",
+                   help="--reproduce: also show how the errors move with each ASSUMED input of a table")
     p.add_argument("--config", default="", help="training config (TOML) to scale")
     p.add_argument("--ranks", default="1,2,4", help="rank counts, e.g. 1,2,4 (default)")
     p.add_argument("--nodes", default="",
@@ -71,6 +82,32 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--strategies", default="ddp-ring,ddp-hierarchical,ddp-auto,ps1,ps8,zero1,zero2,zero3",
                    help="--predict: ddp-ring|ddp-recursive|ddp-hierarchical|ddp-auto, psK, zero1-3 "
                         "(the ring) or zeroK-recursive|zeroK-hierarchical|zeroK-auto")
+    p.add_argument("--node-mttf-h", type=float, default=0.0, metavar="HOURS",
+                   help="--predict: a node's mean time to failure; adds the checkpoint interval "
+                        "(Young / Daly) and the goodput per rank count, for the classic policy (end, "
+                        "requeue, resume) and for a job that keeps training through a rank loss")
+    p.add_argument("--ckpt-save-s", type=float, default=None, metavar="SECONDS",
+                   help="--node-mttf-h: the training time one checkpoint save costs")
+    p.add_argument("--ckpt-bench", default="", metavar="FILE",
+                   help="--node-mttf-h: take the save's cost from hpcdp bench ckpt --json FILE "
+                        "(its stall per save; --ckpt-mode picks sync, thread or process, default "
+                        "the mode that stalls least)")
+    p.add_argument("--ckpt-mode", default="", choices=["", "sync", "thread", "process"],
+                   help="see --ckpt-bench")
+    p.add_argument("--restart-s", type=float, default=300.0, metavar="SECONDS",
+                   help="--node-mttf-h: the classic policy's cost of a restart (requeue, launch, "
+                        "restore; default 300)")
+    p.add_argument("--repair-s", type=float, default=3.0, metavar="SECONDS",
+                   help="--node-mttf-h: the continue mode's repair after a rank loss, detection to "
+                        "the first committed step (default 3: issue 36's aim, not a measurement)")
+    p.add_argument("--rejoin-s", type=float, default=None, metavar="SECONDS",
+                   help="--node-mttf-h: until a lost node is back in a continuing job (default: "
+                        "--restart-s)")
+    p.add_argument("--fatal-fraction", type=float, default=0.0,
+                   help="--node-mttf-h: share of failures a continuing job cannot survive (handled "
+                        "the classic way, with checkpoints; default 0)")
+    p.add_argument("--goodput-strategy", default="",
+                   help="--node-mttf-h: whose predicted step to use (default the first of --strategies)")
     p.add_argument("--zero-algorithms", default="ring",
                    help="--study zero-step: parallel.zero.algorithm values to run stages 1-3 "
                         "with, e.g. ring,recursive,auto (default ring)")
@@ -110,6 +147,10 @@ def main(argv=None) -> int:
     if args.collect:
         from hpcdp.scale.collect import run as collect
         collect(args)
+        return 0
+    if args.reproduce:
+        from hpcdp.scale.reproduce import run as reproduce
+        reproduce(args)  # a bad name or table: ValueError, one error line (exit 2)
         return 0
     if not args.config:
         raise SystemExit("hpcdp scale: --config FILE is required (the training config to study)")

@@ -11,10 +11,10 @@ and raises the same error on every rank, naming the config key and the ranks.
 (label ranges, NaN counts), and reports an error that one rank met while opening
 or scanning its share, the same way, so every rank stops with the same message.
 
-Both go through :func:`hpcdp.failure.setup_outcome.agree` (a deadline-bounded hpcdp.comm
+Both go through :func:`hpcdp.failure.agreement.agree` (a deadline-bounded hpcdp.comm
 all-gather on the job's agreement channel; bounded by ``comm.setup_timeout`` in
 ``hpcdp train``): one small exchange each at startup; texts move only when ranks
-differ or a rank failed. A disagreement is a :class:`~hpcdp.failure.setup_outcome.JobError`
+differ or a rank failed. A disagreement is a :class:`~hpcdp.failure.agreement.JobError`
 (a ConfigError: ``hpcdp train`` exits with status 2 on every rank).
 """
 
@@ -75,7 +75,7 @@ def compare_facts(files: list[tuple[str, str]], facts: np.ndarray) -> None:
 
 
 def _timeout(timeout):
-    from hpcdp.comm.context import default_timeout
+    from hpcdp.comm.core.context import default_timeout
     return default_timeout() if timeout is None else float(timeout)
 
 
@@ -88,7 +88,7 @@ def check_same_files(files: list[tuple[str, str]], comm=None, timeout: float | N
     """
     mine = [file_facts(p) for _, p in files]
     if comm is not None and comm.Get_size() > 1:
-        from hpcdp.failure.setup_outcome import agree
+        from hpcdp.failure.agreement import agree
 
         def differences(texts):
             try:
@@ -113,7 +113,7 @@ def combine_max(values, comm=None, timeout: float | None = None, error: BaseExce
         if error is not None:
             raise error
         return np.array(values, dtype=np.int64)
-    from hpcdp.failure.setup_outcome import agree
+    from hpcdp.failure.agreement import agree
 
     share = None if error is not None else json.dumps([int(v) for v in values])
     shares = agree(comm, error, what="the data check", timeout=_timeout(timeout), share=share)

@@ -1,8 +1,10 @@
 """What hpcdp does when something goes wrong: a failure on any rank ends the job on
 every rank, within seconds, with its cause (docs/user-guide.md, "When things go wrong").
 
-- :mod:`.setup_outcome`: before training, every rank reports ok or its error through a
-  deadline-bounded exchange; all raise the same :class:`~.setup_outcome.JobError` together.
+- :mod:`.agreement`: every rank reports ok or its error through a deadline-bounded
+  exchange and all raise the same error together: before training a
+  :class:`~.agreement.JobError`, after each phase of a checkpoint save or restore a
+  CheckpointError (the one agreement helper; hpcdp.io uses it).
 - :mod:`.skew`: ranks that resolved different configs (or data) are named.
 - :mod:`.policy`: what ``hpcdp train`` does with a failure: status 2 on every rank
   for an agreed one, else the failing rank prints its cause and calls MPI_Abort.

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from hpcdp.comm.errors import CommError
+from hpcdp.comm.core.errors import CommError
 
 from .ranks import abort_job, fmt_ranks, say
 
@@ -68,21 +68,6 @@ def idup(comm, timeout: float, what: str = "duplicating a communicator"):
     return new
 
 
-def broadcast(buf, *, comm, root: int = 0, timeout: float, what: str = "a broadcast") -> None:
-    """In-place broadcast of a numpy array from ``root``, with a deadline.
-
-    First a one-element hpcdp.comm allreduce: a rank that never arrives is named
-    there (by the timeout's diagnosis); then MPI's own ``Ibcast`` (its tree algorithm: log2(N)
-    rounds, not N - 1 sends from the root), polled until done or the deadline."""
-    from hpcdp.comm import allreduce
-    import numpy as np
-
-    if comm.Get_size() == 1:
-        return
-    allreduce(np.zeros(1), comm=comm, timeout=timeout)  # everyone is here, or named
-    wait([comm.Ibcast(buf, root=root)], timeout, what)
-
-
 @contextlib.contextmanager
 def watchdog(timeout: float, what: str):
     """Bound a blocking MPI call that has no non-blocking form (``Split``): if it has
@@ -103,4 +88,4 @@ def watchdog(timeout: float, what: str):
         timer.cancel()
 
 
-__all__ = ["DeadlineExceeded", "wait", "idup", "broadcast", "watchdog"]
+__all__ = ["DeadlineExceeded", "wait", "idup", "watchdog"]

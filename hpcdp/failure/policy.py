@@ -1,7 +1,7 @@
 """The job's failure policy, applied by ``hpcdp train``: how a failure on any rank ends
 the job on every rank, within seconds, with one line saying which rank failed and why.
 
-- Agreed failures (:class:`~hpcdp.failure.setup_outcome.JobError`, before training: config,
+- Agreed failures (:class:`~hpcdp.failure.agreement.JobError`, before training: config,
   data, memory, strategy setup, run directory): every rank raised the same error,
   so every rank exits with status 2 together; rank 0 prints the one line. A failing
   rank whose cause was a bug (not bad input) prints its own traceback once.
@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 
-from .setup_outcome import USER_ERRORS, JobError, cause
+from .agreement import USER_ERRORS, JobError, cause
 from .ranks import abort_job, say
 from .shutdown import finish
 from .signals import Interrupted, handling_signals
@@ -61,7 +61,7 @@ def _clear(e: BaseException) -> bool:
     from .nonfinite import NonFiniteError
 
     known = USER_ERRORS + (NonFiniteError, KeyboardInterrupt)
-    comm_errors = sys.modules.get("hpcdp.comm.errors")
+    comm_errors = sys.modules.get("hpcdp.comm.core.errors")
     if comm_errors is not None:
         known += (comm_errors.CommError,)
     return isinstance(e, known)

@@ -2,7 +2,7 @@
 schedules (``train.steps``, ``run.log_every``, ``run.eval_every``...) and hang.
 
 Before training every rank compares a hash of its resolved config (the config
-stage's fingerprint, :func:`hpcdp.failure.setup_outcome.agree`); only if the hashes differ
+stage's fingerprint, :func:`hpcdp.failure.agreement.agree`); only if the hashes differ
 are the configs themselves exchanged, so the error names each differing key and
 which ranks hold which value.
 

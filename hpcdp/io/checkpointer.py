@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import AGREEMENT, CheckpointError
 from .stop import GracefulStop, signal_name
 
 
@@ -34,7 +34,7 @@ class Checkpointer:
         self.enabled = self.c.enabled
         self.root = Path(self.c.dir) if self.c.dir else self.run_dir / "checkpoints"
         self.timeout = float(cfg.comm.timeout)
-        from .checksum import hash_threads
+        from .format.checksum import hash_threads
         self.threads = hash_threads(getattr(world, "local_size", 1))  # this rank's share of the node
         self.last_saved = -1
         self.stopped_by = 0
@@ -49,7 +49,7 @@ class Checkpointer:
         check = getattr(strategy, "checkpoint_check", None)
         if check is not None:
             check()  # a configuration the strategy cannot checkpoint: refused on every rank
-        from .layouts import get_layout
+        from .format.layouts import get_layout
         get_layout(self.c.layout).check_available()  # e.g. "shared" without parallel HDF5
         from hpcdp.failure.deadline import idup
         what = "the other ranks to set up checkpointing"
@@ -58,13 +58,13 @@ class Checkpointer:
             self.stop = GracefulStop(self._workers_comm(idup(world.comm, self.timeout, what)),
                                      timeout=self.timeout)
         if self.c.asynchronous:
-            from .background import BackgroundSaver
-            from .hostbuf import HostBuffers
+            from .save.background import BackgroundSaver
+            from .save.hostbuf import HostBuffers
             self.background = BackgroundSaver()
             self.buffers = HostBuffers()  # the snapshot's home, reused by every save
             separate = getattr(get_layout(self.c.layout), "separate_writer", False)  # needs no MPI
             if self.c.writer == "process" and separate and self.buffers.fd is not None:
-                from .writerproc import WriterProcess
+                from .save.writerproc import WriterProcess
                 self.writer = WriterProcess(self.buffers)
                 if self.enabled:
                     self.writer.start()
@@ -75,24 +75,30 @@ class Checkpointer:
         communicator of the workers only; a server keeps the signal handlers (so a
         signal does not kill it) and learns of the stop from the workers' save
         request and their done. None on a server."""
+        import numpy as np
         from mpi4py import MPI
 
-        if comm.allreduce(int(not self.strategy.is_worker)) == 0:
+        from hpcdp.comm import allreduce, forget
+
+        servers = np.array([int(not self.strategy.is_worker)], dtype=np.int64)
+        allreduce(servers, comm=comm, op="sum", timeout=self.timeout)  # deadline, failure policy
+        if servers[0] == 0:
             return comm
         sub = comm.Split(0 if self.strategy.is_worker else MPI.UNDEFINED, comm.Get_rank())
+        forget(comm)  # hpcdp's duplicates of it too
         comm.Free()
         return sub if self.strategy.is_worker else None
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
-        from .runstate import expected_tensors
+        from .format.runstate import expected_tensors
         return expected_tensors(self.flat, self.optimizer)
 
     def _state(self, step: int, rank_arrays: dict) -> tuple[dict, dict, dict]:
         from hpcdp.config import dump_toml
         from hpcdp.optim import lr_at
 
-        from .runstate import hpcdp_version
+        from .format.runstate import hpcdp_version
 
         next_epoch, next_batch = self.sampler.position(step)
         s = self.sampler
@@ -120,13 +126,12 @@ class Checkpointer:
             self.log = log
         if not self.resume_target:
             return 0
-        from .outcome import on_root
-        from .commit import resolve
-        from .load import load
+        from .format.commit import resolve
+        from .restore.load import load
 
         latest_root = Path(self.c.dir) if self.c.dir else None
-        path = Path(on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
-                            timeout=self.timeout))
+        path = Path(AGREEMENT.on_root(self.comm, lambda: str(resolve(self.resume_target, latest_root)),
+                                      timeout=self.timeout))
         t0 = time.perf_counter()
         targets = self.strategy.checkpoint_targets()
         index, nbytes = load(path, targets, self.flat.layout, self.expected(), self.optimizer.kind,
@@ -177,8 +182,8 @@ class Checkpointer:
         return False
 
     def save(self, step: int, *, wait: bool = False) -> None:
-        from .save import SaveJob, rank_scalar_arrays, save
-        from .snapshot import take_snapshot
+        from .save.save import SaveJob, rank_scalar_arrays, save
+        from .save.snapshot import take_snapshot
 
         if self.background is not None:
             self._collect_background(wait=True)
@@ -269,9 +274,9 @@ def check_resume_target(resume, cfg, flat, optimizer, sampler) -> None:
     every rank stops with the same one line and status 2): the ``--resume`` checkpoint
     holds this model's tensors and optimizer state and its data position carries over.
     Reads the index only; :meth:`Checkpointer.restore` checks again as it loads."""
-    from .commit import resolve
-    from .index import read_index
-    from .runstate import compatibility_problem, expected_tensors
+    from .format.commit import resolve
+    from .format.index import read_index
+    from .format.runstate import compatibility_problem, expected_tensors
 
     path = resolve(resume, cfg.checkpoint.dir or None)
     index = read_index(path)

@@ -1,8 +1,11 @@
-"""The one error type of hpcdp.io (no h5py import, so callers can catch it cheaply)."""
+"""The one error type of hpcdp.io (no h5py import, so callers can catch it cheaply),
+and how it reaches every rank (:data:`AGREEMENT`)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+
+from hpcdp.failure.agreement import Agreement
 
 EARLIER = "use an earlier checkpoint"
 
@@ -11,6 +14,13 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be written or must not be loaded. The message names
     the checkpoint, the file and the tensor, and what to do. A ValueError, so the
     ``hpcdp`` command prints it as one error line (exit status 2)."""
+
+
+# Every phase of a save or restore ends with this agreement (hpcdp.failure.agreement):
+# if any rank failed, every rank raises the same CheckpointError, the lowest failing
+# rank's message "... (reported by rank r)", agreed on the checkpoint's own
+# communicator (a background save's agreements run in its thread, polling gently).
+AGREEMENT = Agreement(CheckpointError, lowest=True, private=False)
 
 
 @contextmanager
@@ -31,4 +41,4 @@ def damaged_file(where: str):
                               f"{EARLIER}") from None
 
 
-__all__ = ["CheckpointError", "damaged_file", "EARLIER"]
+__all__ = ["CheckpointError", "damaged_file", "EARLIER", "AGREEMENT"]

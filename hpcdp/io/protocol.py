@@ -37,7 +37,7 @@ import numpy as np
 
 from hpcdp.shard import shard_range
 
-from .format import PARAM, optim_buffer
+from .format.names import PARAM, optim_buffer
 
 
 @dataclass

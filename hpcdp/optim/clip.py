@@ -58,14 +58,16 @@ def clip_(backend, pieces, max_norm: float, reduce=None) -> float:
     return norm
 
 
-def allreduce_sum(comm):
-    """``reduce`` for :func:`clip_` over an mpi4py communicator (8 bytes, a sync point)."""
+def allreduce_sum(comm, timeout: float | None = None):
+    """``reduce`` for :func:`clip_` over a communicator (8 bytes, a sync point): an hpcdp
+    allreduce, under its deadline, its failure policy and MPI's own algorithm (auto)."""
     import numpy as np
-    from mpi4py import MPI
+
+    from hpcdp.comm import allreduce
 
     def reduce(x: float) -> float:
         buf = np.array([x], dtype=np.float64)
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        allreduce(buf, comm=comm, op="sum", timeout=timeout)
         return float(buf[0])
     return reduce
 

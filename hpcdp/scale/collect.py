@@ -66,7 +66,7 @@ def run(args) -> dict:
     if args.profile:
         from hpcdp.scale.report import predict_points
         from hpcdp.config import load_config
-        from hpcdp.comm.cost import load_profile
+        from hpcdp.comm.model.cost import load_profile
         try:
             profile = load_profile(args.profile)
         except ValueError as e:

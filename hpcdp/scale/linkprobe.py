@@ -85,7 +85,7 @@ def _rounds(fns: dict, iters: dict, rounds: int, comm) -> dict:
 
 
 def token_pair_s(reps: int = 4000) -> float:
-    """One fingerprint message each way, as debug mode (hpcdp.comm.debug.debug_check)
+    """One fingerprint message each way, as debug mode (hpcdp.comm.core.debug.debug_check)
     posts and reaps them per peer and collective, on COMM_SELF (no peer latency)."""
     from mpi4py import MPI
 
@@ -157,7 +157,7 @@ def run(args) -> dict:
     out["segments"] = _segments(comm, args.rounds, SEGMENT_BUFFER, SEGMENTS)
     out["segments_bytes"] = SEGMENT_BUFFER
     out["segments_small"] = _segments(comm, args.rounds, SMALL_BUFFER, SMALL_SEGMENTS)
-    from hpcdp.comm.compiled import active_engine, set_engine
+    from hpcdp.comm.engines.compiled import active_engine, set_engine
 
     if active_engine(comm) == "compiled":  # the few-step collectives' Python requests
         set_engine(comm, "python")

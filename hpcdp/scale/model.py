@@ -1,7 +1,7 @@
 """The workload half of the cost model: a training config's step, strategy by strategy.
 
 The link half (what each collective costs on a machine :class:`Profile`) is
-:mod:`hpcdp.comm.cost`; this module reads a config's model and bucket plan
+:mod:`hpcdp.comm.model.cost`; this module reads a config's model and bucket plan
 (:func:`workload_from_config`) and prices one step of each strategy on top of it.
 
 A step: forward and backward take ``batch * flops_per_sample / flops_per_s`` (backward
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from hpcdp.comm.cost import (Cost, Profile, Topology, all_gather, allreduce, hierarchical_allreduce,
+from hpcdp.comm.model.cost import (Cost, Profile, Topology, all_gather, allreduce, hierarchical_allreduce,
                              pick, ps_push_pull, reduce_scatter, ring_allreduce)
 
 # -- the workload of a config ----------------------------------------------------------
@@ -203,7 +203,7 @@ def step(p: Profile, wl: Workload, strategy: str, N: int, batch_per_rank: float,
         stage = int(strategy[-1])
         t_f, t_b, t_o = compute_times(p, wl, batch_per_rank, t.per_node, 1.0 / N)
         # ZeRO's collectives by parallel.zero.algorithm: "ring" (the default), an
-        # explicit one, or "auto": the cheapest per group / unit (hpcdp.comm.cost.pick)
+        # explicit one, or "auto": the cheapest per group / unit (hpcdp.comm.model.cost.pick)
         picked_rs = [pick("reduce_scatter", p, size * s, t, algorithm, s) for size in wl.buckets]
         picked_ag = [pick("all_gather", p, size * s, t, algorithm, s) for size in wl.buckets]
         rs, ag = [c for _, c in picked_rs], [c for _, c in picked_ag]
@@ -239,7 +239,7 @@ def hybrid_step(p: Profile, wl: Workload, strategy: str, t: Topology, batch_per_
     ring allreduce of the rank's 1/L chunk across the M nodes (L such rings share the
     node's NICs), all-gathers in the node (hpcdp.strategies.zero.hybrid). The same
     schedule as the flat stages otherwise."""
-    from hpcdp.comm.cost import ring_phases_cost
+    from hpcdp.comm.model.cost import ring_phases_cost
 
     stage, s = int(strategy[-1]), wl.itemsize
     L, M, N = t.per_node, t.nodes, t.ranks

@@ -68,7 +68,7 @@ def _strategies(text: str):
 
 def predict(profile, wl, ranks, batch, strategies, per_node=None, strong_batch=None) -> dict:
     """Every (strategy, N) point plus the crossovers, as a JSON-able dict."""
-    from hpcdp.comm import cost as CM
+    from hpcdp.comm.model import cost as CM
     from hpcdp.scale import model as M
 
     per_node = per_node or profile.ranks_per_node
@@ -234,7 +234,7 @@ def plot_predict(res: dict, path: Path) -> str | None:
 
 def run(args) -> dict:
     from hpcdp.config import load_config
-    from hpcdp.comm.cost import load_profile
+    from hpcdp.comm.model.cost import load_profile
     from hpcdp.scale.model import workload_from_config
 
     if not args.profile:
@@ -253,8 +253,39 @@ def run(args) -> dict:
     res = predict(profile, wl, ranks, batch, _strategies(args.strategies),
                   args.ranks_per_node or None, strong)
     res.update(config=str(args.config), date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    text = format_predict(res)
+    if getattr(args, "node_mttf_h", 0.0):
+        res["goodput"], more = goodput_of(args, res)
+        text += "\n\n" + more
     out = Path(args.out or f"runs/predict-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     from hpcdp.scale.report import write_outputs
-    write_outputs(out, "predict", format_predict(res), res, plot_predict)
+    write_outputs(out, "predict", text, res, plot_predict)
     return res
+
+
+def goodput_of(args, res: dict) -> tuple[dict, str]:
+    """The checkpoint interval and goodput per rank count (hpcdp.scale.goodput) with
+    the predicted step of one strategy (``--goodput-strategy``, default the first)."""
+    from hpcdp.scale import goodput as G
+
+    label = args.goodput_strategy or res["rows"][0]["strategy"]
+    steps = {r["ranks"]: r["step_s"] for r in res["rows"] if r["strategy"] == label}
+    if not steps:
+        raise ValueError(f"--goodput-strategy {label!r} is not one of the predicted strategies")
+    if args.ckpt_bench:
+        save_s, source = G.save_s_from_bench(args.ckpt_bench, args.ckpt_mode)
+    elif args.ckpt_save_s is not None:
+        save_s, source = args.ckpt_save_s, "--ckpt-save-s"
+    else:
+        raise ValueError("--node-mttf-h needs the time a checkpoint save costs: --ckpt-bench FILE "
+                         "(hpcdp bench ckpt --json FILE) or --ckpt-save-s SECONDS")
+    node_mttf = args.node_mttf_h * G.HOUR
+    rejoin = args.restart_s if args.rejoin_s is None else args.rejoin_s
+    rows = G.plan(sorted(steps), res["ranks_per_node"], node_mttf, save_s, args.restart_s,
+                  steps.__getitem__, args.repair_s, rejoin, args.fatal_fraction)
+    text = (f"strategy {label}: " + G.format_plan(rows, node_mttf, save_s, args.restart_s,
+                                                    args.repair_s, rejoin, source))
+    return {"strategy": label, "node_mttf_s": node_mttf, "save_s": save_s, "save_source": source,
+            "restart_s": args.restart_s, "repair_s": args.repair_s, "rejoin_s": rejoin,
+            "fatal_fraction": args.fatal_fraction, "rows": [r.as_dict() for r in rows]}, text

@@ -15,7 +15,7 @@ last 10 steps and the staleness (mean and max over every worker's steps) in
 ``bytes``: one ``mpiexec`` job trains a few steps with one-server PS, K-server PS
 (colocated) and DDP's ring allreduce, and reads every rank's ledger. The busiest
 link is the rank that sends + receives the most bytes per step; the analytic model
-is the largest per-rank total by the exact formulas of ``hpcdp.comm.volume``; with
+is the largest per-rank total by the exact formulas of ``hpcdp.comm.model.volume``; with
 Phi = model bytes and N ranks, all workers, it is about:
 
 - PS, one colocated server: the server moves 2 (N-1) Phi;
@@ -146,7 +146,7 @@ def no_grad_ctx():
 
 def child_bytes(args) -> None:
     """Every layout in one job: bytes per step on every rank, from the ledger, beside
-    the exact formula of hpcdp.comm.volume for that rank."""
+    the exact formula of hpcdp.comm.model.volume for that rank."""
     from hpcdp.backend import get_backend
     from hpcdp.shard import shard_range
     from hpcdp.step import LocalBatch, train_step
@@ -194,8 +194,8 @@ def child_bytes(args) -> None:
 
 
 def _model_bytes(layout, strategy, flat, rank, n, dtype) -> tuple[int, int]:
-    """(sent, received) bytes per step of ``rank`` by the formulas of hpcdp.comm.volume."""
-    from hpcdp.comm.volume import expected_step_bytes, ps_pull_bytes, ps_push_bytes
+    """(sent, received) bytes per step of ``rank`` by the formulas of hpcdp.comm.model.volume."""
+    from hpcdp.comm.model.volume import expected_step_bytes, ps_pull_bytes, ps_push_bytes
 
     itemsize = np.dtype(dtype).itemsize
     if layout == "ring":

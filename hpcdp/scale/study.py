@@ -20,7 +20,7 @@ efficiency splits into ``contention = t(1) / t_compute_only(K)`` (compute slowed
 sharing the node) times ``comm = t_compute_only(K) / t(K)`` (exposed communication and
 its CPU cost); the efficiency lost is the sum of the two losses.
 
-Prediction: with ``--profile P`` (a machine profile, see :mod:`hpcdp.comm.cost`) every
+Prediction: with ``--profile P`` (a machine profile, see :mod:`hpcdp.comm.model.cost`) every
 point gets the cost model's step time and the error of the measurement against it.
 
 Other modes of ``hpcdp scale`` (docs/scaling.md): ``--calibrate`` (measure a profile),
@@ -233,7 +233,7 @@ def run(args) -> dict:
                          f"up to {max(ranks)} ranks; use --batch >= {max(ranks)}")
     profile = None
     if args.profile:
-        from hpcdp.comm.cost import load_profile
+        from hpcdp.comm.model.cost import load_profile
         try:
             profile = load_profile(args.profile)
         except ValueError as e:

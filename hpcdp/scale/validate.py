@@ -108,7 +108,7 @@ def collective_points(profile, bench: dict, n: int, per_node: int, cores: int,
     :func:`point_statistic`) vs the model. At 2 ranks, sizes up to ``fitted_max`` are
     calibration points (the 8-byte calls; with a small-message refit, every size the
     refit saw)."""
-    from hpcdp.comm import cost as CM
+    from hpcdp.comm.model import cost as CM
 
     topo = CM.Topology.of(n, per_node)
     stat = point_statistic(statistic, n, per_node)
@@ -231,7 +231,7 @@ def plot_validation(res: dict, path: Path) -> str | None:
 def run(args) -> dict:
     from argparse import Namespace
 
-    from hpcdp.comm import cost as CM
+    from hpcdp.comm.model import cost as CM
     from hpcdp.launch import loadavg, wait_quiet
     from hpcdp.scale import study as scale
 

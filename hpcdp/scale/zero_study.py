@@ -45,7 +45,7 @@ MIB = float(1 << 20)
 def _child(args, strategy: str, k: int, out: Path, ranks_per_node: int | None = None) -> dict:
     """One ``hpcdp train`` job through scale.run_point, with the strategy's overrides
     (and ``HPCDP_RANKS_PER_NODE`` for it when given: hybrid sharding's nodes)."""
-    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+    from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
     from hpcdp.scale import study as scale
 
     sub = copy.copy(args)
@@ -92,8 +92,8 @@ def shard_ranks(cfg, strategy: str, k: int) -> int:
         return k
     import math
 
-    from hpcdp.comm.hierarchical import ranks_per_node_override
-    return math.gcd(ranks_per_node_override() or k, k)
+    from hpcdp.comm.core.settings import settings
+    return math.gcd(settings().ranks_per_node or k, k)
 
 
 def _oversubscribed(k: int) -> bool:
@@ -263,7 +263,7 @@ def predict_steps(args, points: list, table: dict, profile) -> None:
     and its ``parallel.zero.algorithm``, the same config and per-rank batch; nodes of
     ``--ranks-per-node`` ranks, else one node), and ``pred_error`` = measured /
     predicted - 1."""
-    from hpcdp.comm.cost import load_profile
+    from hpcdp.comm.model.cost import load_profile
     from hpcdp.scale import model as M
 
     prof = load_profile(profile)
@@ -280,7 +280,10 @@ def predict_steps(args, points: list, table: dict, profile) -> None:
         k = p["ranks"]
         per_node = min(k, getattr(args, "ranks_per_node", None) or k)
         wl = wls["ddp" if strategy == "ddp" else "zero"]
+        if strategy != "ddp" and getattr(cfg.parallel.sub("zero"), "shard", "world") == "node":
+            strategy = "hybrid" + strategy[-1]  # sharded in the node, replicated across nodes
         st = M.step(prof, wl, strategy, k, batch / k, algorithm=algorithm or "ring", per_node=per_node)
+        p["pred_strategy"] = strategy
         p["pred_step_s"] = st.step_s
         p["pred_error"] = p["step_time_s"] / st.step_s - 1.0
 

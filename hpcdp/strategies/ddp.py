@@ -19,7 +19,7 @@ Three ways to move the gradients (for comparison, see docs/ddp.md):
 
 Each bucket is reduced IN PLACE on its view of ``flat.grad``: no copies.
 ``comm_dtype = "float16" | "bfloat16"``: the allreduce's messages are 16-bit, the
-sums float32 (hpcdp.comm.wire); every replica gets the same rounded gradient.
+sums float32 (hpcdp.comm.engines.wire); every replica gets the same rounded gradient.
 
 The hooks, launch-when-ready, progress and drain are the bucket engine
 (engine.py), shared with ZeRO; DDP gives it the collective (``iallreduce``).
@@ -77,10 +77,6 @@ class DDP(ReplicatedCheckpoint, Strategy):
         # (with a gradient codec: on views of its payload, set_grad_codec).
         self._views = [flat.grad[b.offset:b.offset + b.size] for b in self.plan.buckets]
         self._hcomm = hcomm
-        # "auto" buckets on the compiled ring when that engine is on: its progress thread
-        # moves them during backward (hpcdp.comm.compiled.overlap_algorithm)
-        from hpcdp.comm.compiled import overlap_algorithm
-        self._algorithm = overlap_algorithm(self.comm, self.cfg.algorithm)
         self.engine = BucketEngine(self.plan, self._launch, name="DDP")
         if world.size > 1:
             if self.debug:
@@ -97,8 +93,11 @@ class DDP(ReplicatedCheckpoint, Strategy):
             bk = self.plan.buckets[b]
             if self._encode_at_launch:
                 self._payload.fold(bk.offset, bk.size)
-        return self._hcomm.iallreduce(self._views[b], comm=self.comm, op="sum", algorithm=self._algorithm,
-                                      ledger=self.ledger, timeout=self.timeout, wire=self.cfg.comm_dtype)
+        # overlap: the buckets run while backward computes ("auto" then takes an algorithm
+        # that progresses on its own: the compiled ring; hpcdp.comm.select)
+        return self._hcomm.iallreduce(self._views[b], comm=self.comm, op="sum", algorithm=self.cfg.algorithm,
+                                      ledger=self.ledger, timeout=self.timeout, wire=self.cfg.comm_dtype,
+                                      overlap=True)
 
     # -- the gradient codec (hpcdp/strategies/codec.py) ------------------------------
     def set_grad_codec(self, codec) -> None:
@@ -182,19 +181,15 @@ class DDP(ReplicatedCheckpoint, Strategy):
             self.engine.abandon()
 
     def _broadcast_params(self) -> None:
-        """Copy rank 0's parameters to every rank (MPI's Ibcast, with a deadline: one call
-        at setup, not a per-step cost). Recorded in the ledger as the bytes handed to MPI."""
+        """Copy rank 0's parameters to every rank (hpcdp.comm.broadcast: MPI's Ibcast with
+        a deadline; one call at setup, not a per-step cost). The ledger records the bytes
+        handed to MPI (``broadcast``)."""
         data = self.flat.data
         host = data if isinstance(data, np.ndarray) else self.flat.backend.to_numpy(data)
-        from hpcdp.failure.deadline import broadcast
-        broadcast(host, comm=self.comm, root=0, timeout=self._timeout(), what="rank 0's parameters")
+        self._hcomm.broadcast(host, comm=self.comm, root=0, ledger=self.ledger,
+                              timeout=self._timeout())
         if host is not data:
             self.flat.backend.copy_(data, self.flat.backend.asarray(host, self.flat.dtype))
-        if self.ledger is not None:
-            root = self.world.rank == 0
-            self.ledger.record("broadcast", sent_bytes=host.nbytes if root else 0,
-                               recv_bytes=0 if root else host.nbytes,
-                               sent_msgs=int(root), recv_msgs=int(not root), calls=1)
 
     def _timeout(self) -> float:
         from hpcdp.comm import get_context

@@ -26,7 +26,7 @@ def _train(cluster, tmp_path, layout, name, ckpt, steps, *extra):
 
 
 def test_saved_on_2x2_resumed_on_1_node_and_on_3x1_continues_the_run(unlimited, tmp_path):
-    from hpcdp.io.inspect import weights_sha256
+    from hpcdp.io.interop.inspect import weights_sha256
 
     cluster = unlimited
     _train(cluster, tmp_path, "2,2", "straight", tmp_path / "ck-straight", 8)

@@ -36,7 +36,7 @@ def rel_err(a, b) -> float:
 
 
 def hpcdp_logits(path, ids, *sets) -> np.ndarray:
-    from hpcdp.io.weights import model_from_checkpoint
+    from hpcdp.io.restore.weights import model_from_checkpoint
     model = model_from_checkpoint(str(path), sets)[2]
     return model(ids).numpy()
 
@@ -92,8 +92,8 @@ def test_transformers_model_imports_trains_under_ddp_and_zero3_and_goes_back(tmp
     (tmp_path / "job.toml").write_text(job_text(tied=False, dtype="float64", steps=20))
 
     from hpcdp.config import load_config
-    from hpcdp.io.format import PARAM
-    from hpcdp.io.init_from import init_from
+    from hpcdp.io.format.names import PARAM
+    from hpcdp.io.interop.init_from import init_from
     from hpcdp.io.protocol import Piece
     from hpcdp.nn import build_model
 

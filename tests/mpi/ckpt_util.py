@@ -112,9 +112,9 @@ def build_parts(cfg, world):
 
 def full_tensors(ckpt) -> dict:
     """Every logical tensor of a checkpoint, flattened (read and verified)."""
-    from hpcdp.io.index import read_index
-    from hpcdp.io.inspect import read_tensor
-    from hpcdp.io.reader import Reader
+    from hpcdp.io.format.index import read_index
+    from hpcdp.io.interop.inspect import read_tensor
+    from hpcdp.io.restore.reader import Reader
 
     index = read_index(ckpt)
     with Reader(ckpt, index) as r:

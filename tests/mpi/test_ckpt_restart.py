@@ -57,7 +57,7 @@ def _only_on(size: int) -> None:
 def _nodes_of_two(monkeypatch, *strategies) -> None:
     """Hybrid sharding's nodes: blocks of 2 ranks (HPCDP_RANKS_PER_NODE)."""
     if any(s.startswith("hybrid") for s in strategies):
-        from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+        from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
         monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
 
 
@@ -139,7 +139,7 @@ SAME = [
 def test_resume_at_same_ranks_is_bit_for_bit(n, strategy, model, asynchronous, monkeypatch):
     _only_on(n)
     _nodes_of_two(monkeypatch, strategy)
-    from hpcdp.io.inspect import weights_sha256
+    from hpcdp.io.interop.inspect import weights_sha256
 
     tmp = shared_dir()
     try:
@@ -168,8 +168,8 @@ def test_dedicated_servers_write_their_shards_and_versions(asynchronous):
     nothing; its version at each save equals the updates pushed (no update in flight:
     staleness 0 at the boundary); both checkpoints are listed."""
     _only_on(3)
-    from hpcdp.io.commit import list_checkpoints
-    from hpcdp.io.index import read_index
+    from hpcdp.io.format.commit import list_checkpoints
+    from hpcdp.io.format.index import read_index
 
     tmp = shared_dir()
     try:

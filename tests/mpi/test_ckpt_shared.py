@@ -32,7 +32,7 @@ def _step(root, s):
 @pytest.mark.parametrize("strategy", ["ddp", "ps", "zero3"])
 def test_shared_equals_split_and_loads_in_either_layout_at_any_rank_count(strategy):
     from hpcdp.io.checkpointer import Checkpointer
-    from hpcdp.io.inspect import weights_sha256
+    from hpcdp.io.interop.inspect import weights_sha256
 
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
@@ -130,7 +130,7 @@ def test_every_damage_of_the_shared_file_is_one_line_or_touches_nothing():
     """tests/unit/test_ckpt_damage.py's sweep (flips, zeroed runs, cuts at many
     offsets) on the shared layout's one file, by ``verify`` on rank 0. On Debian's
     parallel HDF5 1.10.8 some damage crashes h5py (SIGSEGV in an attribute read): the
-    metadata walk runs in a child process first (hpcdp/io/probe.py), so a crash is one
+    metadata walk runs in a child process first (hpcdp/io/format/probe.py), so a crash is one
     line too. One process, so it runs once: on 2 ranks. Then a damaged superblock
     through a restore: the same kind of line, on every rank."""
     import sys

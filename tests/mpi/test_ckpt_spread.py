@@ -1,4 +1,4 @@
-"""Replicated restores read each byte once (hpcdp/io/spread.py), on real ranks.
+"""Replicated restores read each byte once (hpcdp/io/restore/spread.py), on real ranks.
 
 A checkpoint saved by N ranks (each its shard, split layout, as ZeRO would) is
 restored by every rank of the job as a full replica (what none/DDP/PS workers
@@ -21,7 +21,7 @@ ROWS, COLS = 300, 1024   # per matrix: 1.2 MiB of float32, so the 4 MiB blocks m
 
 def _state(comm):
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.runstate import expected_tensors
+    from hpcdp.io.format.runstate import expected_tensors
     from hpcdp.nn.params import ParamSpec
     from hpcdp.shard import shard_range
 
@@ -48,8 +48,8 @@ def _state(comm):
 def _saved(comm, tmp):
     """:func:`_state` saved as checkpoint 1 in ``tmp``: (checkpoint, layout, expected
     tensors, full buffers, this rank's pieces)."""
-    from hpcdp.io.save import SaveJob, save
-    from hpcdp.io.snapshot import take_snapshot
+    from hpcdp.io.save.save import SaveJob, save
+    from hpcdp.io.save.snapshot import take_snapshot
 
     layout, expected, full, mine = _state(comm)
     job = SaveJob(tmp, 1, take_snapshot(mine, layout, copy=False), expected,
@@ -60,7 +60,7 @@ def _saved(comm, tmp):
 
 @pytest.mark.mpi
 def test_replicated_restore_reads_each_byte_once():
-    from hpcdp.io.load import load
+    from hpcdp.io.restore.load import load
     from hpcdp.io.protocol import Piece
 
     comm = MPI.COMM_WORLD
@@ -89,9 +89,9 @@ def test_replicated_restore_reads_each_byte_once():
 @pytest.mark.mpi
 def test_sharded_targets_are_not_spread():
     """Targets that differ by rank (a ZeRO shard) are each read by their rank only."""
-    from hpcdp.io.load import load
+    from hpcdp.io.restore.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.spread import same_everywhere
+    from hpcdp.io.restore.spread import same_everywhere
 
     comm = MPI.COMM_WORLD
     tmp = shared_dir()
@@ -111,7 +111,7 @@ def test_sharded_targets_are_not_spread():
 def test_targets_every_rank_has_are_spread_and_the_rest_read_alone():
     """A colocated parameter server's restore: every rank the whole weights, each
     its own shard of the optimizer state."""
-    from hpcdp.io.load import load
+    from hpcdp.io.restore.load import load
     from hpcdp.io.protocol import Piece
 
     comm = MPI.COMM_WORLD
@@ -136,10 +136,10 @@ def test_a_damaged_block_in_one_ranks_share_fails_every_rank_alike():
     import h5py
 
     from hpcdp.io.errors import CheckpointError
-    from hpcdp.io.index import read_index
-    from hpcdp.io.load import load
+    from hpcdp.io.format.index import read_index
+    from hpcdp.io.restore.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.spread import common_targets, plan, shares
+    from hpcdp.io.restore.spread import common_targets, plan, shares
 
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()

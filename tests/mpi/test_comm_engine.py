@@ -1,4 +1,4 @@
-"""The compiled engine (hpcdp.comm.compiled) against the Python ring, on real ranks.
+"""The compiled engine (hpcdp.comm.engines.compiled) against the Python ring, on real ranks.
 
 Both engines run the same calls on the same data; results must be equal byte for
 byte (every dtype, op, length class, in and out of place, pipelined segments and
@@ -17,9 +17,9 @@ import pytest
 
 from hpcdp.comm import CollectiveTimeout, Ledger, all_gather, allreduce, iallreduce, \
     iall_gather, reduce_scatter
-from hpcdp.comm.compiled import active_engine, engine, set_engine
-from hpcdp.comm.compiled.request import CompiledRingRequest
-from hpcdp.comm.context import get_context
+from hpcdp.comm.engines.compiled import active_engine, engine, set_engine
+from hpcdp.comm.engines.compiled.request import CompiledRingRequest
+from hpcdp.comm.core.context import get_context
 from hpcdp.shard import shard_range
 
 pytestmark = pytest.mark.mpi
@@ -156,7 +156,7 @@ def test_compiled_requests_run_for_the_compiled_dtypes(comm):
 
 
 def test_fallback_when_mpi_cannot_be_bound(comm, monkeypatch, caplog):
-    from hpcdp.comm.compiled import binding
+    from hpcdp.comm.engines.compiled import binding
 
     def unknown_abi():
         raise binding.Unbindable("unknown MPI ABI: handle sizes [2] bytes")
@@ -253,8 +253,8 @@ def test_states_are_reused_and_buckets_progress_alone(comm):
     """Repeated calls of one shape reuse one plan's state (reset in compiled code, same
     results every time); non-blocking requests progress alone (so DDP's drain waits on
     the oldest), and auto picks the compiled ring for overlapped buckets."""
-    from hpcdp.comm.compiled import overlap_algorithm
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.engines.compiled import overlap_algorithm
+    from hpcdp.comm.core.context import get_context
 
     set_engine(comm, "compiled")
     N = comm.Get_size()
@@ -336,7 +336,7 @@ def test_a_wait_asked_before_the_threads_first_pass_takes_the_request_over(comm)
     (PROGRESS) instead of keeping it to the end or its deadline while wait() blocks.
     Here rank 0 makes that first pass itself, with ST_STOP set, while its peers wait
     at a barrier (so the collective cannot complete within the pass)."""
-    from hpcdp.comm.compiled import kernels as K
+    from hpcdp.comm.engines.compiled import kernels as K
 
     set_engine(comm, "compiled")
     try:
@@ -366,7 +366,7 @@ def test_the_default_progress_mode_follows_the_spare_cores(comm, monkeypatch, ca
     """HPCDP_COMM_PROGRESS unset is ``auto``: without a spare core (as many ranks as
     CPUs, this machine and CI) no progress thread, a request advances in test();
     the decision is logged; explicit modes are kept."""
-    from hpcdp.comm.compiled import progress as prog
+    from hpcdp.comm.engines.compiled import progress as prog
 
     monkeypatch.delenv("HPCDP_COMM_PROGRESS", raising=False)
     mask, node = len(os.sched_getaffinity(0)), os.cpu_count()

@@ -7,9 +7,10 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.comm import Ledger, allreduce, iallreduce
-from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV, expected_bytes, hierarchy
-from hpcdp.comm.context import get_context
-from hpcdp.comm.volume import ring_allreduce_bytes, ring_messages
+from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
+from hpcdp.comm.hierarchical import expected_bytes, hierarchy
+from hpcdp.comm.core.context import get_context
+from hpcdp.comm.model.volume import ring_allreduce_bytes, ring_messages
 from hpcdp.shard import shard_range
 
 pytestmark = pytest.mark.mpi
@@ -139,13 +140,13 @@ def test_auto_with_a_profile_follows_the_model(comm, monkeypatch, tmp_path):
     N = comm.Get_size()
     if N != 4:
         pytest.skip("the expected choices are for 2 nodes x 2 ranks")
-    from hpcdp.comm.cost import fastest_allreduce, load_profile
+    from hpcdp.comm.model.cost import fastest_allreduce, load_profile
     path = tmp_path / "slow.toml"  # every rank writes the same profile
     path.write_text(SLOW_NETWORK)
     monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
     monkeypatch.setenv("HPCDP_PROFILE", str(path))
     from hpcdp.comm.auto import forget
-    from hpcdp.comm.volume import recursive_bytes
+    from hpcdp.comm.model.volume import recursive_bytes
     forget()  # the lean path's bound is read again: 0 for allreduces with a profile
     c = comm.Dup()
     try:
@@ -181,6 +182,7 @@ def test_bad_ranks_per_node_is_a_clear_error(comm, monkeypatch):
         with pytest.raises(ValueError, match="whole number"):
             allreduce(np.ones(4), comm=d, algorithm="hierarchical", timeout=20)
         d.Free()
+        monkeypatch.delenv(RANKS_PER_NODE_ENV)  # (a bad value is refused wherever it is read)
         allreduce(np.ones(4), comm=c, algorithm="ring", timeout=20)  # still usable
     finally:
         c.Free()

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from hpcdp.comm import Ledger, all_gather, allreduce, iall_gather, iallreduce, ireduce_scatter, reduce_scatter
 from hpcdp.comm import fast
-from hpcdp.comm.context import get_context
+from hpcdp.comm.core.context import get_context
 from hpcdp.shard import shard_range
 
 pytestmark = pytest.mark.mpi
@@ -182,7 +182,7 @@ def test_a_profile_set_later_reaches_every_cached_communicator(comm, monkeypatch
     req.wait()
 
 
-# -- the compiled lean path (hpcdp.comm.compiled.lean) ---------------------------
+# -- the compiled lean path (hpcdp.comm.engines.compiled.lean) ---------------------------
 
 _MPI_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -212,7 +212,7 @@ def test_compiled_lean_path_is_bitwise_mpi4pys_collective(comm, dtype):
     mpi4py, and the ledger today's figures; the compiled path really ran."""
     N, r = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(dtype)
-    T = fast.mpi_type(dtype)  # (uint64: MPI_UINT64_T, hpcdp.comm.ops.mpi_datatype)
+    T = fast.mpi_type(dtype)  # (uint64: MPI_UINT64_T, hpcdp.comm.core.ops.mpi_datatype)
     for n in sorted({1, N, N + 1, 2 * N + 3, 37}):
         bounds = [shard_range(n, N, p) for p in range(N)]
         counts, displs = [s for _, s in bounds], [o for o, _ in bounds]
@@ -275,7 +275,7 @@ def test_uint64_max_and_min_above_2_63_on_every_path(comm, code):
     """numpy's uint64 ('L' on LP64, mpi4py: MPI_UNSIGNED_LONG, which Open MPI 4.1 compares
     as signed) and 'Q': max / min of values above 2**63 are right through the compiled
     lean path, the mpi4py lean path, MPI's collective on the general path and the ring."""
-    from hpcdp.comm.compiled import lean
+    from hpcdp.comm.engines.compiled import lean
     N, r = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(code)
 
@@ -307,7 +307,7 @@ def test_uint64_max_and_min_above_2_63_on_every_path(comm, code):
 def test_the_mpi4py_lean_path_stays_selectable(comm, monkeypatch):
     """set_lean_path(comm, "mpi4py") runs today's mpi4py path (same results, no compiled
     entry); HPCDP_COMM_LEAN chooses the default and a wrong value says what to set."""
-    from hpcdp.comm.compiled import lean
+    from hpcdp.comm.engines.compiled import lean
 
     N, r = comm.Get_size(), comm.Get_rank()
     sub = comm.Dup()
@@ -333,7 +333,7 @@ def test_compiled_lean_fallback_when_mpi_cannot_be_bound(comm, monkeypatch, capl
     """An MPI the binding refuses: the mpi4py path runs, one log line says so."""
     import logging
 
-    from hpcdp.comm.compiled import binding, lean
+    from hpcdp.comm.engines.compiled import binding, lean
 
     def unknown_abi():
         raise binding.Unbindable("unknown MPI ABI: handle sizes [2] bytes")
@@ -362,10 +362,12 @@ def test_compiled_lean_fallback_when_mpi_cannot_be_bound(comm, monkeypatch, capl
 
 
 @pytest.mark.mpi(min_size=2)
-def test_an_mpi_error_in_the_compiled_lean_path_is_mpi4pys_exception(comm):
-    """An MPI call that fails inside compiled code raises what mpi4py's path raises
-    (MPI.Exception with MPI's error class), on every rank (an invalid op: the check is local)."""
-    from hpcdp.comm.compiled import lean
+def test_an_mpi_error_in_the_compiled_lean_path_is_an_mpierror(comm):
+    """An MPI call that fails inside compiled code raises what mpi4py's path raises:
+    hpcdp.comm.MPIError with MPI's error class, on every rank (an invalid op: the check is
+    local); the communicator is failed from then on, until hpcdp.comm.forget."""
+    from hpcdp.comm import MPIError, forget
+    from hpcdp.comm.engines.compiled import lean
 
     sub = comm.Dup()
     x = np.ones(4, np.float32)
@@ -374,11 +376,15 @@ def test_an_mpi_error_in_the_compiled_lean_path_is_mpi4pys_exception(comm):
     e = get_context(sub).lean_sigs[("allreduce", "sum", "auto", np.dtype(np.float32), "f")][4]
     good = e.H[lean.H_OP]
     e.H[lean.H_OP] = lean.binding().handle(MPI.OP_NULL)
-    with pytest.raises(MPI.Exception) as err:
+    with pytest.raises(MPIError) as err:
         allreduce(x, np.empty_like(x), comm=sub)
-    assert err.value.Get_error_class() == MPI.ERR_OP
+    assert err.value.error_class == MPI.ERR_OP and err.value.error_name == "MPI_ERR_OP"
     e.H[lean.H_OP] = good
+    with pytest.raises(MPIError):  # failed until forgotten
+        allreduce(x, np.empty_like(x), comm=sub)
+    forget(sub)
     np.testing.assert_array_equal(allreduce(x, np.empty_like(x), comm=sub), np.full(4, comm.Get_size()))
+    forget(sub)
     sub.Free()
 
 
@@ -391,7 +397,7 @@ def test_a_rank_missing_from_a_compiled_lean_call_is_named(comm):
     import time
 
     from hpcdp.comm import CollectiveTimeout
-    from hpcdp.comm.diagnose import grace_s
+    from hpcdp.comm.core.diagnose import grace_s
 
     rank, N = comm.Get_rank(), comm.Get_size()
     x = np.ones(12, np.float32)
@@ -475,8 +481,8 @@ def test_ready_calls_are_dropped_or_passed_when_they_must(comm):
     a set_lean_path, a new auto generation, debug mode and a failed communicator all take
     the full front (which gives the right answer or its error)."""
     from hpcdp.comm import auto
-    from hpcdp.comm.compiled.lean import set_lean_path
-    from hpcdp.comm.context import set_debug
+    from hpcdp.comm.engines.compiled.lean import set_lean_path
+    from hpcdp.comm.core.context import set_debug
 
     N, r = comm.Get_size(), comm.Get_rank()
     sub = comm.Dup()

@@ -1,4 +1,4 @@
-"""The 16-bit wire (hpcdp.comm.wire) against a NumPy reference, bit for bit.
+"""The 16-bit wire (hpcdp.comm.engines.wire) against a NumPy reference, bit for bit.
 
 Every N from 1 to the world size runs on a sub-communicator of the first N ranks
 (N = 5: ``mpiexec -n 5``). The reference follows the ring's order for chunk c: the
@@ -13,7 +13,7 @@ import pytest
 
 from hpcdp.comm import Ledger, all_gather, allreduce, reduce_scatter
 from hpcdp.comm.ring import expected_bytes
-from hpcdp.comm.wire import wire_format
+from hpcdp.comm.engines.wire import wire_format
 from hpcdp.shard import shard_bounds, shard_range
 
 pytestmark = pytest.mark.mpi
@@ -133,7 +133,7 @@ def test_wire_ledger_is_half_the_bytes(comm):
 
 
 def test_wire_on_the_compiled_engine_runs_the_python_ring(comm):
-    from hpcdp.comm.compiled.engine import set_engine
+    from hpcdp.comm.engines.compiled.engine import set_engine
 
     c = comm.Dup()
     try:

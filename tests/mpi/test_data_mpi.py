@@ -18,7 +18,7 @@ from hpcdp.config import DataConfig, TrainConfig, load_config
 from hpcdp.data import DataError, load_dataset
 from hpcdp.data.batches import BatchSource
 from hpcdp.shard import shard_range
-from hpcdp.failure.setup_outcome import on_root
+from hpcdp.failure.agreement import on_root
 
 TIMEOUT = 20.0
 

@@ -212,7 +212,7 @@ def test_ledger_bytes_are_two_n_minus_one_over_n_of_gradient_bytes():
 
 @pytest.mark.parametrize("bucket", ["split", "many", "per_param"])
 def test_ledger_bytes_equal_exact_formula_with_uneven_chunks(bucket):
-    from hpcdp.comm.volume import expected_step_bytes
+    from hpcdp.comm.model.volume import expected_step_bytes
 
     world = _world()
     strat = ddp(**BUCKETS[bucket])

@@ -19,7 +19,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.config import load_config
-from hpcdp.failure.setup_outcome import on_root
+from hpcdp.failure.agreement import on_root
 from hpcdp.train import run_training
 from hpcdp.world import World
 

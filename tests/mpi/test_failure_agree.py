@@ -1,6 +1,7 @@
-"""Agreement before training on real ranks: an error on one rank becomes the same
-JobError on every rank, naming that rank; skewed fingerprints name the ranks; waits
-with a deadline name the rank that never sent."""
+"""Agreement on real ranks: an error on one rank becomes the same JobError on every
+rank, naming that rank; skewed fingerprints name the ranks; the checkpoints' wording of
+the same helper raises the lowest failing rank's message; waits with a deadline name
+the rank that never sent."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.config_error import ConfigError
-from hpcdp.failure.setup_outcome import JobError, agree, on_root, stage
-from hpcdp.failure.deadline import DeadlineExceeded, broadcast, wait
+from hpcdp.failure.agreement import JobError, agree, on_root, stage
+from hpcdp.failure.deadline import DeadlineExceeded, wait
+from hpcdp.io.errors import AGREEMENT, CheckpointError
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -101,6 +103,31 @@ def test_a_wait_past_its_deadline_names_every_rank_still_owed():
 
 @pytest.mark.mpi(min_size=2)
 def test_broadcast_with_deadline_copies_the_root():
+    from hpcdp.comm import Ledger, broadcast
+
     buf = np.full(5, float(RANK))
-    broadcast(buf, comm=COMM, root=1, timeout=60)
+    ledger = Ledger()
+    assert broadcast(buf, comm=COMM, root=1, timeout=60, ledger=ledger) is buf
     assert np.array_equal(buf, np.ones(5))
+    e = ledger.totals()["broadcast"]
+    assert (e["sent_bytes"], e["recv_bytes"]) == ((40, 0) if RANK == 1 else (0, 40))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_checkpoint_wording_raises_the_lowest_failing_ranks_message_everywhere():
+    """hpcdp.io's agreement is the same helper (hpcdp.failure.agreement) with its own
+    wording: a CheckpointError carrying the lowest failing rank's message, on the
+    communicator given, every rank's texts and rows gathered through hpcdp.comm."""
+    with pytest.raises(CheckpointError) as e:
+        AGREEMENT.all_ok(COMM, lambda: (_ for _ in ()).throw(OSError(f"rank-{RANK}.h5: gone"))
+                         if RANK >= 1 else None, timeout=60)
+    assert str(e.value) == "rank-1.h5: gone (reported by rank 1)"
+    assert e.value.failed == {r: f"rank-{r}.h5: gone" for r in range(1, SIZE)}
+    assert isinstance(e.value.__cause__, OSError) == (RANK >= 1)
+    assert AGREEMENT.all_ok(COMM, lambda: RANK * 2, timeout=60) == RANK * 2
+    # on_root: the root's value shared, or kept on the root only (share=False)
+    assert AGREEMENT.on_root(COMM, lambda: "step-00000004", timeout=60) == "step-00000004"
+    kept = AGREEMENT.on_root(COMM, lambda: 7, timeout=60, share=False)
+    assert kept == (7 if RANK == 0 else None)
+    with pytest.raises(CheckpointError, match=r"^RuntimeError: no marker \(reported by rank 0\)$"):
+        AGREEMENT.on_root(COMM, lambda: (_ for _ in ()).throw(RuntimeError("no marker")), timeout=60)

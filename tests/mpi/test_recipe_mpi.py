@@ -163,7 +163,7 @@ def test_train_loop_on_padded_files_equals_one_rank(kind, tmp_path_factory):
     import h5py
 
     from hpcdp.config import load_config
-    from hpcdp.failure.setup_outcome import on_root
+    from hpcdp.failure.agreement import on_root
     from hpcdp.nn import build_model
     from hpcdp.train import run_training
 

@@ -33,7 +33,7 @@ def test_an_error_found_on_rank_0_only_stops_every_rank(tmp_path_factory):
     """The run directory is checked on rank 0 alone; its error must reach all ranks."""
     pytest.importorskip("hpcdp.strategies.ddp")
     from hpcdp.config_error import ConfigError
-    from hpcdp.failure.setup_outcome import on_root
+    from hpcdp.failure.agreement import on_root
 
     comm = MPI.COMM_WORLD
 

@@ -129,7 +129,7 @@ def test_16bit_wire_is_close_to_the_float32_wire_with_half_the_bytes(stage, wire
 
 @pytest.mark.parametrize("stage,accum", [(1, 1), (1, 3), (2, 1), (2, 3), (3, 1), (3, 2)])
 def test_ledger_bytes_equal_the_formula_exactly(stage, accum):
-    from hpcdp.comm.volume import zero_step_bytes
+    from hpcdp.comm.model.volume import zero_step_bytes
 
     world = _world()
     strat = zero(stage, bucket_mb=SMALL, prefetch=1)
@@ -215,9 +215,9 @@ def _mem_run(strategy_obj, world, stage):
 @pytest.mark.parametrize("engine", ["default", "compiled"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_persistent_memory_equals_the_ownership_rule_and_the_formula(stage, engine):
-    from hpcdp.comm.compiled import set_engine
-    from hpcdp.comm.compiled.engine import engine_name
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.engines.compiled import set_engine
+    from hpcdp.comm.engines.compiled.engine import engine_name
+    from hpcdp.comm.core.context import get_context
     from hpcdp.memcheck import state_bytes
     from hpcdp.strategies.zero.groups import group_ranges
 
@@ -375,7 +375,7 @@ def test_mpi_collectives_for_small_groups_give_the_same_weights(stage):
 
 @pytest.fixture
 def nodes(monkeypatch):
-    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+    from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
     world = _world()
     per = 2 if world.size % 2 == 0 else 1
     monkeypatch.setenv(RANKS_PER_NODE_ENV, str(per))
@@ -452,7 +452,7 @@ def test_hybrid_memory_divides_by_ranks_per_node_exactly(stage, nodes):
 
 
 def test_a_node_size_that_does_not_divide_the_world_is_a_clear_error(monkeypatch):
-    from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV
+    from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
     from hpcdp.config_error import ConfigError
     from hpcdp.nn import build_model
     from hpcdp.optim import SGD

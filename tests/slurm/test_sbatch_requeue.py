@@ -66,7 +66,7 @@ def _node_busy_ending_a_job() -> bool:
 
 
 def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
-    from hpcdp.io.inspect import verify
+    from hpcdp.io.interop.inspect import verify
 
     cfg = tmp_path / "job.toml"
     cfg.write_text(CONFIG)

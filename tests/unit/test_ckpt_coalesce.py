@@ -1,4 +1,4 @@
-"""Coalesced restore reads (hpcdp/io/coalesce.py): the merge of byte ranges, and
+"""Coalesced restore reads (hpcdp/io/disk/coalesce.py): the merge of byte ranges, and
 restores through merged reads equal to the block-by-block restore bit for bit, across
 extent boundaries, gaps and the file's end, with damage still refused by piece."""
 
@@ -12,15 +12,15 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.io import coalesce
-from hpcdp.io.direct import ALIGN
+from hpcdp.io.disk import coalesce
+from hpcdp.io.disk.direct import ALIGN
 from hpcdp.io.errors import CheckpointError
-from hpcdp.io.format import tensor_name
-from hpcdp.io.index import read_index
-from hpcdp.io.load import fill_targets
+from hpcdp.io.format.names import tensor_name
+from hpcdp.io.format.index import read_index
+from hpcdp.io.restore.load import fill_targets
 from hpcdp.io.protocol import Piece
-from hpcdp.io.ranges import split_by_layout
-from hpcdp.io.reader import Reader
+from hpcdp.io.format.ranges import split_by_layout
+from hpcdp.io.restore.reader import Reader
 from hpcdp.shard import shard_range
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -25,7 +25,7 @@ def test_checkpoint_options_are_validated_by_key():
 
 def test_shared_layout_needs_h5py_with_mpi():
     from hpcdp.io.errors import CheckpointError
-    from hpcdp.io.shared import check_available
+    from hpcdp.io.format.shared import check_available
 
     if h5py.get_config().mpi:
         check_available()  # the parallel-HDF5 venv: nothing to say

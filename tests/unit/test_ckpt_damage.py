@@ -2,7 +2,7 @@
 
 Many offsets of every file kind (``COMMITTED``, ``index.h5``, a rank file) are
 flipped, zeroed or cut, one damage at a time, in place (restored after each), and
-``hpcdp ckpt verify``'s check (:func:`hpcdp.io.inspect.verify`) must either report
+``hpcdp ckpt verify``'s check (:func:`hpcdp.io.interop.inspect.verify`) must either report
 the damage as lines that name the checkpoint and the file and say "use an earlier
 checkpoint" (the SHA-256 mismatch's wording), or, for a byte HDF5 left unused
 (free space inside its metadata blocks and heaps), leave every object, attribute
@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.io.inspect import verify
+from hpcdp.io.interop.inspect import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -235,7 +235,7 @@ def test_the_metadata_walk_in_a_child_process_turns_a_crash_into_one_line(ckpt, 
     first object, as a segfaulting HDF5 would die) is one line naming file and object."""
     from hpcdp.io.errors import CheckpointError
     from hpcdp.io.failpoint import ENV
-    from hpcdp.io.probe import check_in_child
+    from hpcdp.io.format.probe import check_in_child
 
     path = ckpt / "rank-00001.h5"
     where = f"checkpoint {ckpt}: file {path.name}"

@@ -12,17 +12,17 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.io.commit import latest, list_checkpoints, prepare, prune, resolve
+from hpcdp.io.format.commit import latest, list_checkpoints, prepare, prune, resolve
 from hpcdp.io.errors import CheckpointError
-from hpcdp.io.format import INDEX_FILE, MARKER_FILE, rank_file_name
-from hpcdp.io.index import read_index
-from hpcdp.io.load import load
+from hpcdp.io.format.names import INDEX_FILE, MARKER_FILE, rank_file_name
+from hpcdp.io.format.index import read_index
+from hpcdp.io.restore.load import load
 from hpcdp.io.protocol import Piece, ShardedCheckpoint, replicated_pieces
-from hpcdp.io.ranges import Span, coverage_problems, intersect, split_by_layout
-from hpcdp.io.runstate import expected_tensors
-from hpcdp.io.save import SaveJob, _finish
-from hpcdp.io.shardfile import write_rank_file
-from hpcdp.io.snapshot import take_snapshot
+from hpcdp.io.format.ranges import Span, coverage_problems, intersect, split_by_layout
+from hpcdp.io.format.runstate import expected_tensors
+from hpcdp.io.save.save import SaveJob, _finish
+from hpcdp.io.format.shardfile import write_rank_file
+from hpcdp.io.save.snapshot import take_snapshot
 from hpcdp.nn.params import FlatParams
 from hpcdp.optim import AdamW, SGD
 from hpcdp.ownership import owned_ranges
@@ -107,7 +107,7 @@ def test_a_rank_reads_only_the_blocks_of_its_range(tmp_path):
     flat = FlatParams.from_arrays([("big", np.arange(8 << 20, dtype=np.float32))])
     opt = SGD(lr=0.1)  # no state: only the weights
     ckpt = _save_as(tmp_path / "ck", 1, flat, opt, 2)
-    from hpcdp.io.load import fill_targets
+    from hpcdp.io.restore.load import fill_targets
     index = read_index(ckpt)
     for r in range(8):
         off, size = shard_range(flat.numel, 8, r)
@@ -272,8 +272,8 @@ def test_another_model_optimizer_or_dtype_is_refused(tmp_path):
 def test_a_piece_of_the_wrong_dtype_or_length_is_refused(tmp_path):
     """Rewrite one piece as float64 (and make index and marker agree with the new
     file sizes, as a tool that rewrote the file would): the reader still refuses."""
-    from hpcdp.io.commit import commit, tmp_dir
-    from hpcdp.io.index import write_index
+    from hpcdp.io.format.commit import commit, tmp_dir
+    from hpcdp.io.format.index import write_index
 
     flat, opt = _state()
     root = tmp_path / "ck"

@@ -45,7 +45,7 @@ def _run(tmp, ranks, name, *args, env=None, ok=True):
 
 
 def _weights(ckpt) -> str:
-    from hpcdp.io.inspect import weights_sha256
+    from hpcdp.io.interop.inspect import weights_sha256
     return weights_sha256(ckpt)
 
 
@@ -70,8 +70,8 @@ def _wait_for_steps(run_dir: Path, proc, at_least: int, timeout: float = 300) ->
 ])
 def test_a_signal_saves_and_exits_zero_then_resume_latest_on_other_ranks(tmp_path, sig, ranks, strategy,
                                                                           resume_ranks):
-    from hpcdp.io.commit import latest
-    from hpcdp.io.index import read_index
+    from hpcdp.io.format.commit import latest
+    from hpcdp.io.format.index import read_index
 
     ck = tmp_path / "ck"
     args = ["--set", "train.steps=1000000", "--set", "run.log_every=1", "--set", f'checkpoint.dir="{ck}"',
@@ -104,7 +104,7 @@ def test_a_signal_saves_and_exits_zero_then_resume_latest_on_other_ranks(tmp_pat
 
 @pytest.mark.parametrize("failpoint", ["ckpt-mid-write@4:1", "ckpt-before-marker@4:0"])
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path, failpoint):
-    from hpcdp.io.commit import latest, list_checkpoints
+    from hpcdp.io.format.commit import latest, list_checkpoints
 
     every = ["--set", "train.steps=8", "--set", "checkpoint.every=2", "--set", "optim.kind=\"adamw\"",
              "--set", "optim.lr=0.01"]
@@ -126,7 +126,7 @@ def test_the_writer_process_dying_mid_save_keeps_the_previous_checkpoint(tmp_pat
     """Asynchronous save, writer process (the default): its helper is SIGKILLed
     halfway through rank 1's file of step 4; the job ends on every rank saying so,
     and step 2 stays the latest checkpoint."""
-    from hpcdp.io.commit import latest, list_checkpoints
+    from hpcdp.io.format.commit import latest, list_checkpoints
 
     ck = tmp_path / "ck"
     killed = _run(tmp_path, 2, "killed", "--set", "train.steps=8", "--set", "checkpoint.every=2", "--set",

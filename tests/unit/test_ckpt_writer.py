@@ -1,4 +1,4 @@
-"""The writer's way to the disk (hpcdp/io/direct.py, hostbuf.py, writerproc.py):
+"""The writer's way to the disk (hpcdp/io/disk/direct.py, hostbuf.py, writerproc.py):
 O_DIRECT of page-aligned HDF5 storage and its fallbacks, the same bytes whichever
 way they go, and the asynchronous save's writer process (and its death)."""
 
@@ -14,11 +14,11 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcdp.io import direct
+from hpcdp.io.disk import direct
 from hpcdp.io.errors import CheckpointError
-from hpcdp.io.hostbuf import HostBuffers
-from hpcdp.io.shardfile import write_rank_file
-from hpcdp.io.snapshot import Snapshot, TensorPiece
+from hpcdp.io.save.hostbuf import HostBuffers
+from hpcdp.io.format.shardfile import write_rank_file
+from hpcdp.io.save.snapshot import Snapshot, TensorPiece
 
 
 def _snapshot() -> Snapshot:
@@ -148,7 +148,7 @@ def test_host_buffers_are_page_aligned_and_reused():
 
 def test_writer_process_writes_the_same_file_and_its_death_is_reported(tmp_path, monkeypatch):
     from hpcdp.io.failpoint import ENV
-    from hpcdp.io.writerproc import WriterProcess
+    from hpcdp.io.save.writerproc import WriterProcess
 
     snap = _snapshot()
     _write(tmp_path / "ref.h5", snap)
@@ -200,11 +200,11 @@ def test_direct_reads_give_the_bytes_and_stop_at_the_end_of_the_file(tmp_path, o
 
 @pytest.mark.parametrize("io", ["1", "0"])
 def test_a_restore_reads_the_same_bits_with_or_without_o_direct(tmp_path, monkeypatch, io):
-    from hpcdp.io.load import load
+    from hpcdp.io.restore.load import load
     from hpcdp.io.protocol import Piece
-    from hpcdp.io.runstate import expected_tensors
-    from hpcdp.io.save import SaveJob, save
-    from hpcdp.io.snapshot import take_snapshot
+    from hpcdp.io.format.runstate import expected_tensors
+    from hpcdp.io.save.save import SaveJob, save
+    from hpcdp.io.save.snapshot import take_snapshot
     from hpcdp.nn.params import ParamSpec
 
     monkeypatch.setenv(direct.ENV, io)

@@ -6,7 +6,7 @@ and mean's division by N on all 65536 halves."""
 import numpy as np
 import pytest
 
-from hpcdp.comm.compiled import kernels as K
+from hpcdp.comm.engines.compiled import kernels as K
 
 ALL = np.arange(1 << 16, dtype=np.uint16)
 FINITE = ALL[(ALL & 0x7FFF) <= 0x7C00]  # every half but the NaNs

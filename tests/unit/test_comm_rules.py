@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from hpcdp.comm.auto import choose, choose_allreduce, choose_scatter_gather, crossover_bytes, forget
-from hpcdp.comm.ledger import Ledger
-from hpcdp.comm.ops import resolve
-from hpcdp.comm.recursive import expected_bytes as rd_bytes
-from hpcdp.comm.requests import MAX_MESSAGE_BYTES, pieces
+from hpcdp.comm.core.ledger import Ledger
+from hpcdp.comm.core.ops import resolve
+from hpcdp.comm.schedules.recursive import expected_bytes as rd_bytes
+from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES, pieces
 from hpcdp.comm.ring import expected_bytes
 from hpcdp.shard import shard_bounds
 
@@ -131,9 +131,10 @@ def test_auto_choice(monkeypatch):
     assert choose_allreduce(1024, 4) == "ring"
     assert choose("reduce_scatter", 1024, 4) == "native"  # the others keep theirs
     monkeypatch.setenv("HPCDP_ALL_GATHER_CROSSOVER", "many")
-    forget()
     with pytest.raises(ValueError, match="HPCDP_ALL_GATHER_CROSSOVER must be an integer"):
-        choose("all_gather", 8, 2)
+        forget()  # (the settings are read here: hpcdp.comm.core.settings)
+    monkeypatch.delenv("HPCDP_ALL_GATHER_CROSSOVER")
+    forget()
     assert choose_scatter_gather("auto") == "ring"
     with pytest.raises(ValueError, match="must be one of"):
         choose("reduce_scatter", 8, 2, "tree")
@@ -157,7 +158,7 @@ def test_the_config_names_exactly_the_registered_algorithms():
     zero = set(literal_values(typing.get_type_hints(ZeroConfig)["algorithm"]))
     # ZeRO names one algorithm for both of its collectives: every name both register
     assert zero == set(names("reduce_scatter")) & set(names("all_gather"))
-    from hpcdp.comm.wire import WIRE_ALGORITHMS, WIRE_DTYPES
+    from hpcdp.comm.engines.wire import WIRE_ALGORITHMS, WIRE_DTYPES
     from hpcdp.config_parallel import WIRE_ALGORITHMS as CONFIG_WIRE_ALGORITHMS, CommDtype
 
     assert literal_values(CommDtype) == WIRE_DTYPES
@@ -168,8 +169,8 @@ def test_a_registered_algorithm_is_known_to_auto_volume_and_the_cost_model():
     """One registration: choose() accepts it, collective_bytes counts it by its formula,
     the cost model prices it and (model_picks) may choose it."""
     from hpcdp.comm import algorithms
-    from hpcdp.comm import cost as C
-    from hpcdp.comm.volume import collective_bytes
+    from hpcdp.comm.model import cost as C
+    from hpcdp.comm.model.volume import collective_bytes
 
     def never_cheaper(p, nbytes, t, itemsize=4):
         return C.Cost(latency_s=1e9)
@@ -197,7 +198,7 @@ def test_a_registered_algorithm_is_known_to_auto_volume_and_the_cost_model():
 def test_auto_progress_runs_the_thread_only_with_a_spare_core(monkeypatch):
     """HPCDP_COMM_PROGRESS=auto (the default): the progress thread when this rank's
     affinity mask holds two CPUs for each rank that shares it, else progress in calls."""
-    from hpcdp.comm.compiled.progress import choose_progress, local_ranks, progress_mode
+    from hpcdp.comm.engines.compiled.progress import choose_progress, local_ranks, progress_mode
 
     assert choose_progress(2, 2, 2) == "calls"     # this machine: 2 ranks, 2 cores
     assert choose_progress(2, 2, 1) == "thread"    # one rank on 2 cores
@@ -211,11 +212,17 @@ def test_auto_progress_runs_the_thread_only_with_a_spare_core(monkeypatch):
     assert local_ranks({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 8)[0] == 4
     assert local_ranks({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}, 8)[0] == 2
     assert local_ranks({"MPI_LOCALNRANKS": ""}, 8)[0] == 8  # unknown: the whole job
+    from hpcdp.comm.core.settings import reload
+
     monkeypatch.delenv("HPCDP_COMM_PROGRESS", raising=False)
+    reload()
     assert progress_mode() == "auto"
-    for mode in ("thread", "calls", "auto"):
+    for mode in ("thread", "calls", "auto"):  # [comm] progress, the variable overriding it
         monkeypatch.setenv("HPCDP_COMM_PROGRESS", mode)
+        reload()
         assert progress_mode() == mode
     monkeypatch.setenv("HPCDP_COMM_PROGRESS", "threads")
     with pytest.raises(ValueError, match="HPCDP_COMM_PROGRESS must be one of"):
-        progress_mode()
+        reload()
+    monkeypatch.undo()
+    reload()

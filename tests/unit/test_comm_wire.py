@@ -1,11 +1,11 @@
-"""The 16-bit wire's conversions (hpcdp.comm.wire) against NumPy: bfloat16 rounds to
+"""The 16-bit wire's conversions (hpcdp.comm.engines.wire) against NumPy: bfloat16 rounds to
 nearest even (ties to the even word), keeps NaN quiet, overflows to inf, widens
 exactly; float16 is NumPy's own cast."""
 
 import numpy as np
 import pytest
 
-from hpcdp.comm.wire import wire_algorithm, wire_format
+from hpcdp.comm.engines.wire import wire_algorithm, wire_format
 
 
 def bf16_words(x):
@@ -33,7 +33,7 @@ def test_bfloat16_rounds_to_nearest_even_and_widens_exactly():
 
 
 def test_float16_is_numpys_cast_bit_for_bit():
-    from hpcdp.comm.wire_kernels import f16_narrow, f16_widen
+    from hpcdp.comm.engines.wire_kernels import f16_narrow, f16_widen
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every binary16 word
     back = np.empty(every.size, np.uint32)

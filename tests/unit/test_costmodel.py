@@ -1,13 +1,13 @@
-"""The cost model (hpcdp.comm.cost: collectives; hpcdp.scale.model: steps) against hand-computed cases (no MPI)."""
+"""The cost model (hpcdp.comm.model.cost: collectives; hpcdp.scale.model: steps) against hand-computed cases (no MPI)."""
 
 import math
 
 import pytest
 
-from hpcdp.comm import cost as CM
+from hpcdp.comm.model import cost as CM
 from hpcdp.scale import model as M
 from hpcdp.scale.predict import expand_ranks
-from hpcdp.comm import volume as V
+from hpcdp.comm.model import volume as V
 
 MiB = 1 << 20
 

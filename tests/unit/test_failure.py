@@ -11,7 +11,7 @@ import pytest
 
 from hpcdp.config_error import ConfigError
 from hpcdp.config import config_from_dict, load_config
-from hpcdp.failure.setup_outcome import JobError, agree, on_root, stage
+from hpcdp.failure.agreement import Agreement, JobError, agree, allgather_rows, on_root, stage
 from hpcdp.failure.inject import Faults, parse
 from hpcdp.failure.nonfinite import NonFiniteError, NonFiniteGuard
 from hpcdp.failure.policy import note_step, report_failure
@@ -160,6 +160,25 @@ def test_one_rank_stage_turns_an_error_into_the_same_message():
     assert on_root(None, lambda: "runs/a", what="x", timeout=1.0) == "runs/a"
     with pytest.raises(JobError, match="out of memory"):
         on_root(None, lambda: (_ for _ in ()).throw(MemoryError()), what="x", timeout=1.0)
+
+
+def test_one_rank_agreement_in_either_wording():
+    """The one helper, both wordings, on one rank (no communicator): the error type, the
+    cause's line, the chain to the exception, the root's value kept or shared."""
+    class Mine(ValueError):
+        pass
+    lowest = Agreement(Mine, lowest=True, private=False)
+    with pytest.raises(Mine, match=r"^disk full$") as e:
+        lowest.all_ok(None, lambda: (_ for _ in ()).throw(OSError("disk full")), timeout=1.0)
+    assert isinstance(e.value.__cause__, OSError) and e.value.failed == {0: "disk full"}
+    with pytest.raises(Mine, match=r"^KeyError: 'x'$"):  # a bug: its type in the line
+        lowest.on_root(None, lambda: {}["x"], timeout=1.0, share=False)
+    assert lowest.on_root(None, lambda: 5, timeout=1.0, share=False) == 5
+    assert lowest.all_ok(None, lambda: "ok", timeout=1.0) == "ok"
+    with pytest.raises(JobError, match=r"^the text$"):
+        Agreement().agree(None, "the text", timeout=1.0)
+    rows = np.arange(6).reshape(3, 2)
+    assert [r.tolist() for r in allgather_rows(None, rows)] == [rows.tolist()]
 
 
 def test_one_rank_policy_statuses_and_lines(capsys):

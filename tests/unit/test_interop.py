@@ -23,10 +23,10 @@ from safetensors.numpy import load_file, save_file
 from hpcdp.config import load_config
 from hpcdp.data import DataError
 from hpcdp.io.errors import CheckpointError
-from hpcdp.io.format import PARAM
-from hpcdp.io.init_from import init_from
+from hpcdp.io.format.names import PARAM
+from hpcdp.io.interop.init_from import init_from
 from hpcdp.io.protocol import Piece
-from hpcdp.io.weights import model_from_checkpoint
+from hpcdp.io.restore.weights import model_from_checkpoint
 from hpcdp.nn import build_model
 from hpcdp.shard import shard_range
 
@@ -229,13 +229,13 @@ def test_export_usage_errors(trained):
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
-    """A byte-level BPE trained on hpcdp/io's files except three held out."""
+    """A byte-level BPE trained on hpcdp/io's files (its sub-folders too) except four held out."""
     d = tmp_path_factory.mktemp("bpe")
-    files = sorted(SOURCES.glob("*.py"))
+    files = sorted(SOURCES.rglob("*.py"))
     train, held = d / "train", d / "held"
     train.mkdir(), held.mkdir()
-    for i, f in enumerate(files):
-        shutil.copy(f, (held if i % 9 == 4 else train) / f.name)
+    for i, f in enumerate(files):  # format/h5.py -> format_h5.py: one flat folder, no name twice
+        shutil.copy(f, (held if i % 9 == 4 else train) / "_".join(f.relative_to(SOURCES).parts))
     out = ok(hpcdp(d, "data", "train-tokenizer", "--text", train, "--vocab-size", 400, "--out", "tok.json"))
     assert "vocabulary 400" in out
     ok(hpcdp(d, "data", "prepare", "--text", train, held, "--tokenizer", "tok.json", "--out", "corpus.h5"))
@@ -295,7 +295,7 @@ def test_a_mismatched_tokenizer_is_refused(bpe, tmp_path):
     # a model whose tokenizer.json is not the corpus's: its embedding rows mean other tokens
     from hpcdp.data.bpe import HFTokenizer
     from hpcdp.data.tokenizer import Tokenizer
-    from hpcdp.io.init_from import open_source, tokenizer_problem
+    from hpcdp.io.interop.init_from import open_source, tokenizer_problem
 
     folder = tmp_path / "hf"
     folder.mkdir()
@@ -316,7 +316,7 @@ def test_an_export_replaces_only_an_earlier_export_and_whole(bpe, trained, tmp_p
     interrupted export leaves the earlier folder as it was."""
     from safetensors import safe_open
 
-    from hpcdp.io.export import write_folder_whole
+    from hpcdp.io.interop.export import write_folder_whole
 
     shutil.copytree(bpe / "hf", tmp_path / "hf")
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
@@ -367,7 +367,7 @@ def test_init_from_refuses_a_tokenizer_larger_than_the_models_vocabulary(bpe, tr
         f"hpcdp: error: model.init_from: {tmp_path / 'hf'}: its tokenizer.json has 400 tokens, more than "
         "config.json's vocab_size 256: it is not this model's tokenizer (an earlier model's file left in the "
         "folder?); remove it, or export the model again into a new folder"]
-    from hpcdp.io.init_from import open_source, tokenizer_size
+    from hpcdp.io.interop.init_from import open_source, tokenizer_size
 
     assert tokenizer_size((bpe / "tok.json").read_text()) == 400
     conf = json.loads((tmp_path / "hf" / "config.json").read_text())

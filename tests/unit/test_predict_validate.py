@@ -123,7 +123,7 @@ def test_the_repeat_statistic_drops_a_rate_limited_links_burst():
 
 
 def test_validation_points_across_a_rate_limited_link_skip_the_burst():
-    from hpcdp.comm.cost import Link, Profile
+    from hpcdp.comm.model.cost import Link, Profile
 
     link = Link(alpha_s=50e-6, beta_s_per_byte=8.4e-9)  # 1 Gbit/s (tbf), as the emulated cluster
     prof = Profile(name="tbf", intra=link, inter=link, gamma_s_per_byte=0.0, call_s={"ring": 0.0},
@@ -143,7 +143,7 @@ def test_zero_step_study_puts_the_model_beside_each_point():
     prediction of that strategy and algorithm (ZeRO's groups from parallel.zero.bucket_mb)."""
     from argparse import Namespace
 
-    from hpcdp.comm.cost import load_profile
+    from hpcdp.comm.model.cost import load_profile
     from hpcdp.config import load_config
     from hpcdp.scale import model as M
     from hpcdp.scale.zero_study import predict_steps, strategies_for
@@ -163,3 +163,11 @@ def test_zero_step_study_puts_the_model_beside_each_point():
             want = M.step(prof, zwl, strategy, 2, 4.0, algorithm=algo, per_node=2).step_s
             assert p["pred_step_s"] == pytest.approx(want, rel=1e-12)
         assert p["pred_error"] == pytest.approx(0.1 / p["pred_step_s"] - 1)
+    # hybrid sharding (parallel.zero.shard = "node"): the model's hybrid stage, nodes of
+    # --ranks-per-node ranks
+    hyb = Namespace(config="jobs/gpt_ddp.toml", set=sets + ['parallel.zero.shard="node"'], batch=8,
+                    ranks_per_node=1)
+    pts = [{"strategy": "zero3", "ranks": 2, "step_time_s": 0.1}]
+    predict_steps(hyb, pts, table, "dev-vm-2core")
+    assert pts[0]["pred_strategy"] == "hybrid3"
+    assert pts[0]["pred_step_s"] == pytest.approx(M.step(prof, zwl, "hybrid3", 2, 4.0, per_node=1).step_s, rel=1e-12)

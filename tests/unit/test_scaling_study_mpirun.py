@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcdp.comm.cost import load_profile
+from hpcdp.comm.model.cost import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "jobs" / "scaling_study_mpirun.sh"

@@ -1,8 +1,8 @@
-"""hpcdp.comm.volume: the byte formulas, checked against closed forms and each other."""
+"""hpcdp.comm.model.volume: the byte formulas, checked against closed forms and each other."""
 
 import pytest
 
-from hpcdp.comm import volume as V
+from hpcdp.comm.model import volume as V
 
 
 @pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 8])
@@ -60,7 +60,7 @@ def test_few_step_formulas_conserve_bytes_and_match_the_ring_at_powers_of_two():
     """Every byte one rank sends another receives (sums over ranks agree) for recursive
     halving / doubling, Bruck and the hierarchical reduce-scatter / all-gather; at N = 2^k
     with N | n each rank moves the ring's (N-1)/N S each way."""
-    from hpcdp.comm import volume as V
+    from hpcdp.comm.model import volume as V
 
     for N in range(1, 10):
         for n in (0, 1, N - 1, N + 1, 97, 4096):

@@ -1,9 +1,9 @@
-"""hpcdp.comm.volume: message counts of the pipelined ring, and the hierarchical
+"""hpcdp.comm.model.volume: message counts of the pipelined ring, and the hierarchical
 allreduce's bytes per link kind (closed forms, conservation)."""
 
 import pytest
 
-from hpcdp.comm import volume as V
+from hpcdp.comm.model import volume as V
 from hpcdp.shard import shard_range
 
 
@@ -49,7 +49,7 @@ def test_hierarchical_bytes(nodes, per, n):
 
 
 def test_collective_bytes_sends_hierarchical_to_its_own_formula():
-    from hpcdp.comm.volume import collective_bytes
+    from hpcdp.comm.model.volume import collective_bytes
 
     with pytest.raises(ValueError, match="hierarchical_bytes"):
         collective_bytes("allreduce", "hierarchical", 64, 4, 0, 4)

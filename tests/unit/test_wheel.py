@@ -92,7 +92,9 @@ def test_every_config_a_command_names_is_in_the_wheel(wheel_env):
         assert path.is_file() and not path.is_symlink(), f"{name} is not shipped in the wheel"
         assert path.read_text() == (ROOT / "jobs" / name).read_text()
     for name in ("dev-vm-2core", "example-cluster", "example-cluster-1nic"):
-        assert (wheel_env["site"] / "hpcdp" / "comm" / "profiles" / f"{name}.toml").is_file()
+        assert (wheel_env["site"] / "hpcdp" / "comm" / "model" / "profiles" / f"{name}.toml").is_file()
+    for name in ("horovod", "tf-ec2-k80"):  # hpcdp scale --reproduce's published tables
+        assert (wheel_env["site"] / "hpcdp" / "scale" / "published" / f"{name}.toml").is_file()
     assert (wheel_env["site"] / "hpcdp" / "data" / "digits.csv.gz").is_file()
 
 

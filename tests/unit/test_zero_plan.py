@@ -3,7 +3,7 @@ exact memory prediction, and the stage byte formula with micro-batches."""
 
 import pytest
 
-from hpcdp.comm.volume import all_gather_bytes, reduce_scatter_bytes, zero_step_bytes
+from hpcdp.comm.model.volume import all_gather_bytes, reduce_scatter_bytes, zero_step_bytes
 from hpcdp.config_error import ConfigError
 from hpcdp.config import load_config
 from hpcdp.memcheck import state_bytes
@@ -130,7 +130,7 @@ def test_hybrid_inter_node_bytes_against_zero3s_flat_ring():
     (2(M-1)/(M L) against 3(N-1)/N of Psi). Per job (a node's links shared by its
     ranks): hybrid moves 2(M-1) Psi across, the flat ring M 3(N-1)/N Psi: less, but
     not 1/L (the flat ring crosses only M times)."""
-    from hpcdp.comm.volume import zero_step_bytes
+    from hpcdp.comm.model.volume import zero_step_bytes
     from hpcdp.strategies.zero.hybrid import hybrid_step_bytes
 
     sizes = [1000, 357, 64]

@@ -28,7 +28,7 @@ resumed run counts versions from zero again, relative to the resumed step.
 from __future__ import annotations
 
 from hpcdp.io.errors import CheckpointError
-from hpcdp.io.format import PARAM
+from hpcdp.io.format.names import PARAM
 from hpcdp.io.protocol import (
     Piece, optimizer_buffers, optimizer_scalars, replicated_pieces, replicated_targets,
 )

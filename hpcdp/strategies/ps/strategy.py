@@ -42,8 +42,9 @@ class ParameterServer(Strategy):
 
     # -- setup ------------------------------------------------------------
     def setup(self, flat, optimizer, world) -> None:
-        from hpcdp.failure.setup_outcome import agree
-        from hpcdp.failure.deadline import broadcast, idup
+        from hpcdp.failure.agreement import agree
+        from hpcdp.comm import broadcast
+        from hpcdp.failure.deadline import idup
 
         cfg = self.cfg
         self.flat, self.optimizer, self.ledger = flat, optimizer, getattr(world, "ledger", None)
@@ -70,7 +71,7 @@ class ParameterServer(Strategy):
         # PS traffic never matches anyone else's messages
         self.comm = idup(world.comm, self.timeout, "the parameter server's communicator")
         # Identical start: rank 0's parameters everywhere (setup traffic, not a step's).
-        broadcast(flat.data, comm=world.comm, root=0, timeout=self.timeout, what="rank 0's parameters")
+        broadcast(flat.data, comm=world.comm, root=0, timeout=self.timeout)
         server_update = cfg.update == "server"
         optimizer = self._stepper = self._clipping(optimizer, world, s_idx)
         local_w = w_idx if (s_idx is not None and self.is_worker) else None

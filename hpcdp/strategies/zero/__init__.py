@@ -11,7 +11,7 @@ moved stay at (stages 1, 2) or near (stage 3: 1.5x) DDP's. See docs/zero.md.
   order.py: stage 3's check that every rank runs the same units.
 
 Who owns what is :func:`hpcdp.ownership.owned_ranges` (each group sharded on its own
-by the shard rule), the bytes are :func:`hpcdp.comm.volume.zero_step_bytes`.
+by the shard rule), the bytes are :func:`hpcdp.comm.model.volume.zero_step_bytes`.
 Options: ``[parallel.zero]`` (:class:`hpcdp.config_parallel.ZeroConfig`).
 """
 

@@ -76,8 +76,7 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         optimizer.set_slice([self.mine[b] for b in sorted(self.mine, key=lambda b: self.local[b])])
         self._snap = self.ledger.snapshot() if self.ledger is not None else None
         if self.comm is not None:  # the node layout now, while no collective is in flight
-            from hpcdp.comm.hier_shard import prepare_for
-            prepare_for(self.cfg.algorithm, self.comm, self.timeout)
+            hcomm.prepare(self.comm, algorithm=self.cfg.algorithm, timeout=self.timeout)
 
     def _require_units(self) -> None:
         """Stages 2 and 3 bind storage at a unit's pre-backward (and 3 at its
@@ -109,7 +108,7 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         return sorted(self.mine, key=lambda b: self.mine[b][0])
 
     # -- collectives -----------------------------------------------------------------
-    # comm_dtype (hpcdp.comm.wire): gradient reduce-scatters carry it at every stage;
+    # comm_dtype (hpcdp.comm.engines.wire): gradient reduce-scatters carry it at every stage;
     # parameter all-gathers only where the gathered copy is a working copy (stage 3's
     # units), never where it is the replica's master (stages 1, 2 after the update).
     params_on_wire = False
@@ -247,7 +246,7 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
         else:
             ss = sum_squares(be, grads)
             if self.shard_size > 1:
-                ss = allreduce_sum(self.shard_comm)(ss)
+                ss = allreduce_sum(self.shard_comm, self.timeout)(ss)
         norm = math.sqrt(ss) if ss >= 0 else float("nan")
         if max_norm:
             self.grad_norm = norm

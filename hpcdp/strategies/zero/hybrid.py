@@ -58,8 +58,8 @@ def state_ranks(cfg, world) -> int:
     sharding ``HPCDP_RANKS_PER_NODE`` (else the ranks sharing this node's memory)."""
     if getattr(cfg, "shard", "world") != "node":
         return world.size
-    from hpcdp.comm.hierarchical import ranks_per_node_override
-    per = ranks_per_node_override()
+    from hpcdp.comm.core.settings import settings
+    per = settings().ranks_per_node or None
     return per if per is not None else max(1, int(getattr(world, "local_size", 1)))
 
 
@@ -69,11 +69,12 @@ class NodeGroups:
     ``cross_comm`` (the ranks with this local rank, one per node, by node)."""
 
     def __init__(self, comm, timeout: float | None):
-        from hpcdp.comm.context import get_context
-        from hpcdp.comm.hierarchical import RANKS_PER_NODE_ENV, hierarchy, ranks_per_node_override
+        from hpcdp.comm import get_context
+        from hpcdp.comm.core.settings import settings
+        from hpcdp.comm.nodes import RANKS_PER_NODE_ENV, duplicate, topology
 
         size = comm.Get_size()
-        per = ranks_per_node_override()
+        per = settings().ranks_per_node or None
         if per is not None and size % per:
             raise ConfigError(
                 f'parallel.zero.shard = "node": {RANKS_PER_NODE_ENV}={per} does not divide the {size} '
@@ -81,9 +82,9 @@ class NodeGroups:
                 'parallel.zero.shard = "world"')
         ctx = get_context(comm, timeout)
         try:
-            h = hierarchy(ctx, timeout)
-        except ValueError as err:  # uneven nodes: every rank raises it (an Allreduce decided)
-            detail = str(err).removeprefix("hierarchical allreduce: ").split("; it needs")[0]
+            h = topology(ctx, timeout=timeout)
+        except ValueError as err:  # uneven nodes: every rank raises it (an allreduce decided)
+            detail = str(err).removeprefix("hpcdp.comm topology: ").split("; it needs")[0]
             raise ConfigError(
                 f'parallel.zero.shard = "node" needs the same number of ranks on every node ({detail}): '
                 f'place ranks evenly, set {RANKS_PER_NODE_ENV}, or use parallel.zero.shard = "world"') from None
@@ -91,10 +92,9 @@ class NodeGroups:
         self.node, self.local_rank, self.source = h.node, h.local_rank, h.source
         # Own duplicates: nothing else (a hierarchical allreduce on ZeRO's communicator)
         # ever matches these collectives' messages.
-        self.node_comm = h.local.Dup()
-        self.cross_comm = h.cross.Dup()
-        for sub in (self.node_comm, self.cross_comm):
-            get_context(sub, timeout)
+        limit = ctx.timeout if timeout is None else timeout
+        self.node_comm = duplicate(ctx, h.local, limit, 'parallel.zero.shard = "node" setup')
+        self.cross_comm = duplicate(ctx, h.cross, limit, 'parallel.zero.shard = "node" setup')
         self.tickets = self.turn = 0
         self.active: list = []
 
@@ -220,8 +220,8 @@ def hybrid_step_bytes(stage: int, group_sizes, nodes: int, per_node: int, node: 
     stage 3) over the node's ``L`` ranks, and the cross-node ring allreduce of this
     rank's chunk over the ``M`` nodes (this rank is number ``node`` there). Stages 2-3
     reduce every micro-batch, stage 3 gathers every micro-batch (as the flat stages:
-    :func:`hpcdp.comm.volume.zero_step_bytes`)."""
-    from hpcdp.comm.volume import ring_bytes
+    :func:`hpcdp.comm.model.volume.zero_step_bytes`)."""
+    from hpcdp.comm.model.volume import ring_bytes
     from hpcdp.shard import shard_range
 
     out = {"intra": [0, 0], "inter": [0, 0]}

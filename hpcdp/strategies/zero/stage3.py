@@ -31,7 +31,7 @@ Prefetch follows the order recorded on the first step (which runs without prefet
 and where every unit moment is agreed across ranks: order.py); ``prefetch = 0``
 gathers each unit only when it is needed. With the Python ring a prefetched gather
 advances only when the code polls it (at the next hook); with the compiled engine
-the progress thread advances it while compute runs (hpcdp.comm.compiled.progress).
+the progress thread advances it while compute runs (hpcdp.comm.engines.compiled.progress).
 ``step_stats`` reports ``gather_s`` (the unit gathers' in-flight time) beside
 ``gather_wait_s`` (the time blocked on them); docs/zero.md.
 """

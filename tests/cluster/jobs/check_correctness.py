@@ -101,7 +101,7 @@ def test_auto_with_a_profile_picks_by_the_model_and_equals_mpi(comm, monkeypatch
     monkeypatch.delenv("HPCDP_RANKS_PER_NODE", raising=False)
     c = comm.Dup()
     from hpcdp.comm.hierarchical import hierarchy
-    from hpcdp.comm.context import get_context
+    from hpcdp.comm.core.context import get_context
     h = hierarchy(get_context(c, 20.0))
     assert (h.nodes, h.per_node) == (len(LAYOUT), LAYOUT[0])
     for i, n in enumerate(SIZES):
@@ -121,7 +121,7 @@ def test_zero_on_few_step_collectives_follows_one_rank(comm, monkeypatch):
     from test_zero import MLP, SMALL, zero
 
     from hpcdp.comm import Ledger
-    from hpcdp.comm.volume import hier_shard_bytes
+    from hpcdp.comm.model.volume import hier_shard_bytes
 
     monkeypatch.delenv("HPCDP_RANKS_PER_NODE", raising=False)
     algos = ["recursive"] + (["hierarchical", "auto"] if EVEN else [])

@@ -1,0 +1,182 @@
+"""Engine selection: which code runs hpcdp's ring, the Python one or the compiled one.
+
+``HPCDP_COMM_ENGINE`` (``compiled``, the default, or ``python``, read when a
+communicator's context is first used) or :func:`set_engine` per communicator. ``compiled`` runs
+the ring collectives (reduce-scatter, all-gather, allreduce) through
+hpcdp.comm.engines.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
+It takes host numpy buffers of native byte order with a built-in op (sum, mean,
+max, min) and a dtype compiled code handles (8- to 64-bit integers, float16,
+float32, float64); any other call (a callable op, long double, a device array) runs on the
+Python ring, as does everything when the MPI library cannot be bound
+(hpcdp.comm.engines.compiled.binding): then one line in the log says why, once per process.
+A 16-bit wire (hpcdp.comm.engines.wire) runs on the Python ring too (its per-segment
+conversion is not in the compiled state machine): one info line, once per process.
+
+:func:`ring_request` is the one hook the collectives call where they used to build
+hpcdp.comm.ring.RingRequest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from hpcdp.comm.core.settings import settings
+from hpcdp.comm.ring import RingRequest
+
+ENGINES = ("python", "compiled")
+_COMPILED_KINDS = frozenset("bBhHiIlLqQefd")
+_OPS = {"sum": 0, "mean": 0, "max": 1, "min": 2}
+log = logging.getLogger("hpcdp.comm")
+
+
+def default_engine() -> str:
+    """``[comm] engine`` (``HPCDP_COMM_ENGINE`` overrides it)."""
+    return settings().engine
+
+
+class CompiledEngine:
+    """The bound MPI, the compiled functions and the progress thread of this process."""
+
+    def __init__(self, binding):
+        from hpcdp.comm.engines.compiled import kernels
+        from hpcdp.comm.engines.compiled.progress import ProgressThread
+
+        from hpcdp.comm.engines.compiled.request import CompiledRingRequest
+
+        self.binding = binding
+        self.request = CompiledRingRequest  # imported once, not per call
+        self.advance = kernels.advance
+        self._sleep = kernels.sleep_us
+        self.progress = ProgressThread(binding.usleep)
+
+    def sleep_us(self, us: int) -> None:
+        """Sleep ``us`` microseconds in compiled code without the GIL (a stand-in for a
+        nogil compute kernel in tests and benchmarks)."""
+        self._sleep(self.binding.usleep, int(us))
+
+    @staticmethod
+    def op_code(op) -> int:
+        return _OPS[op.name]
+
+    @staticmethod
+    def takes(work, src, op) -> bool:
+        """True when this call can run compiled (module docstring)."""
+        if type(work) is not np.ndarray or type(src) is not np.ndarray:
+            return False
+        dt = work.dtype
+        if dt.char not in _COMPILED_KINDS or not dt.isnative:
+            return False
+        return op is None or (op.builtin and op.name in _OPS)
+
+
+_STATE: dict = {"engine": None, "why": None}
+_LOCAL = threading.local()  # .blocking: the request being built is waited on at once
+
+
+def blocking_call(start, *args, **kwargs):
+    """``start(*args, **kwargs)`` (an ``i*`` collective) for a blocking call, which
+    waits on the request at once: a compiled ring is then not handed to the progress
+    thread (waking it per call costs a context switch, and on an oversubscribed
+    machine a time slice)."""
+    _LOCAL.blocking = True
+    try:
+        return start(*args, **kwargs)
+    finally:
+        _LOCAL.blocking = False
+
+
+def compiled_engine():
+    """The process's CompiledEngine, or None (the reason logged once) if MPI cannot
+    be bound."""
+    if _STATE["engine"] is None and _STATE["why"] is None:
+        from hpcdp.comm.engines.compiled.binding import Unbindable, bound
+
+        try:
+            _STATE["engine"] = CompiledEngine(bound())
+        except Unbindable as exc:
+            _STATE["why"] = str(exc)
+            log.warning("hpcdp.comm: the compiled engine cannot bind this MPI (%s); "
+                        "collectives run on the Python ring", exc)
+    return _STATE["engine"]
+
+
+def forget() -> None:
+    """Bind again on next use (tests: after changing what hpcdp.comm.engines.compiled.binding.load
+    sees)."""
+    from hpcdp.comm.engines.compiled import binding
+
+    binding.forget()
+    _STATE["engine"], _STATE["why"] = None, None
+
+
+def engine_name(ctx) -> str:
+    """The engine this communicator's context asked for (``set_engine`` or the env)."""
+    name = ctx.engine
+    if name is None:
+        name = ctx.engine = default_engine()
+    return name
+
+
+def set_engine(comm, name: str) -> None:
+    """Run ``comm``'s ring collectives on ``name`` (``"python"`` or ``"compiled"``);
+    collective: every rank must pick the same (the engines' wire traffic is the same,
+    but the choice should not differ between ranks)."""
+    from hpcdp.comm.core.context import get_context
+
+    if name not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
+    get_context(comm).engine = name
+
+
+def active_engine(comm) -> str:
+    """What ``comm``'s ring collectives run on now: ``compiled`` only if asked for and
+    the MPI library could be bound."""
+    from hpcdp.comm.core.context import get_context
+
+    ctx = get_context(comm)
+    if engine_name(ctx) == "compiled" and compiled_engine() is not None:
+        return "compiled"
+    return "python"
+
+
+def overlap_algorithm(comm, algorithm: str) -> str:
+    """The algorithm for non-blocking collectives that should progress while the
+    caller computes (DDP's gradient buckets): "auto" becomes "ring" when ``comm``'s
+    ring runs on the compiled engine, whose progress thread advances it (MPI's own
+    non-blocking collective, auto's pick below its crossover, moves only when
+    polled); anything else, or "auto" with a machine profile (HPCDP_PROFILE: the cost
+    model picks), is returned as given."""
+    if algorithm != "auto" or settings().profile:
+        return algorithm
+    return "ring" if active_engine(comm) == "compiled" else algorithm
+
+
+def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, segment_bytes,
+                 max_message_bytes=None, result=None, final_out=None, background=True, wire=None):
+    """A ring collective on the context's engine (module docstring). ``final_out``
+    ``(out, off, size)``: an out-of-place reduce-scatter's last step reduces this
+    rank's chunk ``[off, off+size)`` straight into ``out`` (the rest of the chunks pass
+    through a scratch). ``wire``: a 16-bit hpcdp.comm.engines.wire.Wire
+    (the Python ring only)."""
+    if wire is not None and engine_name(ctx) == "compiled" and not _STATE.get("wire_told"):
+        _STATE["wire_told"] = True
+        log.info("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
+                    "collectives run on the Python ring", wire.name)
+    if engine_name(ctx) == "compiled" and wire is None:
+        engine = compiled_engine()
+        if engine is not None and engine.takes(work if work is not None else src, src, op):
+            blocking = getattr(_LOCAL, "blocking", False)
+            return engine.request(
+                ctx, name, call, ledger, timeout, work=work, src=src, op=op, phases=phases,
+                engine=engine, segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+                result=result, final_out=final_out,
+                background=background and engine.binding.multiple and not blocking,
+                defer=blocking)
+    req = RingRequest(ctx, name, call, ledger, timeout, work=work, src=src, op=op,
+                      phases=phases, segment_bytes=segment_bytes,
+                      max_message_bytes=max_message_bytes, result=result, final_out=final_out,
+                      wire=wire)
+    return req
