@@ -290,7 +290,7 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
 
     last_loss, last_eval = float("nan"), None
     pending: list = []  # writer: this rank's part of each step record until the next flush
-    step = None
+    step = notice = None
     try:
         start = ckpt.restore(writer.log if writer_rank else None)
         writer.first_step = start + 1
@@ -349,6 +349,8 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             writer.summary(run_dir=run_dir, checkpoint=ckpt.saved_path,
                            extra=[Path(run_dir) / "sample.txt"] if (Path(run_dir) / "sample.txt").exists() else ())
     except BaseException as e:
+        if notice is not None:  # failed in the first step: no "still compiling" line after the error
+            notice.cancel()
         release(strategy, e, step)  # failing: note the step, drop requests, wait for no peer
         if writer_rank:
             write_failure(writer, pending, gather, e, step)
