@@ -216,5 +216,5 @@ def wait_quiet(limit: float, max_wait: float = 1800.0, poll: float = 10.0) -> No
 
 
 __all__ = ["THREAD_VARS", "THREAD_ENV", "CLEARED_ENV", "LaunchError", "ChildFailed", "find_mpiexec",
-           "launched_rank", "local_ranks", "package_root", "child_env", "hpcdp_command", "train_command", "sets_for_job",
-           "mpiexec_command", "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]
+           "launched_rank", "local_ranks", "package_root", "child_env", "hpcdp_command", "train_command",
+           "sets_for_job", "mpiexec_command", "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]

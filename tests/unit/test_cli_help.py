@@ -63,27 +63,31 @@ def test_print_config_is_the_resolved_config_and_trains_nothing(tmp_path):
 
 def test_ranks_sharing_a_node_get_one_thread_each_said_once(tmp_path):
     """Under mpiexec -n 2 with no thread variable set: every rank runs with one thread per
-    pool, rank 0 says so once; a user's own setting wins; one rank per node is left alone."""
+    pool, rank 0 says so once; a user's own setting wins; one rank per node is left alone.
+    Each rank writes what it got to a file (the ranks' stdout lines interleave)."""
     probe = ("import os, sys; from hpcdp.cli import _one_thread_per_rank_under_a_launcher as f; f(); "
-             "print('VARS', os.environ.get('PMI_RANK'), *[os.environ.get(v) for v in "
-             f"{list(THREAD_VARS)!r}])")
+             "r = os.environ.get('PMI_RANK', '0'); "
+             f"open(os.path.join({str(tmp_path)!r}, sys.argv[1] + '-' + r), 'w').write("
+             f"' '.join(str(os.environ.get(v)) for v in {list(THREAD_VARS)!r}))")
     base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     env = {**base, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-c", probe], env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    import re  # the two ranks' lines reach mpiexec's stdout interleaved: search, not split
-    note = ("hpcdp: 2 ranks share this node: 1 thread(s) per rank (OMP_NUM_THREADS=1 "
-            "OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1; set them to choose)")
-    assert r.stdout.count("ranks share this node") == 1 and note in r.stdout, r.stdout
-    assert sorted(re.findall(r"VARS \d (?:\S+ ){3}\S+", r.stdout)) == ["VARS 0 1 1 1 1", "VARS 1 1 1 1 1"]
-    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-c", probe], capture_output=True, text=True,
-                       env={**env, "OMP_NUM_THREADS": "2"}, timeout=120)
-    vars_ = re.findall(r"VARS \d (\S+) ", r.stdout)
-    assert "OMP_NUM_THREADS=1" not in r.stdout and vars_ == ["2", "2"], r.stdout
-    r = subprocess.run([find_mpiexec(), "-n", "1", sys.executable, "-c", probe], env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert "hpcdp:" not in r.stdout and "VARS 0 None None None None" in r.stdout
+
+    def run(n, name, extra=None):
+        r = subprocess.run([find_mpiexec(), "-n", str(n), sys.executable, "-c", probe, name],
+                           env={**env, **(extra or {})}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        got = [(tmp_path / f"{name}-{k}").read_text() for k in range(n)]
+        return r.stdout, got
+
+    out, got = run(2, "shared")
+    assert out.count("ranks share this node") == 1 and ("hpcdp: 2 ranks share this node: 1 thread(s) per rank "
+                                                        "(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 "
+                                                        "NUMBA_NUM_THREADS=1; set them to choose)") in out, out
+    assert got == ["1 1 1 1", "1 1 1 1"]
+    out, got = run(2, "mine", {"OMP_NUM_THREADS": "2"})
+    assert "OMP_NUM_THREADS=1" not in out and got == ["2 1 1 1", "2 1 1 1"]
+    out, got = run(1, "alone")
+    assert "hpcdp:" not in out and got == ["None None None None"]
 
 
 def test_local_ranks_from_each_launcher(monkeypatch):
