@@ -1,6 +1,7 @@
 """The ``hpcdp`` command: finds the subcommand's module (hpcdp/commands/) and runs it.
 
     hpcdp train [--config FILE.toml] [--set section.key=value ...]
+    hpcdp train --print-config [--config FILE] [--set ...]   the resolved config, every key; no training
     hpcdp bench step [options]          training-step time vs hand-written NumPy / PyTorch
     hpcdp bench collectives [options]   OSU-style table of the collectives (under mpiexec)
     hpcdp bench faults [options]        fault-injection table: how jobs end when a rank fails
@@ -10,12 +11,15 @@
     hpcdp bench startup [options]       launch to first step and to exit, per rank count
     hpcdp bench exact [options]         exact vs fast mode: step time, bytes, loss curves
     hpcdp bench ckpt [options]          checkpoint write/read bandwidth vs dd, save stall
+    hpcdp bench threads [options]       ranks sharing a node: one thread per rank vs node-wide pools
     hpcdp scale --config FILE --ranks 1,2,4   scaling study (launches mpiexec jobs)
     hpcdp data prepare --text PATH... --out corpus.h5   tokenize text for data.kind = "tokens"
+    hpcdp data train-tokenizer --text PATH... --vocab-size V --out tokenizer.json   a byte-level BPE
     hpcdp data info corpus.h5           describe a token corpus
     hpcdp check-exact --config FILE --ranks 1,2,3,4 [--strategies ddp,ps]   exact mode's hashes agree?
     hpcdp ckpt {ls,info,verify,export} ...    inspect, check and export checkpoints
     hpcdp sample --resume DIR|latest [--prompt TEXT]   generate from a checkpoint's GPT (one process)
+    hpcdp plot RUN... [--out plot.png]   loss, throughput, communication time and bytes against step
 
 Bad input (config, data files, a launch without a strategy) prints one error line
 on rank 0, without a traceback, and exits with status 2 on every rank. A failure on
@@ -34,7 +38,9 @@ USAGE_ERROR = 2
 
 def _rank() -> int:
     """This process's MPI rank, without initializing MPI (launcher env, else mpi4py)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+    from hpcdp.launch import RANK_VARS
+
+    for var in RANK_VARS:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     mpi = sys.modules.get("mpi4py.MPI")
@@ -52,7 +58,7 @@ def _user_error(e: BaseException) -> int:
 
 
 # NAME of ``hpcdp NAME``: the module ``hpcdp.commands.<NAME with - as _>`` (its main(argv) -> int)
-COMMANDS = ("train", "bench", "scale", "data", "check-exact", "ckpt", "sample")
+COMMANDS = ("train", "bench", "scale", "data", "check-exact", "ckpt", "sample", "plot")
 
 
 def command_module(name: str) -> str:
@@ -61,16 +67,31 @@ def command_module(name: str) -> str:
 
 
 def _one_thread_per_rank_under_a_launcher() -> None:
-    """Several ranks on one node each start a BLAS/numba thread pool as wide as the
-    node: they then fight for the cores. Under an MPI launcher, default every pool to
-    one thread (before numpy is imported); a user's own setting wins."""
-    from hpcdp.launch import THREAD_VARS
+    """Several ranks on one node each start a BLAS/numba/OpenMP thread pool as wide as
+    the node: they then fight for the cores. When the launcher says that several ranks
+    share this node (or does not say how many), default every pool the user left unset
+    to one thread (SLURM_CPUS_PER_TASK if set), before numpy is imported, as torchrun
+    does, and say so in one line on rank 0. A user's own setting wins; one rank per node
+    keeps the libraries' own defaults (every core)."""
+    from hpcdp.launch import THREAD_VARS, launched_rank, local_ranks
 
+    rank, size = launched_rank()
     launched = any(os.environ.get(v) for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
                                                 "SLURM_STEP_NUM_TASKS"))
-    if launched:
-        for var in THREAD_VARS:
-            os.environ.setdefault(var, os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+    if not launched:
+        return
+    local = local_ranks()
+    if local is None:
+        local = size  # not said: assume the ranks share a node (the safe side)
+    if local <= 1:
+        return
+    threads = os.environ.get("SLURM_CPUS_PER_TASK", "1")
+    unset = [v for v in THREAD_VARS if not os.environ.get(v)]
+    for var in unset:
+        os.environ[var] = threads
+    if unset and rank == 0:
+        print(f"hpcdp: {local} ranks share this node: {threads} thread(s) per rank ("
+              + " ".join(f"{v}={threads}" for v in unset) + "; set them to choose)", flush=True)
 
 
 def main(argv=None) -> int:

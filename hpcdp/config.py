@@ -8,7 +8,8 @@ A config has one table per section (``run``, ``model``, ``data``, ``train``,
 
 Loading: ``load_config(path, overrides)`` reads TOML with :mod:`tomllib`, applies
 ``--set section.key=value`` overrides (the value is parsed as TOML, falling back to a
-plain string) and builds :class:`Config`. Unknown keys are errors. ``dump_toml``
+plain string) and builds :class:`Config`. Unknown keys are errors, and so are keys
+the chosen kind does not read (:mod:`hpcdp.config_applies`). ``dump_toml``
 writes the resolved config back out (a small writer: no extra dependency).
 
 Strategy options are plain typed data in :mod:`hpcdp.config_parallel` (one
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
+from hpcdp.config_applies import check_keys_apply, unread_options
 from hpcdp.config_error import ConfigError
 from hpcdp.config_parallel import PARALLEL_OPTIONS, AllreduceAlgorithm, ZeroAlgorithm, literal_values
 
@@ -75,9 +77,19 @@ class RunConfig:
     device: str = "cpu"
     log_every: int = 10  # print one log line every this many steps (and the last)
     eval_every: int = 0  # evaluate every this many steps; 0: only after the last step
+    metrics_flush_s: float = 5.0  # every rank's figures reach metrics.jsonl at least this often
+    tensorboard: bool = False  # also write TensorBoard events to <run dir>/tensorboard (hpcdp[tensorboard])
+    # metrics.jsonl at scale: above this many ranks a step's record has the spread of each
+    # figure (min/median/max, the slowest rank), and the per-rank lists only every N steps
+    rank_lists_up_to: int = 64
+    rank_lists_every: int = 100
 
     def __post_init__(self):
         s = self.SECTION
+        _range(s, "metrics_flush_s", self.metrics_flush_s, 0.0, lo_open=True)
+        _finite(s, "metrics_flush_s", self.metrics_flush_s)
+        _range(s, "rank_lists_up_to", self.rank_lists_up_to, 1)
+        _range(s, "rank_lists_every", self.rank_lists_every, 1)
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
             raise ConfigError(f"{s}.name: {self.name!r} must be non-empty and use only letters, digits, '.', '_', '-'")
         _range(s, "seed", self.seed, 0, 2**63 - 1)
@@ -90,6 +102,13 @@ class RunConfig:
 @dataclass
 class ModelConfig:
     SECTION: ClassVar[str] = "model"
+    # when a key is read (hpcdp/config_applies.py): a key not listed always is
+    APPLIES: ClassVar[dict] = {
+        **{k: ("model.kind", ("mlp",)) for k in ("sizes", "activation")},
+        **{k: ("model.kind", ("gpt",)) for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd",
+                                                 "tied_head", "dropout", "ignore_index")},
+        "gelu": [("model.kind", ("gpt",)), ("model.activation", ("gelu",))],
+    }
     kind: str = "mlp"
     seed: int = -1  # -1: use run.seed (resolved by Config)
     # mlp
@@ -146,6 +165,20 @@ FILE_KINDS = ("npz", "hdf5", "npy", "tokens")  # data.path names a file (npy: a 
 @dataclass
 class DataConfig:
     SECTION: ClassVar[str] = "data"
+    # when a key is read (hpcdp/config_applies.py): a key not listed always is
+    APPLIES: ClassVar[dict] = {
+        **{k: ("data.kind", FILE_KINDS) for k in ("path", "storage", "prefetch")},
+        **{k: ("data.kind", ("npz", "hdf5", "npy")) for k in ("test_path", "x_key", "y_key")},
+        "allow_external": ("data.kind", ("hdf5",)),
+        "test_fraction": ("data.kind", ("digits", "synthetic_classification", "synthetic_sequence",
+                                        "npz", "hdf5", "npy")),
+        **{k: ("data.kind", ("tokens",)) for k in ("eval_windows", "tokenizer")},
+        "n_samples": ("data.kind", ("synthetic_classification", "synthetic_sequence")),
+        **{k: ("data.kind", ("synthetic_classification",)) for k in ("n_features", "n_classes", "n_latent",
+                                                                     "noise")},
+        **{k: ("data.kind", ("synthetic_sequence",)) for k in ("vocab_size", "seq_len", "markov_order",
+                                                               "concentration")},
+    }
     kind: str = "digits"
     seed: int = -1  # -1: use run.seed (resolved by Config); decides generation and split
     test_fraction: float = 0.2  # share held out for evaluation (unless test_path is set)
@@ -209,6 +242,8 @@ class DataConfig:
 class SampleConfig:
     """Text generated at the end of training on a token corpus (data.kind = "tokens")."""
     SECTION: ClassVar[str] = "sample"
+    # read by a GPT run's end (token corpora) and by hpcdp sample from its checkpoints
+    APPLIES: ClassVar[dict] = {k: ("model.kind", ("gpt",)) for k in ("length", "prompt", "temperature", "top_k")}
     length: int = 200  # tokens to generate; 0: none
     prompt: str = ""  # "" starts from a newline
     temperature: float = 0.8  # 0: greedy (argmax)
@@ -226,6 +261,7 @@ class SampleConfig:
 @dataclass
 class TrainConfig:
     SECTION: ClassVar[str] = "train"
+    APPLIES: ClassVar[dict] = {"exact_micro_batch": ("train.reproducible", ("exact",))}
     steps: int = 0  # optimizer steps; exactly one of steps / epochs is > 0
     epochs: int = 20
     global_batch: int = 64  # samples per optimizer step, summed over all ranks
@@ -328,6 +364,11 @@ def _check_exact_config(cfg) -> None:
 @dataclass
 class OptimConfig:
     SECTION: ClassVar[str] = "optim"
+    APPLIES: ClassVar[dict] = {
+        **{k: ("optim.kind", ("sgd",)) for k in ("momentum", "nesterov")},
+        **{k: ("optim.kind", ("adamw",)) for k in ("betas", "eps")},
+        "min_lr": ("optim.schedule", ("cosine",)),
+    }
     kind: str = "sgd"
     lr: float = 0.1
     momentum: float = 0.9  # sgd
@@ -409,14 +450,8 @@ class ParallelConfig:
     def __post_init__(self):
         if not re.fullmatch(r"[a-z][a-z0-9_]*", self.strategy):
             raise ConfigError(f"parallel.strategy: {self.strategy!r} is not a strategy name")
-        # ZeRO shards over the data-parallel ranks itself; a parameter server is
-        # another strategy, not a layer under it (nor the other way round).
-        for a, b in (("zero", "ps"), ("ps", "zero")):
-            if self.strategy == a and b in self.options:
-                raise ConfigError(
-                    f"parallel.{b}: a [parallel.{b}] table with parallel.strategy = {a!r}: ZeRO "
-                    "partitions the state across the data-parallel ranks and has no parameter "
-                    f"server; remove [parallel.{b}] or set parallel.strategy = {b!r}")
+        # Tables of other strategies (e.g. [parallel.ps] under ZeRO): load_config's
+        # rule (hpcdp/config_applies.py) warns about them, or refuses them from --set.
         # The chosen strategy's options appear in the resolved config even if unset.
         if self.strategy not in self.options:
             cls = parallel_config_class(self.strategy)
@@ -479,6 +514,10 @@ class CheckpointConfig:
     """``[checkpoint]``: sharded HDF5 checkpoints (hpcdp/io/, docs/checkpoints.md).
     On when ``every > 0`` or ``dir`` is set."""
     SECTION: ClassVar[str] = "checkpoint"
+    APPLIES: ClassVar[dict] = {
+        **{k: ("checkpoint.enabled", (True,)) for k in ("keep", "final", "on_signal", "layout", "asynchronous")},
+        "writer": ("checkpoint.asynchronous", (True,)),
+    }
     dir: str = ""            # folder of step-* checkpoints; "": <run dir>/checkpoints
     every: int = 0           # save every K optimizer steps (0: not periodically)
     keep: int = 0            # keep the L newest complete checkpoints (0: all)
@@ -521,6 +560,8 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self):
+        self.warnings: list[str] = []  # load_config's lines about keys not read (config_applies)
+        self.unread_options: list[str] = []  # strategy options given but not read (load_config)
         # Seeds left at -1 follow run.seed, so one number reproduces a run.
         if self.model.seed < 0:
             self.model.seed = self.run.seed
@@ -688,8 +729,15 @@ def apply_overrides(raw: dict, overrides) -> dict:
     return raw
 
 
-def load_config(path: str | Path | None = None, overrides=()) -> Config:
+def load_config(path: str | Path | None = None, overrides=(), *, shared_options: bool = False) -> Config:
     """Read ``path`` (TOML; None: the built-in default job), apply overrides.
+
+    Keys the run does not read are refused (:mod:`hpcdp.config_applies`); strategy
+    options of the file it does not read are named in ``cfg.warnings``.
+    ``shared_options``: the overrides may carry options of several strategies (a
+    study's or a check's common ``--set``, for whichever strategy each job runs): the
+    strategy options among them that this run does not read are treated as the file's,
+    and ``cfg.unread_options`` lists them (hpcdp.launch.sets_for_job drops them).
 
     The built-in default job is the digits MLP under DDP: on one rank DDP moves no
     bytes, so ``hpcdp train`` and ``mpiexec -n 4 hpcdp train`` train the same model
@@ -707,7 +755,13 @@ def load_config(path: str | Path | None = None, overrides=()) -> Config:
             raw = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML: {e}") from None
-    return config_from_dict(apply_overrides(raw, overrides))
+    raw = apply_overrides(raw, overrides)
+    cfg = config_from_dict(raw)
+    # keys the run does not read: an error, or one warning line for strategy options of the file
+    set_keys = [".".join(parse_override(t)[0]) for t in overrides or ()]
+    cfg.warnings = check_keys_apply(cfg, raw, set_keys, set_keys if shared_options else ())
+    cfg.unread_options = [path for path, _ in unread_options(cfg, raw, set_keys)]
+    return cfg
 
 
 # ---------------------------------------------------------------------------

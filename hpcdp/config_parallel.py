@@ -8,7 +8,9 @@ the allowed values); ``__post_init__`` checks what a type cannot say.
 
 Adding a strategy's options: write its dataclass here and add it to
 :data:`PARALLEL_OPTIONS` (a strategy outside hpcdp may use
-:func:`hpcdp.config.register_parallel_config` instead).
+:func:`hpcdp.config.register_parallel_config` instead). Options read only in some
+settings say when in ``APPLIES`` (and tables of other strategies the strategy also
+reads in ``ALSO_READS``): :mod:`hpcdp.config_applies` refuses the others.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def _check_comm_dtype(s: str, comm_dtype, algorithm) -> None:
 @dataclass(kw_only=True)
 class DDPConfig:
     """``[parallel.ddp]``: replicas, gradients summed by allreduce (docs/ddp.md)."""
+
+    # when a key is read (hpcdp/config_applies.py): a key not listed always is
+    APPLIES: ClassVar[dict] = {"bucket_mb": ("parallel.ddp.bucketing", ("size",))}
 
     bucket_mb: float = 25.0
     """MiB per gradient bucket (like the common frameworks)."""
@@ -131,6 +136,8 @@ def check_stale_lr(value, *, key: str = "parallel.ps.stale_lr") -> str:
 class PSConfig:
     """``[parallel.ps]``: parameter server (docs/parameter-server.md)."""
 
+    APPLIES: ClassVar[dict] = {k: ("parallel.ps.mode", ("async",)) for k in ("staleness", "stale_lr")}
+
     servers: int = 1
     """S: the flat buffer's key space is split over S servers (shard rule)."""
     colocated: bool = True
@@ -184,6 +191,9 @@ measured crossovers). docs/zero.md, "Which collective"."""
 class ZeroConfig:
     """``[parallel.zero]``: ZeRO stages 1-3, state partitioned across the data-parallel
     ranks (docs/zero.md)."""
+
+    APPLIES: ClassVar[dict] = {"prefetch": ("parallel.zero.stage", (3,)),
+                               "bucket_mb": ("parallel.zero.stage", (1, 2))}
 
     stage: Literal[1, 2, 3] = 1
     """1: optimizer state sharded; 2: also gradients; 3: also parameters."""

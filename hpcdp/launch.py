@@ -45,6 +45,41 @@ class ChildFailed(RuntimeError):
     """A child job failed or timed out; the message holds its command and output's tail."""
 
 
+RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE")
+
+
+def launched_rank() -> tuple[int, int]:
+    """``(rank, ranks)`` of this process as its launcher (mpiexec, srun) says, without
+    initializing MPI; ``(0, 1)`` when not launched."""
+    def first(names):
+        for var in names:
+            if os.environ.get(var, "").isdigit():
+                return int(os.environ[var])
+        return None
+    return first(RANK_VARS) or 0, first(SIZE_VARS) or 1
+
+
+def local_ranks() -> int | None:
+    """How many ranks of this launch share this node, from the launcher's environment
+    (MPICH's hydra, Open MPI, PMIx, Slurm's srun), without MPI; None when it does not say."""
+    for var in LOCAL_SIZE_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if per_node:  # e.g. "2(x3),1": tasks of node 0, 1, 2, 3
+        counts = []
+        for part in per_node.split(","):
+            n, _, rep = part.partition("(x")
+            if not n.isdigit():
+                return None
+            counts += [int(n)] * (int(rep.rstrip(")")) if rep.rstrip(")").isdigit() else 1)
+        node = os.environ.get("SLURM_NODEID", "0")
+        return counts[int(node)] if node.isdigit() and int(node) < len(counts) else max(counts)
+    return None
+
+
 def find_mpiexec(what: str = "hpcdp") -> str:
     """mpiexec next to this Python first (the venv's MPI matches its mpi4py), then PATH
     (``mpiexec``, then ``mpirun``). ``what`` names the command in the error."""
@@ -78,12 +113,31 @@ def hpcdp_command(module: str = "hpcdp.cli") -> list[str]:
     return [sys.executable, "-m", module]
 
 
+def sets_for_job(config, sets) -> list[str]:
+    """``sets`` less the strategy options the job does not read: a study or check runs
+    several strategies with one list of ``--set`` overrides (the user's, for whichever
+    strategy reads them, and its own, e.g. DDP's bucketing variants), and ``hpcdp train``
+    refuses an option given by ``--set`` that its strategy does not read
+    (hpcdp.config_applies). A config that does not load is left to the job to report."""
+    from hpcdp.config import load_config
+    from hpcdp.config_error import ConfigError
+    from hpcdp.config import parse_override
+
+    sets = list(sets)
+    try:
+        unread = set(load_config(config, sets, shared_options=True).unread_options)
+    except (ConfigError, OSError):
+        return sets
+    return [s for s in sets if ".".join(parse_override(s)[0]) not in unread]
+
+
 def train_command(config=None, sets=(), resume: str | None = None, module: str = "hpcdp.cli") -> list[str]:
-    """``python -m hpcdp.cli train [--config C] [--set S ...] [--resume R]``."""
+    """``python -m hpcdp.cli train [--config C] [--set S ...] [--resume R]``; strategy
+    options in ``sets`` that the job does not read are left out (:func:`sets_for_job`)."""
     cmd = hpcdp_command(module) + ["train"]
     if config:
         cmd += ["--config", str(config)]
-    for s in sets:
+    for s in sets_for_job(config, sets):
         cmd += ["--set", s]
     if resume:
         cmd += ["--resume", resume]
@@ -110,12 +164,16 @@ def run_child(cmd: list, what: str, timeout: float, env: dict | None = None,
 
 
 def launch_train(n: int, config, sets, run_dir: Path, *, timeout: float, resume: str | None = None,
-                 clear_env=(), echo: bool = True, what: str = "job") -> subprocess.CompletedProcess:
+                 clear_env=(), echo: bool = True, what: str = "job",
+                 replace: bool = False) -> subprocess.CompletedProcess:
     """``mpiexec -n n hpcdp train`` in a fresh ``run_dir`` (``run.out_dir``), one thread per
     rank, the children importing this hpcdp; ``clear_env``: variables unset for the job.
-    A failure or timeout is a :class:`ChildFailed` with the output's tail."""
+    An existing ``run_dir`` is a :class:`LaunchError` unless ``replace`` (then it is
+    deleted first). A failure or timeout is a :class:`ChildFailed` with the output's tail."""
     run_dir = Path(run_dir)
     if run_dir.exists():
+        if not replace:
+            raise LaunchError(f"{run_dir} already exists: it holds an earlier job's results")
         shutil.rmtree(run_dir)
     cmd = mpiexec_command(n) + train_command(config, [f'run.out_dir="{run_dir}"', *sets], resume)
     if echo:
@@ -158,5 +216,5 @@ def wait_quiet(limit: float, max_wait: float = 1800.0, poll: float = 10.0) -> No
 
 
 __all__ = ["THREAD_VARS", "THREAD_ENV", "CLEARED_ENV", "LaunchError", "ChildFailed", "find_mpiexec",
-           "package_root", "child_env", "hpcdp_command", "train_command", "mpiexec_command",
-           "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]
+           "launched_rank", "local_ranks", "package_root", "child_env", "hpcdp_command", "train_command",
+           "sets_for_job", "mpiexec_command", "run_child", "launch_train", "parse_ranks", "loadavg", "wait_quiet"]

@@ -39,8 +39,17 @@ def new_run_dir(run_cfg, root: str | Path = "runs") -> str:
         path.mkdir(parents=True, exist_ok=True)
         _claim_metrics(path)
         return str(path)
+    path = new_stamped_dir(Path(root) / run_cfg.name, "run.name", "or set run.out_dir")
+    _claim_metrics(path)
+    return str(path)
+
+
+def new_stamped_dir(prefix: Path, what: str = "the folder", hint: str = "") -> Path:
+    """Create ``<prefix>-<YYYYmmdd-HHMMSS>`` (then ``-2``, ``-3``...) with an atomic
+    ``mkdir`` and return it: a folder no other run or tool shares (also a tool's, e.g.
+    ``hpcdp check-exact``'s jobs)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{run_cfg.name}-{stamp}"
+    base = Path(f"{prefix}-{stamp}")
     base.parent.mkdir(parents=True, exist_ok=True)
     for k in range(1, MAX_SUFFIX + 1):
         path = base if k == 1 else Path(f"{base}-{k}")
@@ -48,10 +57,9 @@ def new_run_dir(run_cfg, root: str | Path = "runs") -> str:
             path.mkdir()
         except FileExistsError:
             continue
-        _claim_metrics(path)
-        return str(path)
-    raise ConfigError(f"run.name: {MAX_SUFFIX} runs named {base.name!r} already exist in "
-                      f"{base.parent}; choose another run.name or set run.out_dir")
+        return path
+    raise ConfigError(f"{what}: {MAX_SUFFIX} folders named {base.name!r} already exist in "
+                      f"{base.parent}; choose another name {hint}".rstrip())
 
 
-__all__ = ["new_run_dir"]
+__all__ = ["new_run_dir", "new_stamped_dir"]

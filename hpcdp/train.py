@@ -30,7 +30,7 @@ from hpcdp.data.batches import BatchSource, read_pairs
 from hpcdp.exact.digest import weights_sha256
 from hpcdp.generate import sample_at_end
 from hpcdp.io.checkpointer import Checkpointer
-from hpcdp.metrics import MetricsWriter, StepGather
+from hpcdp.metrics import FirstStepNotice, MetricsWriter, StepGather
 from hpcdp.optim import build_optimizer, lr_at
 from hpcdp.rundir import new_run_dir
 from hpcdp.shard import shard_range
@@ -170,6 +170,9 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             be = get_backend(cfg.run.device)
         except (RuntimeError, ImportError) as e:  # e.g. no GPU on this node
             raise ConfigError(f"run.device = {cfg.run.device!r}: {e}") from None
+        if cfg.run.tensorboard:
+            from hpcdp.tb_events import check_available
+            check_available()  # run.tensorboard without tensorboardX: one line, every rank
         ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype, comm=world.comm,
                           timeout=setup_s, block_size=cfg.model.block_size)
         check_model_fits_data(cfg.model, ds)
@@ -201,6 +204,9 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
                               f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
         agreed.fingerprint = schedule_text(ds, total, batches.batches_per_epoch)  # same data everywhere
+        if resume and world.rank == 0:  # a checkpoint of another model: one line, status 2, no run dir
+            from hpcdp.io.checkpointer import check_resume_target
+            check_resume_target(resume, cfg, flat, optimizer, batches.sampler)
 
     # The run directory: named on world rank 0, known to every rank.
     def make_run_dir():
@@ -239,13 +245,15 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         return {"run_dir": run_dir, "role": "server", "checkpoint": str(ckpt.saved_path or "") or None}
 
     writer_rank = comm.Get_rank() == 0
-    gather = StepGather(comm, timeout=cfg.comm.timeout)
-    writer = MetricsWriter(Path(run_dir) / "metrics.jsonl" if writer_rank else None,
-                           total, cfg.run.log_every, out=out)
+    # every rank's figures reach metrics.jsonl at least every few seconds (hpcdp.metrics)
+    gather = StepGather(comm, timeout=cfg.comm.timeout, flush_every_s=cfg.run.metrics_flush_s)
+    writer = open_metrics(cfg, run_dir if writer_rank else None, total, ds, out)
     floor = ds.info.get("loss_floor")
     uniform = math.log(ds.n_classes)  # the loss of predicting every class (token) alike
     if writer_rank:
         writer.log(f"run dir: {run_dir}")
+        for line in getattr(cfg, "warnings", ()):  # config keys this run does not read (config_applies)
+            writer.log(line)
         writer.log(f"data: {ds.describe()}" + (f"; loss floor (exact conditional entropy) "
                                                f"{floor:.4f} nats, a uniform guess {uniform:.4f}"
                                                if floor is not None else ""))
@@ -285,9 +293,11 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
 
     last_loss, last_eval = float("nan"), None
     pending: list = []  # writer: this rank's part of each step record until the next flush
-    step = None
+    step = notice = None
     try:
         start = ckpt.restore(writer.log if writer_rank else None)
+        writer.first_step = start + 1
+        notice = FirstStepNotice(writer.log) if writer_rank and start + 1 <= total else None
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
             lr = lr_at(cfg.optim, step, total)
@@ -304,6 +314,9 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
             stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
             dt = time.perf_counter() - t0
+            if notice is not None:  # the first step is over: no "still compiling" line
+                notice.cancel()
+                notice = None
             gather.add(loss_part, batch.n_local, dt, {**stats, "data_wait_s": batch.wait_s})
             if writer_rank:
                 epoch, _ = batches.position(step - 1)
@@ -311,7 +324,8 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                                 "samples_per_s": global_n / dt, "step_time_s": dt})
             stop = ckpt.after_step(step)  # saves when due; True on SIGTERM/SIGUSR1 (saved)
             evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
-            if step == start + 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop:
+            if (step == start + 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop
+                    or gather.due()):  # due: every few seconds, or a full block (hpcdp.metrics)
                 # Every rank flushes after the same steps; only the writer waits.
                 for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
                     last_loss = loss_sum
@@ -332,10 +346,17 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         if not ckpt.stopped_by:  # stopped by a signal: saved, exit now
             last_eval = run_eval(total)
             sample_at_end(model, ds, cfg.sample, writer if writer_rank else None, run_dir)
-        gather.finish()
+        gather.close()
         strategy.close()  # idempotent; frees the strategy's communicator and hooks
+        if writer_rank:
+            writer.summary(run_dir=run_dir, checkpoint=ckpt.saved_path,
+                           extra=[Path(run_dir) / "sample.txt"] if (Path(run_dir) / "sample.txt").exists() else ())
     except BaseException as e:
+        if notice is not None:  # failed in the first step: no "still compiling" line after the error
+            notice.cancel()
         release(strategy, e, step)  # failing: note the step, drop requests, wait for no peer
+        if writer_rank:
+            write_failure(writer, pending, gather, e, step)
         raise
     finally:
         batches.close()
@@ -347,6 +368,31 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             comm.Free()
     return {"run_dir": run_dir, "steps": total, "loss": last_loss, "eval": last_eval,
             "stopped_by": ckpt.stopped_by, "checkpoint": str(ckpt.saved_path) if ckpt.saved_path else None}
+
+
+def open_metrics(cfg, run_dir, total: int, ds, out) -> MetricsWriter:
+    """The writer of metrics.jsonl, train.log (timestamped log lines) and, with
+    ``run.tensorboard``, TensorBoard events; ``run_dir`` None: a rank that writes nothing."""
+    events = None
+    if run_dir is not None and cfg.run.tensorboard:
+        from hpcdp.tb_events import TensorBoardEvents
+        events = TensorBoardEvents(Path(run_dir) / "tensorboard")
+    return MetricsWriter(Path(run_dir) / "metrics.jsonl" if run_dir is not None else None, total,
+                         cfg.run.log_every, out=out,
+                         log_path=Path(run_dir) / "train.log" if run_dir is not None else None,
+                         tokens_per_sample=cfg.model.block_size if ds.task == "sequence" else None,
+                         rank_lists=(cfg.run.rank_lists_up_to, cfg.run.rank_lists_every), events=events)
+
+
+def write_failure(writer, pending: list, gather, e: BaseException, step) -> None:
+    """The writer rank is failing: its steps not yet gathered go to metrics.jsonl (this
+    rank's figures), and the cause to train.log; never raises over the failure."""
+    try:
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        writer.unflushed(pending, gather.own_rows(), why)
+        writer.note(f"failed at step {step}: {why}")
+    except Exception:  # noqa: BLE001 - the failure being reported matters more
+        pass
 
 
 def progress(loss: float, uniform: float, floor: float) -> str:

@@ -99,7 +99,8 @@ def _parser():
                    help="rounds, >= 1; each round times every algorithm in turn, the table shows "
                         "the median round (robust to other jobs on a shared machine)")
     p.add_argument("--engine", default=None, choices=("python", "compiled"),
-                   help="the ring's engine (default: HPCDP_COMM_ENGINE, else python)")
+                   help="the ring's engine (default: HPCDP_COMM_ENGINE, else compiled wherever mpi4py's MPI "
+                        "library can be bound, else python)")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
     return p
 

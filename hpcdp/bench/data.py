@@ -152,8 +152,9 @@ def _wait_fraction(folder: Path, job: list[str], ranks: int, prefetch: bool, nam
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    # step records with every rank's lists (above run.rank_lists_up_to ranks: every K steps)
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-             if "eval" not in r and r["step"] > 1]
+             if r.get("step", 0) > 1 and "ranks" in r]
     wait = np.array([s["ranks"]["data_wait_s"] for s in steps])      # (steps, ranks)
     step = np.array([s["ranks"]["step_time_s"] for s in steps])
     return {"case": name, "ranks": ranks, "prefetch": prefetch, "steps": len(steps) + 1,

@@ -182,7 +182,8 @@ def run_curves(args) -> dict:
     curves = {}
     for name, sets in (("fast", []), ("exact", ['train.reproducible="exact"', f"train.exact_micro_batch={gb // 2}"])):
         run_dir = Path(args.out) / f"curve-{name}"
-        launch_train(2, cfg, base + sets, run_dir, timeout=args.timeout, clear_env=CLEARED_ENV, echo=False)
+        launch_train(2, cfg, base + sets, run_dir, timeout=args.timeout, clear_env=CLEARED_ENV, echo=False,
+                     replace=True)  # the benchmark's own scratch runs, rerun each time
         recs = [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines()]
         curves[name] = {"train": [(r["step"], r["loss"]) for r in recs if "loss" in r and "step" in r],
                         "eval": [(r["eval"]["step"], r["eval"]["loss"]) for r in recs if "eval" in r],

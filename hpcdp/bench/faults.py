@@ -208,10 +208,11 @@ class Result:
 
 
 def _sections(sc: Scenario, marker: str, run_dir: Path, workdir: Path):
-    common = TINY + STRATEGY[sc.strategy] + [f"train.steps={sc.steps}", f"comm.timeout={sc.timeout}",
+    data = TINY
+    if sc.data_on is not None:  # a file of 512 x 16 samples instead (no synthetic keys: they are not read)
+        data = ["data.kind=npz", "data.path=data.npz"] + [s for s in TINY if not s.startswith("data.")]
+    common = data + STRATEGY[sc.strategy] + [f"train.steps={sc.steps}", f"comm.timeout={sc.timeout}",
                                              f"run.name={marker}", f'run.out_dir="{run_dir}"'] + sc.sets
-    if sc.data_on is not None:
-        common += ["data.kind=npz", "data.path=data.npz"]
     per_rank = sc.rank_sets or sc.data_on is not None
     if not per_rank:
         return [(sc.ranks, common, None)]

@@ -12,6 +12,11 @@ hash at each eval step; the verdict line says whether every job's every hash equ
 the first job's. Exit status: 0 all equal, 1 some differ (the odd ones are marked),
 2 bad input or a job that failed.
 
+Each check's jobs go into a folder of their own: ``runs/check-exact-<date>-<time>``,
+or ``--out DIR``. An earlier check's results in ``--out`` are never deleted silently:
+the check refuses to start (status 2) unless ``--replace`` is given, and then names
+what it deletes.
+
 ``--restart-at K --restart-ranks Q``: for each strategy, the job on the largest
 rank count P of ``--ranks`` also saves a checkpoint after step K
 (``checkpoint.every = K``); a further job resumes it on Q ranks (``hpcdp train
@@ -60,11 +65,33 @@ def _hashes(run_dir: Path) -> list[tuple[int, str]]:
 
 def _launch(args, n: int, sets: list[str], run_dir: Path, resume: str | None = None) -> list[tuple[int, str]]:
     launch_train(n, args.config, ['train.reproducible="exact"'] + sets, run_dir,
-                 timeout=args.timeout, resume=resume)
+                 timeout=args.timeout, resume=resume)  # a folder jobs_folder made free
     found = _hashes(run_dir)
     if not found:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has no weights_sha256 (an hpcdp older than exact mode?)")
     return found
+
+
+def jobs_folder(out, names: list[str], *, replace: bool) -> Path:
+    """The folder of this check's jobs: a new ``runs/check-exact-<stamp>`` when ``out`` is
+    None; else ``out``, where the job folders ``names`` of an earlier check are refused
+    (one line, status 2) unless ``replace``, which deletes them and says so."""
+    from hpcdp.rundir import new_stamped_dir
+
+    if out is None:
+        path = new_stamped_dir(Path("runs") / "check-exact", "--out")
+        print(f"jobs in {path}", flush=True)
+        return path
+    path = Path(out)
+    earlier = [n for n in names if (path / n).exists()]
+    if earlier and not replace:
+        raise ValueError(f"--out {path}: it holds an earlier check's results ({', '.join(earlier)}); "
+                         "choose another --out (or none: a new folder), or add --replace to delete them")
+    for n in earlier:
+        print(f"--replace: deleting {path / n}", flush=True)
+        shutil.rmtree(path / n)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def format_table(rows: list[dict]) -> tuple[str, bool]:
@@ -97,7 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-at", type=int, default=0, metavar="K",
                    help="also save at step K on the largest rank count and resume elsewhere")
     p.add_argument("--restart-ranks", type=int, default=0, metavar="Q", help="ranks of the resumed job")
-    p.add_argument("--out", default="runs/check-exact", help="folder of the jobs' run directories")
+    p.add_argument("--out", default=None, help="folder of the jobs' run directories (default: a new "
+                   "runs/check-exact-<date>-<time>); one that holds an earlier check's results needs --replace")
+    p.add_argument("--replace", action="store_true",
+                   help="delete the earlier results in --out that this check's jobs would write over")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     return p
 
@@ -116,7 +146,8 @@ def run(args) -> int:
                          f"got {args.restart_at} and {args.restart_ranks}")
     # Check the config once here, so bad input is one clear error, not N failed jobs.
     from hpcdp.config import load_config
-    cfg = load_config(args.config, common + ['train.reproducible="exact"'] + sets[names[0]])
+    cfg = load_config(args.config, common + ['train.reproducible="exact"'] + sets[names[0]],
+                      shared_options=True)
     if cfg.train.exact_micro_chosen:  # unset: one micro-batch size that every rank count holds
         from hpcdp.config import choose_micro_batch
         micro = choose_micro_batch(cfg.train.global_batch, ranks + [args.restart_ranks] * bool(args.restart_ranks))
@@ -127,8 +158,10 @@ def run(args) -> int:
         raise ValueError(f"--restart-at {args.restart_at}: save before the last step "
                          f"(train.steps = {cfg.train.steps}), e.g. --restart-at {cfg.train.steps // 2}")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = jobs_folder(args.out, [f"{name}-n{n}" for name in names for n in ranks]
+                      + [f"{name}-restart" for name in names if args.restart_at]
+                      + [f"{name}-n{max(ranks)}-checkpoints" for name in names if args.restart_at],
+                      replace=args.replace)
     big = max(ranks)
     if args.restart_at and any(big < MIN_RANKS.get(name, 1) for name in names):
         raise ValueError("--restart-at: the largest rank count is too small for a strategy in --strategies")
@@ -141,8 +174,6 @@ def run(args) -> int:
             extra = []
             ckdir = out / f"{name}-n{n}-checkpoints"
             if args.restart_at and n == big:
-                if ckdir.exists():
-                    shutil.rmtree(ckdir)
                 extra = [f"checkpoint.every={args.restart_at}", f'checkpoint.dir="{ckdir}"',
                          "checkpoint.final=false"]
             rows.append({"label": f"{name} x{n}",

@@ -2,7 +2,7 @@
 
     hpcdp ckpt ls DIR                    checkpoints in DIR (a checkpoints folder or a run dir)
     hpcdp ckpt info CKPT [--config]      run state, tensors and where each piece lives
-    hpcdp ckpt verify PATH...            every checksum of every checkpoint named
+    hpcdp ckpt verify PATH...            every checksum (XXH3-128; format 1: SHA-256) of every checkpoint named
     hpcdp ckpt export CKPT OUT [--optimizer]   weights to one plain .h5 or .npz file
     hpcdp ckpt export CKPT OUT --format safetensors|hf-gpt2   for other tools (hpcdp/io/interop/export.py)
 
@@ -98,19 +98,22 @@ def cmd_verify(args) -> int:
 def cmd_export(args) -> int:
     from hpcdp.io.interop.export import export_any
 
-    print(export_any(args.ckpt, args.out, args.format, optimizer=args.optimizer))
+    print(export_any(args.ckpt, args.out, args.format, optimizer=args.optimizer, force=args.force))
     return OK
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hpcdp ckpt", description="Inspect hpcdp checkpoints.")
+    p = argparse.ArgumentParser(prog="hpcdp ckpt", description="Inspect, verify and export hpcdp checkpoints "
+                                "(block checksums: XXH3-128 in format 2, SHA-256 in format 1; the weights' "
+                                "digest printed by info is a SHA-256 of the weights).")
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("ls", help="list the checkpoints in a folder or run directory")
     q.add_argument("dir")
     q = sub.add_parser("info", help="run state, tensors and where each piece lives")
     q.add_argument("ckpt")
     q.add_argument("--config", action="store_true", help="also print the resolved config")
-    q = sub.add_parser("verify", help="check every SHA-256 (exit 0 sound, 1 corrupt, 2 not a checkpoint)")
+    q = sub.add_parser("verify", help="check every block checksum: XXH3-128 (format 2) or SHA-256 (format 1); "
+                                      "exit 0 sound, 1 corrupt, 2 not a checkpoint")
     q.add_argument("paths", nargs="+")
     q = sub.add_parser("export", help="weights to one .h5, .npz or .safetensors file, or a transformers folder")
     q.add_argument("ckpt")
@@ -119,6 +122,8 @@ def main(argv=None) -> int:
     q.add_argument("--format", choices=FORMATS,
                    help="default: from OUT's suffix; hf-gpt2: a folder GPT2LMHeadModel.from_pretrained loads")
     q.add_argument("--optimizer", action="store_true", help="also export the optimizer state")
+    q.add_argument("--force", action="store_true",
+                   help="hf-gpt2: replace OUT even if it is a folder that is not an earlier export")
     args = p.parse_args(argv)
     try:
         return {"ls": cmd_ls, "info": cmd_info, "verify": cmd_verify, "export": cmd_export}[args.cmd](args)

@@ -33,7 +33,8 @@ def _prepare(argv) -> int:
     p.add_argument("--tokenizer", default="byte", metavar="byte|char|FILE.json",
                    help="byte: 256 byte values (default, any file); char: the corpus's characters (UTF-8); "
                    "a Hugging Face tokenizer.json (hpcdp[tokenizer]; hpcdp data train-tokenizer makes one)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens held out for validation")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of tokens held out for validation (whole files while they fit, then the end of one)")
     p.add_argument("--seed", type=int, default=0, help="seed of the file split")
     args = p.parse_args(argv)
     texts, pattern, exclude = list(args.text), args.glob, list(args.exclude)
@@ -50,7 +51,9 @@ def _prepare(argv) -> int:
     print(f"wrote {s['out']}: {s['files']} file(s)"
           + (f" ({s['empty_files']} empty one(s) left out: no tokens)" if s["empty_files"] else "")
           + f", {s['tokenizer']} tokenizer, vocabulary {s['vocab_size']}, "
-          f"{s['train_tokens']:,} train / {s['val_tokens']:,} val tokens in {s['seconds']:.1f} s\n"
+          f"{s['train_tokens']:,} train / {s['val_tokens']:,} val tokens "
+          f"({100 * s['val_tokens'] / max(s['train_tokens'] + s['val_tokens'], 1):.1f}% val"
+          + (", one file cut between the splits" if s["cut_files"] else "") + f") in {s['seconds']:.1f} s\n"
           f"train on it: hpcdp train --set data.kind=tokens --set data.path={s['out']} "
           f"--set model.kind=gpt --set model.vocab_size={s['vocab_size']} ...", flush=True)
     return 0

@@ -107,6 +107,14 @@ def generate_from(cfg, model) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from hpcdp.launch import launched_rank
+
+    rank, size = launched_rank()
+    if rank > 0:  # under mpiexec: one process generates (rank 0), the others print nothing
+        return 0
+    if size > 1:
+        print(f"hpcdp sample: runs in one process; launched on {size} ranks, rank 0 generates alone "
+              "(no mpiexec needed)", file=sys.stderr, flush=True)
     from hpcdp.config import load_config
     from hpcdp.io.restore.weights import model_from_checkpoint
 

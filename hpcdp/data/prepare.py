@@ -16,10 +16,11 @@ Format (HDF5, readable with plain h5py; version 1, or 2 with a tokenizer.json)::
 
 Token arrays are stored contiguously without filters, so a reader fetches a window
 with one ``pread`` (:mod:`.arrays`). Files are read in sorted path order. The split
-is by whole files (no file is cut in two, so validation text is unseen): the files
-are shuffled with ``seed`` and taken into validation until it holds
-``val_fraction`` of the tokens; each split keeps sorted path order. A single file
-is cut instead: its last ``val_fraction`` of tokens are the validation split.
+holds exactly ``val_fraction`` of the tokens (rounded to a token): the files are
+shuffled with ``seed`` and taken into validation whole while they fit; the first one
+that does not fit is cut in two, its last tokens (as many as are missing) going to
+validation and the rest to training, so at most one file is in both splits (a single
+file: its last ``val_fraction`` of tokens). Each split keeps sorted path order.
 
 The corpus is written to a temporary file beside ``out`` and renamed into place
 at the end: an interrupted run leaves no half-written corpus.
@@ -76,18 +77,26 @@ def _skip(name: str, exclude) -> bool:
     return name.startswith(".") or any(fnmatch.fnmatch(name, pat) for pat in exclude)
 
 
-def _split_files(lengths: list[int], val_fraction: float, seed: int) -> np.ndarray:
-    """Boolean mask: which files go to validation (see the module docstring)."""
-    val = np.zeros(len(lengths), dtype=bool)
-    if val_fraction <= 0 or len(lengths) < 2:
-        return val
-    target, total = val_fraction * sum(lengths), 0
+def split_plan(lengths: list[int], val_fraction: float, seed: int) -> list[tuple[int, int, int, bool]]:
+    """``(file, first token, end token, in validation)`` pieces in sorted file order (see
+    the module docstring): validation gets exactly ``total - int(total * (1 -
+    val_fraction))`` tokens, whole shuffled files while they fit, then the end of one."""
+    total = sum(lengths)
+    need = total - int(total * (1 - val_fraction)) if val_fraction > 0 else 0
+    val_part = [0] * len(lengths)  # tokens of each file's end that go to validation
     for i in np.random.default_rng([seed, 0x7A1]).permutation(len(lengths)):
-        if total >= target or val.sum() == len(lengths) - 1:
+        if need <= 0:
             break
-        val[i] = True
-        total += lengths[i]
-    return val
+        val_part[i] = min(lengths[i], need)
+        need -= val_part[i]
+    pieces = []
+    for i, n in enumerate(lengths):
+        cut = n - val_part[i]
+        if cut > 0:
+            pieces.append((i, 0, cut, False))
+        if val_part[i]:
+            pieces.append((i, cut, n, True))
+    return pieces
 
 
 def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
@@ -129,9 +138,7 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
     encoded = {j: encoded[i] for j, i in enumerate(keep) if i in encoded}
     if not files:
         raise DataError("--text: every file is empty")
-    val = _split_files(lengths, val_fraction, seed)
-    one_file_cut = len(files) == 1 and val_fraction > 0
-    n_cut = int(lengths[0] * (1 - val_fraction)) if one_file_cut else 0
+    plan = split_plan(lengths, val_fraction, seed)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -146,21 +153,17 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
                                 "tokenizer_source": Path(tokenizer).name})
                 f.create_dataset("tokenizer_json", data=tok.json, dtype=h5py.string_dtype())
             for split, is_val in (("train", False), ("val", True)):
-                if one_file_cut:
-                    idx, n_tok = [0], (lengths[0] - n_cut if is_val else n_cut)
-                else:
-                    idx = [i for i in range(len(files)) if bool(val[i]) == is_val]
-                    n_tok = sum(lengths[i] for i in idx)
+                idx = [(i, lo, hi) for i, lo, hi, v in plan if v == is_val]
+                n_tok = sum(hi - lo for _, lo, hi in idx)
                 ds = f.create_dataset(f"{split}/tokens", shape=(n_tok,), dtype=tok.token_dtype())
                 starts, names, pos = [], [], 0
-                for i in idx:
+                for i, lo, hi in idx:
                     path, name = files[i]
                     ids = (encoded[i] if i in encoded else tok.encode_bytes(path.read_bytes(), name)
                            if tokenizer == "byte" else tok.encode(_read_utf8(path, name), name))
-                    if one_file_cut:
-                        ids = ids[n_cut:] if is_val else ids[:n_cut]
-                    if len(ids) != (n_tok if one_file_cut else lengths[i]):
+                    if len(ids) != lengths[i]:
                         raise DataError(f"--text: {name} changed while it was being read; run again")
+                    ids = ids[lo:hi]
                     ds[pos:pos + len(ids)] = ids
                     starts.append(pos)
                     names.append(name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
@@ -174,10 +177,11 @@ def prepare_corpus(files: list[tuple[Path, str]], out, tokenizer: str = "byte",
     finally:
         if tmp.exists():
             tmp.unlink()
-    n_val = sum(lengths[i] for i in range(len(files)) if val[i]) if not one_file_cut else lengths[0] - n_cut
+    n_val = sum(hi - lo for _, lo, hi, v in plan if v)
     return {"out": str(out), "files": len(files), "empty_files": n_empty, "tokenizer": tokenizer if tok.kind != "hf" else
             f"{Path(tokenizer).name} (hf)", "vocab_size": tok.vocab_size,
             "train_tokens": sum(lengths) - n_val, "val_tokens": n_val,
+            "cut_files": sum(1 for i, lo, _, v in plan if v and lo > 0),
             "seconds": time.perf_counter() - t0}
 
 

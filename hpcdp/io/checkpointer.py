@@ -163,14 +163,7 @@ class Checkpointer:
         return step
 
     def _check_run_state(self, index, path) -> None:
-        s, st = self.sampler, index.state
-        for key, mine, name in (("global_batch", s.global_batch, "train.global_batch"),
-                                ("n_train", s.n, "the training set size"),
-                                ("data_seed", s.seed, "data.seed")):
-            if key in st and int(st[key]) != int(mine):
-                raise CheckpointError(f"checkpoint {path}: {name} is {mine} in this run, {st[key]} in the "
-                                      "checkpoint: the data position would not carry over; use the "
-                                      "checkpoint's value (its config is in `hpcdp ckpt info`)")
+        check_run_state(index, path, self.sampler)
 
     # -- save ----------------------------------------------------------------------
     def after_step(self, step: int) -> bool:
@@ -271,3 +264,32 @@ class Checkpointer:
 
 
 __all__ = ["Checkpointer"]
+
+
+def check_run_state(index, path, sampler) -> None:
+    """The data position of checkpoint ``index`` must carry over to this run's sampler."""
+    s, st = sampler, index.state
+    for key, mine, name in (("global_batch", s.global_batch, "train.global_batch"),
+                            ("n_train", s.n, "the training set size"),
+                            ("data_seed", s.seed, "data.seed")):
+        if key in st and int(st[key]) != int(mine):
+            raise CheckpointError(f"checkpoint {path}: {name} is {mine} in this run, {st[key]} in the "
+                                  "checkpoint: the data position would not carry over; use the "
+                                  "checkpoint's value (its config is in `hpcdp ckpt info`)")
+
+
+def check_resume_target(resume, cfg, flat, optimizer, sampler) -> None:
+    """Before the run directory is made (world rank 0, inside the setup agreement, so
+    every rank stops with the same one line and status 2): the ``--resume`` checkpoint
+    holds this model's tensors and optimizer state and its data position carries over.
+    Reads the index only; :meth:`Checkpointer.restore` checks again as it loads."""
+    from .format.commit import resolve
+    from .format.index import read_index
+    from .format.runstate import compatibility_problem, expected_tensors
+
+    path = resolve(resume, cfg.checkpoint.dir or None)
+    index = read_index(path)
+    problem = compatibility_problem(index, expected_tensors(flat, optimizer), optimizer.kind)
+    if problem:
+        raise CheckpointError(f"checkpoint {path}: {problem}")
+    check_run_state(index, path, sampler)

@@ -357,7 +357,7 @@ def run(args) -> Profile:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.with_suffix(".runs")
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, args.set or [], shared_options=True)
     wl = workload_from_config(cfg)
     batch = args.batch or cfg.train.global_batch
     load_before = loadavg()

@@ -72,5 +72,6 @@ def run(args) -> dict:
         except ValueError as e:
             raise SystemExit(f"hpcdp scale --collect: --profile: {e}") from None
         result["profile"] = profile.name
-        predict_points(result, profile, load_config(result["config"]), args.ranks_per_node or max(ranks))
+        predict_points(result, profile, load_config(result["config"], shared_options=True),
+                       args.ranks_per_node or max(ranks))
     return report(result, folder)

@@ -191,13 +191,14 @@ def format_predict(res: dict) -> str:
              f"{len(res['buckets'])} bucket(s), batch {res['batch_per_rank']} per rank (weak), "
              f"{res['ranks_per_node']} ranks per node"]
     strong = res.get("strong_batch")
-    hdr = (f"{'strategy':<17} {'ranks':>5} {'step ms':>9} {'compute':>8} {'comm ms':>9} "
+    w = max([len("strategy")] + [len(r["strategy"]) for r in res["rows"]])  # e.g. zero3-hierarchical
+    hdr = (f"{'strategy':<{w}} {'ranks':>5} {'step ms':>9} {'compute':>8} {'comm ms':>9} "
            f"{'exposed':>9} {'link MB':>8} {'NIC MB':>8} {'mem MB':>7} {'util':>6} {'weak eff':>8}"
            + (f" {'strong eff':>10}" if strong else "") + "  allreduce")
     lines += [hdr, "-" * len(hdr)]
     for r in res["rows"]:
         lines.append(
-            f"{r['strategy']:<17} {r['ranks']:>5} {1e3 * r['step_s']:>9.2f} {1e3 * r['compute_s']:>8.2f} "
+            f"{r['strategy']:<{w}} {r['ranks']:>5} {1e3 * r['step_s']:>9.2f} {1e3 * r['compute_s']:>8.2f} "
             f"{1e3 * r['comm_s']:>9.2f} {1e3 * r['exposed_s']:>9.2f} {r['link_bytes'] / 1e6:>8.2f} "
             f"{r['inter_bytes_node'] / 1e6:>8.2f} {r['memory_bytes'] / 1e6:>7.1f} "
             f"{r.get('utilisation', 0.0):>6.1%} {r['weak_efficiency']:>8.1%}"
@@ -230,6 +231,26 @@ def format_predict(res: dict) -> str:
     return "\n".join(lines)
 
 
+MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P", "<", ">")
+STYLES = ("-", "--", ":", "-.")
+
+
+def distinct_series(rows) -> list[tuple[list[str], list, list, list]]:
+    """``(strategy names, ranks, weak efficiency %, ms per step)`` per distinct curve:
+    strategies whose predicted figures are equal (to 6 digits) share one entry."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["strategy"], []).append(r)
+    groups: dict = {}
+    for name, rs in by.items():
+        ks = [r["ranks"] for r in rs]
+        eff = [100 * r["weak_efficiency"] for r in rs]
+        step = [1e3 * r["step_s"] for r in rs]
+        key = (tuple(ks), tuple(round(v, 6) for v in eff), tuple(float(f"{v:.6g}") for v in step))
+        groups.setdefault(key, ([], ks, eff, step))[0].append(name)
+    return list(groups.values())
+
+
 def plot_predict(res: dict, path: Path) -> str | None:
     from hpcdp.scale.report import NO_MATPLOTLIB, pyplot
 
@@ -237,13 +258,13 @@ def plot_predict(res: dict, path: Path) -> str | None:
     if plt is None:
         return NO_MATPLOTLIB
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-    by = {}
-    for r in res["rows"]:
-        by.setdefault(r["strategy"], []).append(r)
-    for name, rows in by.items():
-        ks = [r["ranks"] for r in rows]
-        axes[0].plot(ks, [100 * r["weak_efficiency"] for r in rows], marker="o", ms=3, label=name)
-        axes[1].plot(ks, [1e3 * r["step_s"] for r in rows], marker="o", ms=3, label=name)
+    for i, (names, ks, eff, step) in enumerate(distinct_series(res["rows"])):
+        # strategies the model gives the same figures are one line, named together; the
+        # others differ in colour, line style and marker, so none hides another
+        style = {"marker": MARKERS[i % len(MARKERS)], "ls": STYLES[i % len(STYLES)], "ms": 4,
+                 "color": f"C{i % 10}", "label": " = ".join(names)}
+        axes[0].plot(ks, eff, **style)
+        axes[1].plot(ks, step, **style)
     c = res["crossovers"]
     for ax in axes[:2]:
         ax.set_xscale("log", base=2)
@@ -280,7 +301,7 @@ def run(args) -> dict:
         profile = load_profile(args.profile)
     except ValueError as e:
         raise SystemExit(f"hpcdp scale --predict: --profile: {e}") from None
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, args.set or [], shared_options=True)
     if getattr(args, "link", ""):
         profile = with_link(profile, link_rate(args.link))
     wl = workload_from_config(cfg)

@@ -59,7 +59,7 @@ def _load(config: str, overrides: list[str]):
     from hpcdp.optim import build_optimizer
     from hpcdp.train import task_of
 
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides, shared_options=True)
     ds = load_dataset(cfg.data, task_of(cfg.model), cfg.run.dtype)
     model = build_model(cfg.model, dtype=cfg.run.dtype, device="cpu")
     opt = build_optimizer(cfg.optim, layout=model.flat.layout, dtype=cfg.run.dtype)  # decay groups as in training
@@ -234,6 +234,11 @@ def study_staleness(out: Path, ranks: int, steps: int, delay: float, config: str
     return summary
 
 
+STALENESS_TITLE = ("async PS with a rotating straggler: loss vs step and vs wall time\n"
+                   "k = staleness bound: a worker may start step t once the updates of steps <= t - k - 1 "
+                   "are applied (0: synchronous; none: unbounded)")
+
+
 def _plot_staleness(rows, summary, path: Path) -> None:
     try:
         import matplotlib
@@ -249,7 +254,7 @@ def _plot_staleness(rows, summary, path: Path) -> None:
         loss = np.array([float(r["loss"]) for r in pts])
         smooth = np.convolve(loss, np.ones(10) / 10, mode="valid")  # 10-step running mean
         wall = [float(r["wall_s"]) for r in pts]
-        label = f"k={k} (acc {summary[k]['test_accuracy']:.3f})"
+        label = f"k = {k} (test accuracy {summary[k]['test_accuracy']:.3f})"
         axes[0].plot(step[9:], smooth, label=label)
         axes[1].plot(wall[9:], smooth, label=label)
     for ax, xl in zip(axes, ("step", "wall time (s)")):
@@ -257,10 +262,10 @@ def _plot_staleness(rows, summary, path: Path) -> None:
         ax.set_ylabel("training loss (10-step mean)")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle("async PS with a rotating straggler: loss vs step and vs wall time")
+    axes[0].legend(title="staleness bound k")
+    fig.suptitle(STALENESS_TITLE, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Title": STALENESS_TITLE})
 
 
 def study_bytes(out: Path, ranks: int, steps: int, config: str, sets, timeout) -> list:

@@ -50,7 +50,8 @@ def predict_points(result: dict, profile, cfg, per_node: int) -> None:
     def workload(variant):
         if variant not in loads:
             sets = [f"{k}={v}" for k, v in VARIANTS.get(variant, {}).items()]
-            loads[variant] = M.workload_from_config(load_config(result["config"], result["overrides"] + sets))
+            loads[variant] = M.workload_from_config(load_config(result["config"], result["overrides"] + sets,
+                                                                shared_options=True))
         return loads[variant]
 
     def predict(p):

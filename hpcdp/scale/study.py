@@ -46,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcdp.launch import child_env, loadavg, mpiexec_command, parse_ranks, wait_quiet
+from hpcdp.launch import child_env, loadavg, mpiexec_command, parse_ranks, sets_for_job, wait_quiet
 
 # DDP modes compared by the study (values are --set overrides of [parallel.ddp]).
 VARIANTS = {
@@ -89,7 +89,12 @@ def _rank_mean(rec: dict, key: str):
     """A strategy figure of one metrics line, averaged over ranks.
 
     train.py writes the strategy's step_stats() per rank as ``{"ranks": {key: [r0, r1..]}}``
-    (or flat lists under the key); one-rank runs may have no strategy figures at all."""
+    (above run.rank_lists_up_to ranks, on most steps only ``{"spread": {key: {"mean", ...}}}``;
+    or flat lists under the key); one-rank runs may have no strategy figures at all."""
+    from hpcdp.metrics import rank_values
+
+    if "ranks" not in rec and "spread" in rec:
+        return rank_values(rec, key, "mean")
     for holder in (rec.get("ranks"), rec.get("strategy"), rec):
         if isinstance(holder, dict) and key in holder:
             v = holder[key]
@@ -127,7 +132,7 @@ def run_point(args, k: int, global_batch: int, variant: str, out_dir: Path, tag:
     module = "hpcdp.scale.compute_only" if variant == "compute_only" else "hpcdp.cli"
     cmd = launch_command(args, k) + [sys.executable, "-m", module, "train",
                                      "--config", str(args.config)]
-    for s in sets:
+    for s in sets_for_job(args.config, sets):  # the strategy options this point reads
         cmd += ["--set", s]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True,
@@ -221,7 +226,7 @@ def run(args) -> dict:
         raise SystemExit(f"hpcdp scale: --steps {args.steps} must exceed --warmup {args.warmup}")
     from hpcdp.config import load_config
 
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, args.set or [], shared_options=True)
     batch = args.batch or cfg.train.global_batch
     if "strong" in studies and batch < max(ranks):
         raise SystemExit(f"hpcdp scale: strong scaling splits a global batch of {batch} over "

@@ -269,7 +269,8 @@ def run(args) -> dict:
             from hpcdp.scale.report import predict_points
             from hpcdp.config import load_config
             study = json.loads(done.read_text())
-            predict_points(study, profile, load_config(study["config"], study["overrides"]), per_node)
+            predict_points(study, profile, load_config(study["config"], study["overrides"], shared_options=True),
+                           per_node)
         else:
             study_args = Namespace(**{**vars(args), "out": str(out / "study"), "profile": args.profile,
                                       "ranks": ",".join(str(k) for k in [1] + ranks)})

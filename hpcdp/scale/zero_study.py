@@ -64,10 +64,10 @@ def _child(args, strategy: str, k: int, out: Path, ranks_per_node: int | None = 
     rows = [json.loads(x) for x in (out / strategy / f"bucketed-n{k}-b{batch}" / "metrics.jsonl")
             .read_text().splitlines()]
     steps = [r for r in rows if "step" in r]
-    last = steps[-1]["ranks"]
+    last = steps[-1]["ranks"]  # the last step always lists every rank (hpcdp.metrics)
     point.update(strategy=strategy, **{key: last[key] for key in MEM_KEYS})
-    waits = [sum(r["ranks"]["gather_wait_s"]) / len(r["ranks"]["gather_wait_s"])
-             for r in steps[args.warmup:] if "gather_wait_s" in r["ranks"]]
+    from hpcdp.metrics import rank_values
+    waits = [w for w in (rank_values(r, "gather_wait_s", "mean") for r in steps[args.warmup:]) if w is not None]
     point["gather_wait_s"] = statistics.median(waits) if waits else 0.0
     return point
 
@@ -80,7 +80,7 @@ def _with_sets(args, sets: list):
 
 def _cfg(args):
     from hpcdp.config import load_config
-    return load_config(args.config, args.set or [])
+    return load_config(args.config, args.set or [], shared_options=True)
 
 
 def shard_ranks(cfg, strategy: str, k: int) -> int:

@@ -35,6 +35,10 @@ def cmd_logits(jobs):
         if job["tied"]:
             assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
         np.save(job["out"], logits_of(model, job["ids"], job["dtype"]))
+        if "special_out" in job:  # the special token ids transformers reads, and generation's
+            g = model.generation_config
+            json.dump({"bos": model.config.bos_token_id, "eos": model.config.eos_token_id,
+                       "gen_bos": g.bos_token_id, "gen_eos": g.eos_token_id}, open(job["special_out"], "w"))
 
 
 def cmd_make(spec):

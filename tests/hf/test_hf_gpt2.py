@@ -61,8 +61,12 @@ def test_exported_gpt_loads_in_transformers_with_equal_logits(tmp_path, corpus, 
         ok(hpcdp(tmp_path, "train", "--config", f"job{i}.toml"))
         ok(hpcdp(tmp_path, "ckpt", "export", f"ck{i}/step-00000002", f"hf{i}", "--format", "hf-gpt2"))
         ours[i] = hpcdp_logits(tmp_path / f"ck{i}" / "step-00000002", IDS)
-        jobs.append({"folder": f"hf{i}", "ids": "ids.npy", "out": f"theirs{i}.npy", "dtype": dtype, "tied": tied})
+        jobs.append({"folder": f"hf{i}", "ids": "ids.npy", "out": f"theirs{i}.npy", "dtype": dtype, "tied": tied,
+                     "special_out": f"special{i}.json"})
     oracle("logits", jobs, tmp_path)
+    for i in range(len(FORMS)):  # a byte corpus has no end-of-text token: null, not GPT-2's 50256
+        assert json.loads((tmp_path / f"special{i}.json").read_text()) == {
+            "bos": None, "eos": None, "gen_bos": None, "gen_eos": None}
     for i, (tied, gelu, dtype) in enumerate(FORMS):
         theirs = np.load(tmp_path / f"theirs{i}.npy")
         assert theirs.shape == ours[i].shape == (3, 16, 256)

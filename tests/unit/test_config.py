@@ -166,9 +166,9 @@ def test_parsing_strategy_options_imports_no_strategy_code():
     not import hpcdp.strategies (nor MPI)."""
     import subprocess
     import sys
-    code = ("import sys; from hpcdp.config import load_config; "
-            "c = load_config(None, ['parallel.strategy=ps', 'parallel.ps.servers=2', "
-            "'parallel.ddp.bucketing=per_param']); "
+    code = ("import sys; from hpcdp.config import config_from_dict; "
+            "c = config_from_dict({'parallel': {'strategy': 'ps', 'ps': {'servers': 2}, "
+            "'ddp': {'bucketing': 'per_param'}}}); "
             "assert c.parallel.sub().servers == 2 and c.parallel.sub('ddp').bucketing == 'per_param'; "
             "bad = [m for m in sys.modules if m.startswith(('hpcdp.strategies', 'mpi4py'))]; "
             "assert not bad, bad")

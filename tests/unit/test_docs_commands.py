@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
-COMMANDS = ("train", "bench", "scale", "data", "check-exact", "ckpt", "sample")
+COMMANDS = ("train", "bench", "scale", "data", "check-exact", "ckpt", "sample", "plot")
 PLACEHOLDER = re.compile(r"\.\.\.|<[^>]*>|\$|\bCKPT\b|\bFOLDER\b|\bPATH\b|\bFILE\b|\bDIR\b|runs/")
 
 
@@ -164,7 +164,8 @@ def test_quick_commands_run_as_written(scratch, command):
 def test_the_readme_checkpoint_lines_run(scratch):
     """Corpus as written; training lines as written but 6 + 2 steps of a smaller
     GPT; verify (of the first save) and sample on what they saved."""
-    lines = [c.split("#")[0].strip() for c in shell_commands("README.md")]
+    # the "first hour" block repeats some of these lines: each counted once
+    lines = list(dict.fromkeys(c.split("#")[0].strip() for c in shell_commands("README.md")))
     prepare = next(c for c in lines if c.startswith("hpcdp data prepare"))
     first, second = [c for c in lines if "checkpoint.dir" in c and "gpt_pysource" in c]
     verify = next(c for c in lines if c.startswith("hpcdp ckpt verify"))
@@ -180,3 +181,28 @@ def test_the_readme_checkpoint_lines_run(scratch):
     assert "OK " in _run(scratch, verify).stdout
     text = _run(scratch, sample).stdout
     assert text.startswith("def ") and len(text) > 4
+
+
+def test_the_user_guides_print_config_and_plot_lines_run(scratch):
+    """hpcdp train --print-config and the plot example, exactly as the user guide has them."""
+    lines = [c.split("#")[0].strip() for c in shell_commands("docs/user-guide.md")]
+    show = next(c for c in lines if "--print-config" in c)
+    out = _run(scratch, show).stdout
+    assert "[model]" in out and 'kind = "gpt"' in out and not (scratch / "runs").exists()
+    train = next(c for c in lines if "runs/plot-demo" in c and c.startswith("hpcdp train"))
+    plot = next(c for c in lines if c.startswith("hpcdp plot runs/plot-demo"))
+    _run(scratch, train)
+    assert "wrote runs/plot-demo/plot.png" in _run(scratch, plot).stdout
+    assert (scratch / "runs" / "plot-demo" / "series.csv").read_text().count("\n") == 41
+
+
+def test_the_readme_first_hour_quick_lines_run(scratch):
+    """The first hour's short lines as written (the launcher dropped: one rank)."""
+    block = re.search(r"## The first hour\n\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    lines = [c.split("#")[0].strip() for c in block.splitlines() if c.strip()]
+    ddp = next(c for c in lines if "runs/first-ddp" in c and "train" in c)
+    plot = next(c for c in lines if c.startswith("hpcdp plot"))
+    _run(scratch, ddp)
+    assert "wrote runs/first-ddp/plot.png" in _run(scratch, plot).stdout
+    assert "bash tests/run_quick.sh" in lines and (ROOT / "tests" / "run_quick.sh").is_file()
+

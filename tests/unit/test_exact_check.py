@@ -81,8 +81,17 @@ def test_exact_jobs_agree_and_fast_jobs_do_not(tmp_path):
     proc = _check(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "exact: all 2 jobs agree" in proc.stdout
-    # the same matrix in fast mode: float sums in another order on 2 ranks
+    # a second check into the same --out does not delete the first one's results silently
+    first = (tmp_path / "out" / "ddp-n2" / "metrics.jsonl").read_text()
     proc = _check(tmp_path, "--set", 'train.reproducible="fast"')
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"hpcdp: error: --out {tmp_path / 'out'}: it holds an earlier check's results "
+                                   "(ddp-n1, ddp-n2); choose another --out (or none: a new folder), or add "
+                                   "--replace to delete them")
+    assert (tmp_path / "out" / "ddp-n2" / "metrics.jsonl").read_text() == first
+    # the same matrix in fast mode: float sums in another order on 2 ranks (--replace: said, then done)
+    proc = _check(tmp_path, "--set", 'train.reproducible="fast"', "--replace")
+    assert f"--replace: deleting {tmp_path / 'out' / 'ddp-n1'}" in proc.stdout
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "NOT exact" in proc.stdout and proc.stdout.count("NO") >= 1
 
@@ -111,12 +120,16 @@ def test_an_unset_micro_batch_is_chosen_for_every_rank_count(tmp_path):
     cfg.write_text(CONFIG.replace("exact_micro_batch = 2\n", ""))
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "check-exact", "--config", str(cfg),
-                           "--ranks", "1,2,4", "--steps", "2", "--out", str(tmp_path / "out")],
+                           "--ranks", "1,2,4", "--steps", "2"],
                           capture_output=True, text=True, timeout=900, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "train.exact_micro_batch unset: 2 samples per micro-batch" in proc.stdout
     assert "exact: all 3 jobs agree" in proc.stdout
+    # without --out: a folder of this check's own, next to any earlier one
+    (folder,) = (tmp_path / "runs").glob("check-exact-*")
+    assert f"jobs in {folder.relative_to(tmp_path)}" in proc.stdout
+    assert sorted(p.name for p in folder.iterdir()) == ["ddp-n1", "ddp-n2", "ddp-n4"]
 
 
 def test_restart_arguments(tmp_path):

@@ -136,11 +136,13 @@ def test_config_refuses_non_finite_rates_and_unknown_policies(sets, msg):
 
 
 def test_config_skew_names_each_differing_key_and_ignores_per_node_paths():
-    a = load_config(None, ["train.steps=30", "run.log_every=5", 'data.path="/node0/d.npz"'])
-    b = load_config(None, ["train.steps=40", "run.log_every=5", 'data.path="/node1/d.npz"'])
-    c = load_config(None, ["train.steps=30", "run.log_every=7"])
+    npz = "data.kind=npz"
+    a = load_config(None, [npz, "train.steps=30", "run.log_every=5", 'data.path="/node0/d.npz"'])
+    b = load_config(None, [npz, "train.steps=40", "run.log_every=5", 'data.path="/node1/d.npz"'])
+    c = load_config(None, [npz, "train.steps=30", "run.log_every=7", 'data.path="/node0/d.npz"'])
     assert config_text(a) != config_text(b)
-    assert config_text(a) == config_text(load_config(None, ["train.steps=30", "run.log_every=5"]))
+    assert config_text(a) == config_text(load_config(None, [npz, "train.steps=30", "run.log_every=5",
+                                                            'data.path="/elsewhere/d.npz"']))
     msg = config_differences([config_text(a), config_text(b), config_text(c)])
     assert "train.steps = 30 on ranks 0, 2, 40 on rank 1" in msg
     assert "run.log_every = 5 on ranks 0-1, 7 on rank 2" in msg

@@ -60,7 +60,7 @@ def test_model_gelu_key_reaches_gpt_and_mlp():
     assert np.abs(out["tanh"] - out["exact"]).max() < 1e-3  # same weights, nearly the same function
     mlp = build_model({"kind": "mlp", "sizes": [4, 6, 3], "activation": "gelu", "gelu": "exact"}, dtype="float64")
     assert all(layer.gelu == "exact" for layer in mlp.layers)
-    cfg = load_config(None, ["model.gelu=\"exact\""])
+    cfg = load_config(None, ["model.activation=gelu", "model.gelu=\"exact\""])  # read by a gelu MLP (and a GPT)
     assert cfg.model.gelu == "exact"
     with pytest.raises(ConfigError, match=r"model.gelu: 'erf' is not allowed; choose one of 'tanh', 'exact'"):
         load_config(None, ["model.gelu=\"erf\""])
@@ -161,7 +161,8 @@ def test_gpt_loss_uses_model_ignore_index():
 
 def test_model_ignore_index_key():
     assert load_config(None).model.ignore is None
-    cfg = load_config(None, ["model.ignore_index=-100"])
+    gpt = ["model.kind=gpt", "data.kind=synthetic_sequence"]  # a GPT's key (config_applies)
+    cfg = load_config(None, [*gpt, "model.ignore_index=-100"])
     assert cfg.model.ignore == -100 and "ignore_index = -100" in dump_toml(cfg.to_dict())
     assert config_from_dict(cfg.to_dict()).model.ignore == -100
     with pytest.raises(ConfigError, match=r"model.ignore_index: 'pad' is not allowed"):

@@ -59,7 +59,7 @@ def trained(tmp_path_factory):
     out = ok(hpcdp(d, "ckpt", "export", CKPT, "w.safetensors"))
     assert "wrote 29 tensors to w.safetensors" in out  # 28 + the untied head
     out = ok(hpcdp(d, "ckpt", "export", CKPT, "hf", "--format", "hf-gpt2"))
-    assert "GPT2LMHeadModel.from_pretrained('hf')" in out and "bos/eos ids none" in out
+    assert "GPT2LMHeadModel.from_pretrained('hf')" in out and "bos/eos ids null" in out
     return d
 
 
@@ -307,6 +307,72 @@ def test_a_mismatched_tokenizer_is_refused(bpe, tmp_path):
         src, HFTokenizer.from_file(bpe / "tok.json"))
     assert "data.path was made with the byte tokenizer" in tokenizer_problem(src, Tokenizer.byte())
     assert tokenizer_problem(src, HFTokenizer.from_file(other)) is None
+
+
+def test_an_export_replaces_only_an_earlier_export_and_whole(bpe, trained, tmp_path):
+    """Into an earlier export (with a tokenizer): the folder is replaced whole, so the
+    earlier model's tokenizer.json does not stay beside a model without one (whose
+    bos/eos are null); a folder of anything else is refused unless --force; an
+    interrupted export leaves the earlier folder as it was."""
+    from safetensors import safe_open
+
+    from hpcdp.io.interop.export import write_folder_whole
+
+    shutil.copytree(bpe / "hf", tmp_path / "hf")
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    out = ok(hpcdp(tmp_path, "ckpt", "export", trained / CKPT, "hf", "--format", "hf-gpt2"))
+    assert "no tokenizer.json (" in out and "bos/eos ids null" in out
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    conf = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert conf["bos_token_id"] is None and conf["eos_token_id"] is None and conf["vocab_size"] == 256
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), framework="numpy") as f:
+        assert f.metadata() == {"format": "pt", "hpcdp_export": "2"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
+    # a folder of the user's: refused, untouched; --force replaces it
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "config.json").write_text("my settings\n")
+    (notes / "todo.txt").write_text("x\n")
+    proc = hpcdp(tmp_path, "ckpt", "export", trained / CKPT, "notes", "--format", "hf-gpt2")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "hpcdp ckpt export: error: export --format hf-gpt2: notes is a folder that is not an earlier export "
+        "(it holds config.json, todo.txt); the export replaces the whole folder: give a new or empty one, or "
+        "add --force to replace it")
+    assert (notes / "config.json").read_text() == "my settings\n"
+    ok(hpcdp(tmp_path, "ckpt", "export", trained / CKPT, "notes", "--format", "hf-gpt2", "--force"))
+    assert sorted(p.name for p in notes.iterdir()) == ["config.json", "model.safetensors"]
+    # interrupted while writing: the earlier export stays whole, no temporary folder is left
+    before = (tmp_path / "hf" / "model.safetensors").read_bytes()
+
+    def fail(folder):
+        (folder / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_folder_whole(tmp_path / "hf", fail)
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == before
+    assert json.loads((tmp_path / "hf" / "config.json").read_text()) == conf
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_init_from_refuses_a_tokenizer_larger_than_the_models_vocabulary(bpe, trained, tmp_path):
+    """A tokenizer.json of 400 tokens beside a 256-token model (an earlier model's file):
+    refused in one line, before any weight is read; padded vocabularies pass."""
+    shutil.copytree(trained / "hf", tmp_path / "hf")
+    shutil.copy(bpe / "tok.json", tmp_path / "hf" / "tokenizer.json")
+    proc = hpcdp(trained, "train", "--config", "job.toml", "--set", f'model.init_from="{tmp_path / "hf"}"',
+                 "--set", 'run.out_dir="stale"')
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"hpcdp: error: model.init_from: {tmp_path / 'hf'}: its tokenizer.json has 400 tokens, more than "
+        "config.json's vocab_size 256: it is not this model's tokenizer (an earlier model's file left in the "
+        "folder?); remove it, or export the model again into a new folder"]
+    from hpcdp.io.interop.init_from import open_source, tokenizer_size
+
+    assert tokenizer_size((bpe / "tok.json").read_text()) == 400
+    conf = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**conf, "vocab_size": 448}))
+    open_source(tmp_path / "hf").close()  # 400 tokens in 448 rows: a padded vocabulary
 
 
 def test_tokenizer_errors_are_one_line(tmp_path):

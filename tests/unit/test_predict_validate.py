@@ -154,8 +154,10 @@ def test_zero_step_study_puts_the_model_beside_each_point():
     points = [{"strategy": s, "ranks": 2, "step_time_s": 0.1} for s in ("ddp", "zero3", "zero2-recursive")]
     predict_steps(args, points, table, "dev-vm-2core")
     prof = load_profile("dev-vm-2core")
-    zwl = M.workload_from_config(load_config("jobs/gpt_ddp.toml", sets + ["parallel.ddp.bucket_mb=0.25"]))
-    assert len(zwl.buckets) > len(M.workload_from_config(load_config("jobs/gpt_ddp.toml", sets)).buckets)
+    zwl = M.workload_from_config(load_config("jobs/gpt_ddp.toml", sets + ["parallel.ddp.bucket_mb=0.25"],
+                                             shared_options=True))
+    assert len(zwl.buckets) > len(M.workload_from_config(load_config("jobs/gpt_ddp.toml", sets,
+                                                                     shared_options=True)).buckets)
     for p, (strategy, algo) in zip(points, (("ddp", None), ("zero3", "ring"), ("zero2", "recursive"))):
         if strategy != "ddp":
             want = M.step(prof, zwl, strategy, 2, 4.0, algorithm=algo, per_node=2).step_s

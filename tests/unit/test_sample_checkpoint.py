@@ -155,6 +155,11 @@ def test_sample_equals_generate_on_the_exported_weights(tmp_path):
     # another seed, other draws (the flags reach generate)
     other = _hpcdp(tmp_path, "sample", "--resume", "ck", "--prompt", "3,1,4", "--length", "20", "--seed", "12")
     assert other.returncode == 0 and other.stdout.split()[:3] == ["3", "1", "4"] and other.stdout != proc.stdout
+    # under mpiexec: one process generates, the text is printed once, and a line says so
+    two = _hpcdp(tmp_path, "sample", "--resume", "latest", "--config", "job.toml", "--prompt", "3,1,4",
+                 "--length", "20", "--temperature", "1.0", "--top-k", "5", "--seed", "11", ranks=2)
+    assert two.returncode == 0 and two.stdout == proc.stdout, two.stdout + two.stderr
+    assert "hpcdp sample: runs in one process; launched on 2 ranks, rank 0 generates alone" in two.stderr
 
 
 def test_bad_input_is_one_clear_error(tmp_path, corpus):

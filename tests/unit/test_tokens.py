@@ -41,10 +41,10 @@ def _docs(path):
     out = {}
     with h5py.File(path, "r") as f:
         tok = Tokenizer(f.attrs["tokenizer"], f["vocab"][()])
-        for split in ("train", "val"):
+        for split in ("train", "val"):  # a file cut between the splits: its train part, then its val part
             t, starts = f[f"{split}/tokens"][()], list(f[f"{split}/doc_starts"][()]) + [len(f[f"{split}/tokens"])]
             for i, name in enumerate(f[f"{split}/doc_names"].asstr()[()]):
-                out[name] = tok.decode(t[starts[i]:starts[i + 1]])
+                out[name] = out.get(name, "") + tok.decode(t[starts[i]:starts[i + 1]])
     return out
 
 
@@ -57,7 +57,9 @@ def test_prepare_round_trips_every_file(textdir, tmp_path, tokenizer):
     with h5py.File(tmp_path / "c.h5", "r") as f:
         assert f.attrs["format"] == "hpcdp-tokens" and f.attrs["format_version"] == 1
         assert f["train/tokens"].chunks is None and f["train/tokens"].dtype == np.uint8
-        assert len(f["val/doc_names"]) == 1 and len(f["train/doc_names"]) == 1  # split by whole files
+        total = len(f["train/tokens"]) + len(f["val/tokens"])
+        assert len(f["val/tokens"]) == s["val_tokens"] == total - int(total * 0.7)  # exactly 30%
+        assert s["cut_files"] <= 1  # whole files while they fit, then the end of one
         if tokenizer == "byte":
             assert s["vocab_size"] == 256
         else:
@@ -75,6 +77,36 @@ def test_prepare_cuts_a_single_file_and_refuses_bad_input(textdir, tmp_path):
     with pytest.raises(DataError, match=r"--text: no files matching '\*\.rs'"):
         collect_files([textdir], "*.rs")
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_val_fraction_is_reached_with_one_large_file(tmp_path):
+    """One large file and ten small ones, --val-fraction 0.1: 10% of the tokens (by
+    whole files, the large one put 46% there); whole small files first, then the end of
+    one file; every file's text is kept, in one split or the two."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path / "text"
+    root.mkdir()
+    (root / "big.txt").write_text("the large file\n" * 5000)
+    for k in range(10):
+        (root / f"small{k}.txt").write_text(f"small file {k}\n" * 40)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "hpcdp.cli", "data", "prepare", "--text", str(root), "--out", "c.h5",
+                        "--val-fraction", "0.1", "--seed", "3"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    total = sum(p.stat().st_size for p in root.iterdir())
+    n_val = total - int(total * 0.9)
+    assert f"{total - n_val:,} train / {n_val:,} val tokens (10.0% val" in r.stdout, r.stdout
+    docs = _docs(tmp_path / "c.h5")
+    assert docs == {p.name: p.read_text() for p in root.iterdir()}
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        val = list(f["val/doc_names"].asstr()[()])
+        train = list(f["train/doc_names"].asstr()[()])
+    assert len(set(val) & set(train)) <= 1 and sorted(set(val) | set(train)) == sorted(docs)
 
 
 def test_cli_data_prepare_and_info(textdir, tmp_path, capsys):
@@ -148,7 +180,7 @@ def test_corpus_windows_are_contiguous_token_runs(corpus, storage):
 
 
 def test_corpus_errors_name_the_key(corpus, tmp_path):
-    with pytest.raises(DataError, match=r"model\.block_size: the train split of .* holds 810 tokens, "
+    with pytest.raises(DataError, match=r"model\.block_size: the train split of .* holds [\d,]+ tokens, "
                                         r"fewer than one window of block_size \+ 1 = 5001: lower model\.block_size"):
         load_dataset(DataConfig(kind="tokens", path=str(corpus)), "sequence", block_size=5000)
     prepare_corpus(collect_files([corpus.parent / "src" / "a.py"]), tmp_path / "tiny_val.h5", val_fraction=0.01)

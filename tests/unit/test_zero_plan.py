@@ -27,7 +27,8 @@ def test_defaults_and_options():
     (["parallel.zero.prefetch=-1"], r"parallel.zero.prefetch: -1 is out of range; allowed \[0, inf\)"),
     (["parallel.zero.bucket_mb=0"], "parallel.zero.bucket_mb: 0.0 is out of range"),
     (["parallel.zero.shards=2"], "parallel.zero.shards: unknown key"),
-    (["parallel.ps.servers=2"], r"parallel.ps: a \[parallel.ps\] table with parallel.strategy = 'zero'"),
+    (["parallel.ps.servers=2"], r"parallel.ps.servers: parallel.strategy is 'zero', which does not read "
+                                r"\[parallel.ps\]"),
 ])
 def test_bad_options_name_the_key(sets, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -35,7 +36,8 @@ def test_bad_options_name_the_key(sets, msg):
 
 
 def test_ps_with_zero_options_is_refused_too():
-    with pytest.raises(ConfigError, match=r"parallel.zero: .*has no parameter server"):
+    with pytest.raises(ConfigError, match=r"parallel.zero.stage: parallel.strategy is 'ps', which does not "
+                                          r"read \[parallel.zero\]"):
         load_config(None, ["parallel.strategy=ps", "parallel.zero.stage=2"])
 
 

@@ -15,7 +15,12 @@ whatever rank count, strategy and layout wrote the checkpoint, checksums checked
 
 Written with the ``safetensors`` package's NumPy API: no PyTorch needed. Each file is
 written under a temporary name and renamed into place, so an interrupted export
-leaves no half-written file.
+leaves no half-written file. The ``hf-gpt2`` folder is written whole: into a
+temporary folder beside it, renamed into place when complete. Its target must be
+new, empty, or an earlier export (recognised by the ``hpcdp_export`` key in its
+``model.safetensors`` metadata and nothing but the files an export writes), which it
+replaces entirely, so no file of an earlier model (a ``tokenizer.json``) stays
+beside a new one; any other folder is refused unless ``force``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from ..errors import CheckpointError
 
 FORMATS = ("h5", "npz", "safetensors", "hf-gpt2")
 HPCDP_FORMAT = "hpcdp"  # the safetensors metadata "format" of hpcdp-named files
+EXPORT_MARK = "hpcdp_export"  # model.safetensors metadata key of an hf-gpt2 export (its step)
+EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
 def format_of(out, fmt: str | None) -> str:
@@ -111,11 +118,63 @@ def hf_arrays(arrays: dict, tied: bool) -> dict:
     return out
 
 
-def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
-    """Write the GPT2LMHeadModel folder ``out``; returns (tensors, a note on the tokenizer)."""
+def earlier_export(folder: Path) -> bool:
+    """Whether ``folder`` holds an hf-gpt2 export of hpcdp's and nothing else."""
+    names = {p.name for p in folder.iterdir()}
+    if not names or not names <= set(EXPORT_FILES) or "model.safetensors" not in names:
+        return False
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), framework="numpy") as f:
+            return EXPORT_MARK in (f.metadata() or {})
+    except Exception:  # noqa: BLE001 - not a readable safetensors file: not ours
+        return False
+
+
+def check_export_target(out: Path, force: bool) -> None:
+    """An hf-gpt2 export replaces ``out`` whole: refuse a file, and a folder that holds
+    anything but an earlier export, unless ``force``."""
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"export --format hf-gpt2: {out} is a file; give a folder (it is created)")
+    if force or not out.exists() or not any(out.iterdir()) or earlier_export(out):
+        return
+    found = sorted(p.name for p in out.iterdir())
+    raise CheckpointError(f"export --format hf-gpt2: {out} is a folder that is not an earlier export "
+                          f"(it holds {', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); the export "
+                          "replaces the whole folder: give a new or empty one, or add --force to replace it")
+
+
+def write_folder_whole(out: Path, fill) -> None:
+    """``fill(tmp)`` writes the folder's files into a temporary folder beside ``out``,
+    which then replaces ``out`` (and whatever it held): an interrupted export leaves
+    the earlier folder (or none), never a mix."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        tmp.chmod(0o755)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_hf_gpt2(ckpt_dir, out, *, force: bool = False) -> tuple[int, str]:
+    """Write the GPT2LMHeadModel folder ``out`` whole (it must be new, empty or an
+    earlier export, unless ``force``); returns (tensors, a note on the tokenizer)."""
     from .hf_gpt2 import END_OF_TEXT, hf_config
     from ..restore.weights import checkpoint_config
 
+    out = Path(out)
+    check_export_target(out, force)
     cfg = checkpoint_config(ckpt_dir)
     if cfg.model.kind != "gpt":
         raise CheckpointError(f"export --format hf-gpt2: checkpoint {ckpt_dir} holds a model.kind = "
@@ -125,24 +184,25 @@ def export_hf_gpt2(ckpt_dir, out) -> tuple[int, str]:
     eot = tok.token_id(END_OF_TEXT) if tok is not None else None
     if eot is not None and eot >= cfg.model.vocab_size:
         eot = None
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"export --format hf-gpt2: {out} is a file; give a folder (it is created)")
-    out.mkdir(parents=True, exist_ok=True)
     dtype = np.dtype(next(iter(arrays.values())).dtype).name
-    conf = hf_config(cfg.model, dtype=dtype, end_of_text=eot)
-    # transformers refuses safetensors files without format "pt" in their metadata
-    save_safetensors(hf_arrays(arrays, cfg.model.tied_head), out / "model.safetensors", {"format": "pt"})
-    if tok is not None:
-        _replace_into(out / "tokenizer.json", lambda tmp: tmp.write_text(tok.json, encoding="utf-8"))
-        # so that AutoTokenizer.from_pretrained(out) takes tokenizer.json as it is
-        special = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT} if eot is not None else {}
-        tconf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
-                 "clean_up_tokenization_spaces": False, **special}
-        _replace_into(out / "tokenizer_config.json", lambda tmp: tmp.write_text(json.dumps(tconf, indent=2) + "\n"))
-    _replace_into(out / "config.json", lambda tmp: tmp.write_text(json.dumps(conf, indent=2) + "\n"))
+    conf = hf_config(cfg.model, dtype=dtype, end_of_text=eot)  # no end-of-text token: bos/eos null
+
+    def fill(folder: Path) -> None:
+        # transformers refuses safetensors files without format "pt" in their metadata
+        save_safetensors(hf_arrays(arrays, cfg.model.tied_head), folder / "model.safetensors",
+                         {"format": "pt", EXPORT_MARK: str(index.step)})
+        if tok is not None:
+            (folder / "tokenizer.json").write_text(tok.json, encoding="utf-8")
+            # so that AutoTokenizer.from_pretrained(out) takes tokenizer.json as it is
+            special = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT} if eot is not None else {}
+            tconf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
+                     "clean_up_tokenization_spaces": False, **special}
+            (folder / "tokenizer_config.json").write_text(json.dumps(tconf, indent=2) + "\n")
+        (folder / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
+
+    write_folder_whole(out, fill)
     note = ("tokenizer.json from the corpus" + (f", bos/eos id {eot}" if eot is not None else "")
-            if tok is not None else f"no tokenizer.json ({why}), bos/eos ids none")
+            if tok is not None else f"no tokenizer.json ({why}), bos/eos ids null")
     return len(arrays), note
 
 
@@ -160,11 +220,15 @@ def checkpoint_of(path) -> Path:
     return done[-1]
 
 
-def export_any(ckpt_dir, out, fmt: str | None = None, *, optimizer: bool = False) -> str:
+def export_any(ckpt_dir, out, fmt: str | None = None, *, optimizer: bool = False, force: bool = False) -> str:
     """Export in ``fmt`` (or the one ``out``'s suffix names) from ``ckpt_dir`` (a
     checkpoint, or a folder of them: its newest complete one); returns one line
-    saying what was written."""
+    saying what was written. ``force``: hf-gpt2 replaces a folder that is not an
+    earlier export."""
     fmt = format_of(out, fmt)
+    if force and fmt != "hf-gpt2":
+        raise CheckpointError(f"--force: only --format hf-gpt2 replaces a folder; a {fmt} file is replaced "
+                              "anyway (written under a temporary name, then renamed)")
     ckpt_dir = checkpoint_of(ckpt_dir)
     if optimizer and fmt not in ("h5", "npz"):
         raise CheckpointError(f"--optimizer: the {fmt} export holds weights only; use an .h5 or .npz file")
@@ -177,10 +241,10 @@ def export_any(ckpt_dir, out, fmt: str | None = None, *, optimizer: bool = False
         return f"wrote {export(ckpt_dir, out, optimizer=optimizer)} tensors to {out}"
     if fmt == "safetensors":
         return f"wrote {export_safetensors(ckpt_dir, out)} tensors to {out} (safetensors, hpcdp names)"
-    n, note = export_hf_gpt2(ckpt_dir, out)
+    n, note = export_hf_gpt2(ckpt_dir, out, force=force)
     return (f"wrote {n} tensors to {out}/model.safetensors, config.json, {note}: load it with "
             f"transformers.GPT2LMHeadModel.from_pretrained({str(out)!r})")
 
 
-__all__ = ["FORMATS", "HPCDP_FORMAT", "format_of", "checkpoint_of", "export_any", "export_safetensors",
-           "export_hf_gpt2", "read_weights", "save_safetensors"]
+__all__ = ["FORMATS", "HPCDP_FORMAT", "EXPORT_MARK", "earlier_export", "format_of", "checkpoint_of", "export_any",
+           "export_safetensors", "export_hf_gpt2", "read_weights", "save_safetensors", "write_folder_whole"]

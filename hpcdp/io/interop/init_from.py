@@ -132,10 +132,37 @@ def open_hf_folder(path: Path) -> Source:
         if name is not None and not (tied and name == "lm_head.weight"):  # a tied head is wte itself
             tensors[name] = (file, key, transposed(name))
     tok = path / TOKENIZER
+    if tok.is_file():
+        check_tokenizer_fits(path, tok, conf)
     return Source(path, "hf-gpt2", tensors,
                   config_problem=lambda m: config_mismatch(conf, m) if m.kind == "gpt" else
                   "a GPT-2 folder needs model.kind = \"gpt\"",
                   tokenizer_json=tok.read_text(encoding="utf-8") if tok.is_file() else None)
+
+
+def tokenizer_size(tokenizer_json: str) -> int:
+    """Tokens of a tokenizer.json: its largest id (the model's vocabulary and the added
+    tokens) + 1, read as JSON (no tokenizers package needed)."""
+    data = json.loads(tokenizer_json)
+    vocab = (data.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    ids += [t.get("id", -1) for t in data.get("added_tokens") or []]
+    return max((int(i) for i in ids if isinstance(i, int)), default=-1) + 1
+
+
+def check_tokenizer_fits(path: Path, tok: Path, conf: dict) -> None:
+    """A tokenizer.json with more tokens than config.json's vocab_size is not this
+    model's (an earlier model's, left in the folder): refuse it. Fewer is allowed: a
+    vocabulary padded past the tokenizer's (GPT-2's 50257 tokens in 50304 rows)."""
+    try:
+        n = tokenizer_size(tok.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"model.init_from: {tok}: not a readable tokenizer.json ({e})") from None
+    v = conf.get("vocab_size")
+    if isinstance(v, int) and n > v:
+        raise CheckpointError(f"model.init_from: {path}: its {TOKENIZER} has {n} tokens, more than config.json's "
+                              f"vocab_size {v}: it is not this model's tokenizer (an earlier model's file left in "
+                              "the folder?); remove it, or export the model again into a new folder")
 
 
 def open_hpcdp_file(path: Path) -> Source:
