@@ -134,10 +134,11 @@ def test_transformers_model_imports_trains_under_ddp_and_zero3_and_goes_back(tmp
 
 
 def test_bpe_tokenizer_and_its_gpt_in_transformers(tmp_path, oracle):
-    files = sorted(SOURCES.glob("*.py"))
+    files = sorted(SOURCES.rglob("*.py"))  # io/ has sub-folders: every file under it
     (tmp_path / "train").mkdir(), (tmp_path / "held").mkdir()
     for i, f in enumerate(files):
-        shutil.copy(f, tmp_path / ("held" if i % 9 == 4 else "train") / f.name)
+        name = "_".join(f.relative_to(SOURCES).parts)  # two folders' __init__.py stay apart
+        shutil.copy(f, tmp_path / ("held" if i % 9 == 4 else "train") / name)
     ok(hpcdp(tmp_path, "data", "train-tokenizer", "--text", "train", "--vocab-size", 400, "--out", "tok.json"))
     ok(hpcdp(tmp_path, "data", "prepare", "--text", "train", "--tokenizer", "tok.json", "--out", "corpus.h5"))
     (tmp_path / "job.toml").write_text(job_text(vocab=400, steps=2))
