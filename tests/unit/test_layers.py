@@ -32,8 +32,6 @@ INNER_CIRCLES_ALLOWED: dict[str, str] = {
     # data/: the submodules import DataError / Dataset from data/__init__.py, which
     # imports them back (load_dataset); moving those into a module of their own ends it
     "data": "data/__init__.py <-> every dataset module",
-    # scale/: study.py <-> report.py (VARIANTS) and study.py <-> zero_study.py (run_point)
-    "scale": "study <-> report, study <-> zero_study",
 }
 PKG = ROOT / "hpcdp"
 DOC = ROOT / "docs" / "architecture.md"
