@@ -17,21 +17,24 @@ Everything a caller needs is here (module paths inside comm/ are internal):
 See docs/collectives.md.
 """
 
-from hpcdp.comm.collectives import (
-    all_gather, allreduce, barrier, broadcast, iall_gather, iallreduce, ibarrier, ibroadcast,
-    ireduce_scatter, reduce_scatter,
-)
-from hpcdp.comm.core.context import abort, forget, get_context, set_debug, set_timeout
-from hpcdp.comm.core.errors import (CollectiveMismatch, CollectiveTimeout, CommAborted, CommError,
-                                    MPIError)
-from hpcdp.comm.core.ledger import Ledger
-from hpcdp.comm.core.settings import configure, settings
-from hpcdp.comm.engines.compiled.engine import active_engine, set_engine
-from hpcdp.comm.engines.compiled.lean import set_lean_path
-from hpcdp.comm.engines.device import cuda_aware, set_cuda_aware
-from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
-from hpcdp.comm.select import Plan, plan, prepare
-from hpcdp.comm.nodes import Topology, ranks_per_node, topology
+import importlib
+
+# name -> the module that defines it (imported on first use: ``import hpcdp.comm`` alone,
+# or ``import hpcdp.comm.model.cost``, loads no collective and no mpi4py)
+_HOME = {
+    **dict.fromkeys(["all_gather", "allreduce", "barrier", "broadcast", "iall_gather", "iallreduce", "ibarrier", "ibroadcast", "ireduce_scatter", "reduce_scatter"], "hpcdp.comm.collectives"),
+    **dict.fromkeys(["abort", "forget", "get_context", "set_debug", "set_timeout"], "hpcdp.comm.core.context"),
+    **dict.fromkeys(["CollectiveMismatch", "CollectiveTimeout", "CommAborted", "CommError", "MPIError"], "hpcdp.comm.core.errors"),
+    **dict.fromkeys(["Ledger"], "hpcdp.comm.core.ledger"),
+    **dict.fromkeys(["configure", "settings"], "hpcdp.comm.core.settings"),
+    **dict.fromkeys(["active_engine", "set_engine"], "hpcdp.comm.engines.compiled.engine"),
+    **dict.fromkeys(["set_lean_path"], "hpcdp.comm.engines.compiled.lean"),
+    **dict.fromkeys(["cuda_aware", "set_cuda_aware"], "hpcdp.comm.core.device"),
+    **dict.fromkeys(["DEFAULT_SEGMENT_BYTES"], "hpcdp.comm.ring"),
+    **dict.fromkeys(["Plan", "plan", "prepare"], "hpcdp.comm.select"),
+    **dict.fromkeys(["Topology", "ranks_per_node", "topology"], "hpcdp.comm.nodes"),
+}
+
 
 __all__ = [
     "allreduce", "reduce_scatter", "all_gather",
@@ -43,3 +46,22 @@ __all__ = [
     "get_context", "set_debug", "set_timeout", "set_engine", "active_engine", "set_lean_path",
     "cuda_aware", "set_cuda_aware", "DEFAULT_SEGMENT_BYTES",
 ]
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:  # a module of the package (``hpcdp.comm.auto``), as after an import of it
+        if not name.startswith("__"):
+            try:
+                return importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME))

@@ -16,12 +16,15 @@ hierarchical.py) and one :class:`Algorithm` line in :func:`_builtin` below, whic
 - ``cost(profile, nbytes, topology, itemsize) -> Cost``: its price in hpcdp.comm.model.cost
   (``None``: the model does not price it), and ``model_picks``: whether ``"auto"`` with a
   machine profile may choose it (``"always"``, ``"multi_node"``: only on 2+ nodes of 2+
-  ranks, ``"never"``).
+  ranks, ``"never"``). hpcdp's own take both from the model's table
+  (hpcdp.comm.model.cost.PRICES); :func:`register` hands a new one's to the model.
 
 Everything that names algorithms asks here: collectives.py launches ``start``,
-auto.py checks names against :func:`names`, volume.collective_bytes counts ``bytes``,
-cost.allreduce prices and picks by ``cost``. A new algorithm is its module plus one line
-in :func:`_builtin` (and, for a DDP/ZeRO option, its name in
+auto.py checks names against :func:`names`, select.collective_bytes counts ``bytes``;
+the cost model prices and picks from its own table, which :func:`register` keeps in
+step. A new algorithm is its module plus one line in :func:`_builtin` (its price, if
+the model may pick it, one line in hpcdp.comm.model.cost.PRICES; for a DDP/ZeRO
+option, its name in
 hpcdp.config_parallel.AllreduceAlgorithm, which parsing a config checks without
 importing comm; tests/unit/test_comm_rules.py fails until the two agree).
 """
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+from hpcdp.comm.model import cost as C
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 
@@ -55,12 +60,14 @@ def register(alg: Algorithm) -> Algorithm:
     if alg.model_picks not in ("always", "multi_node", "never"):
         raise ValueError(f"register: model_picks {alg.model_picks!r}; always, multi_node or never")
     _table()[alg.collective][alg.name] = alg
+    C.price(alg.collective, alg.name, alg.cost, alg.model_picks)
     return alg
 
 
 def unregister(collective: str, name: str) -> None:
     """Remove a registered algorithm (tests that register one of their own)."""
     _table()[collective].pop(name, None)
+    C.unprice(collective, name)
 
 
 def _table() -> dict[str, dict[str, Algorithm]]:
@@ -71,35 +78,33 @@ def _table() -> dict[str, dict[str, Algorithm]]:
 
 
 def _builtin() -> None:
-    """hpcdp's own algorithms (imported on first use: the modules import the registry's users)."""
-    from hpcdp.comm.model import cost as C
-    from hpcdp.comm import hier_shard, hierarchical, native, ring
-    from hpcdp.comm.schedules import bruck, halving, recursive
+    """hpcdp's own algorithms (imported on first use), their prices and which ones the
+    model may pick from hpcdp.comm.model.cost.PRICES."""
+    from hpcdp.comm import hier_shard, hierarchical, native
+    from hpcdp.comm.engines.compiled import engine
     from hpcdp.comm.model import volume as V
+    from hpcdp.comm.schedules import bruck, halving, recursive
 
-    for alg in (
-        Algorithm("allreduce", "ring", ring.start_allreduce, V.ring_allreduce_bytes, C.ring_allreduce, "always"),
-        Algorithm("allreduce", "recursive", recursive.start_allreduce, V.recursive_allreduce_bytes,
-                  C.recursive_allreduce, "always"),
-        Algorithm("allreduce", "native", native.start_allreduce, V.native_allreduce_bytes),
-        Algorithm("allreduce", "hierarchical", hierarchical.start_allreduce, None, C.hierarchical_allreduce,
-                  "multi_node"),
-        Algorithm("reduce_scatter", "ring", None, V.reduce_scatter_bytes, C.reduce_scatter, "always"),
-        Algorithm("reduce_scatter", "native", None, V.native_reduce_scatter_bytes),
-        Algorithm("reduce_scatter", "recursive", halving.start_reduce_scatter,
-                  V.halving_reduce_scatter_bytes, C.halving_reduce_scatter, "always"),
-        Algorithm("reduce_scatter", "hierarchical", hier_shard.start_reduce_scatter, None,
-                  C.hier_reduce_scatter, "multi_node"),
-        Algorithm("all_gather", "ring", None, V.all_gather_bytes, C.all_gather, "always"),
-        Algorithm("all_gather", "native", None, V.native_all_gather_bytes),
-        Algorithm("all_gather", "recursive", halving.start_all_gather, V.doubling_all_gather_bytes,
-                  C.doubling_all_gather, "always"),
-        Algorithm("all_gather", "bruck", bruck.start_all_gather, V.bruck_all_gather_bytes,
-                  C.bruck_all_gather, "always"),
-        Algorithm("all_gather", "hierarchical", hier_shard.start_all_gather, None,
-                  C.hier_all_gather, "multi_node"),
+    def alg(collective, name, start, formula):
+        cost, picks = C.PRICES[collective].get(name, (None, "never"))
+        return Algorithm(collective, name, start, formula, cost, picks)
+
+    for a in (
+        alg("allreduce", "ring", engine.start_ring_allreduce, V.ring_allreduce_bytes),
+        alg("allreduce", "recursive", recursive.start_allreduce, V.recursive_allreduce_bytes),
+        alg("allreduce", "native", native.start_allreduce, V.native_allreduce_bytes),
+        alg("allreduce", "hierarchical", hierarchical.start_allreduce, None),
+        alg("reduce_scatter", "ring", None, V.reduce_scatter_bytes),
+        alg("reduce_scatter", "native", None, V.native_reduce_scatter_bytes),
+        alg("reduce_scatter", "recursive", halving.start_reduce_scatter, V.halving_reduce_scatter_bytes),
+        alg("reduce_scatter", "hierarchical", hier_shard.start_reduce_scatter, None),
+        alg("all_gather", "ring", None, V.all_gather_bytes),
+        alg("all_gather", "native", None, V.native_all_gather_bytes),
+        alg("all_gather", "recursive", halving.start_all_gather, V.doubling_all_gather_bytes),
+        alg("all_gather", "bruck", bruck.start_all_gather, V.bruck_all_gather_bytes),
+        alg("all_gather", "hierarchical", hier_shard.start_all_gather, None),
     ):
-        _REGISTRY[alg.collective][alg.name] = alg
+        _REGISTRY[a.collective][a.name] = a
 
 
 def names(collective: str) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 Buffers: contiguous numpy arrays (any shape, treated as flat) of float16, float32,
 float64, int32 or int64 (other numeric dtypes work too), or device arrays (see
-hpcdp.comm.engines.device). ``recvbuf=None`` or ``recvbuf is sendbuf`` means in place.
+hpcdp.comm.core.device). ``recvbuf=None`` or ``recvbuf is sendbuf`` means in place.
 
 - ``allreduce(buf)``: every rank gets the reduction of all ranks' ``buf``.
 - ``reduce_scatter(buf, out)``: ``out`` (length ``shard_range(n, N, rank)[1]``)
@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm import fast
+from hpcdp.comm import fast, hierarchical
+from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.auto import choose, choose_allreduce
 from hpcdp.comm.core.context import get_context, get_context_if_any
@@ -45,7 +46,7 @@ _KINDS = "fiu"
 
 
 def is_device_array(x) -> bool:
-    from hpcdp.comm.engines.device import is_device_array as check
+    from hpcdp.comm.core.device import is_device_array as check
     return check(x)
 
 
@@ -105,7 +106,7 @@ def _host(sendbuf, recvbuf) -> bool:
 
 
 def _staged(fn, sendbuf, recvbuf, comm, kwargs):
-    from hpcdp.comm.engines.device import maybe_stage
+    from hpcdp.comm.core.device import maybe_stage
     return maybe_stage(fn, sendbuf, recvbuf, comm, kwargs)
 
 
@@ -177,7 +178,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
         nbytes = work.nbytes if isinstance(work, np.ndarray) else work.size * work.dtype.itemsize
         layout = None
         if algorithm == "auto" and ctx.size > 1:
-            from hpcdp.comm.hierarchical import auto_layout
+            from hpcdp.comm.nodes import auto_layout
             layout = auto_layout(ctx, timeout)  # None unless HPCDP_PROFILE names a profile
         if layout is not None:  # (profile, nodes, ranks per node): the cost model decides
             from hpcdp.comm.model.cost import fastest_allreduce
@@ -191,7 +192,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
                 work[...] = src
             return DoneRequest(ctx, "allreduce", call, ledger, result)
         if _lean(algo, op, max_message_bytes, nbytes, work):
-            return fast.allreduce(ctx, call, src, work, result, op, ledger, timeout)
+            return mpi_engine.allreduce(ctx, call, src, work, result, op, ledger, timeout)
         if w is not None:  # the ring with 16-bit messages (hpcdp.comm.engines.wire)
             return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
                                 phases=("rs", "ag"), segment_bytes=segment_bytes,
@@ -205,7 +206,7 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
 
 
 def _device_scratch(ctx, like):
-    from hpcdp.comm.engines.device import device_scratch
+    from hpcdp.comm.core.device import device_scratch
     return device_scratch(ctx, like.size, like.dtype)
 
 
@@ -234,7 +235,7 @@ def _scatter_gather_algo(ctx, collective, nbytes, algorithm, timeout):
     cost model's pick for the node layout when ``HPCDP_PROFILE`` names a profile
     (hpcdp.comm.model.cost.fastest), else the measured size rule (hpcdp.comm.auto.choose)."""
     if algorithm == "auto" and ctx.size > 1:
-        from hpcdp.comm.hierarchical import auto_layout
+        from hpcdp.comm.nodes import auto_layout
         layout = auto_layout(ctx, timeout)
         if layout is not None:
             from hpcdp.comm.model.cost import fastest
@@ -289,7 +290,7 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
                 out[...] = src
             return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
         if _lean(algo, op, max_message_bytes, nbytes, src):
-            return fast.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger, timeout)
+            return mpi_engine.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger, timeout)
         if algo == "native":
             if in_place:
                 tmp_out = np.empty(size, dtype=src.dtype) if isinstance(src, np.ndarray) else \
@@ -384,7 +385,7 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
         call = ctx.arrive("all_gather", full.dtype, n, -1, algo, "", timeout)
         if algo == "native" and ctx.size > 1 and n > 0 and max_message_bytes is None \
                 and nbytes < MAX_MESSAGE_BYTES and isinstance(full, np.ndarray):
-            return fast.all_gather(ctx, call, chunk, full, result, ledger, timeout)
+            return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
         if algo == "native" and ctx.size > 1 and n > 0:
             body = lambda req: native_all_gather(req, chunk, full, in_place)  # noqa: E731
             req = GenRequest(ctx, "all_gather", call, ledger, timeout, body, max_message_bytes)
@@ -446,9 +447,9 @@ def ibroadcast(buf, *, comm, root: int = 0, ledger=None, timeout=None):
         call = ctx.arrive("broadcast", flat.dtype, flat.size, int(root), "native", "", timeout)
         if ctx.size == 1 or flat.size == 0:
             return DoneRequest(ctx, "broadcast", call, ledger, buf)
-        req = ctx.data.Ibcast([flat, fast.mpi_type(flat.dtype)], int(root))
+        req = ctx.data.Ibcast([flat, mpi_engine.mpi_type(flat.dtype)], int(root))
         nbytes = (flat.nbytes, 0, 1, 0) if ctx.rank == root else (0, flat.nbytes, 0, 1)
-        return fast.FastRequest(ctx, req, call, ledger, nbytes, timeout, buf)
+        return mpi_engine.FastRequest(ctx, req, call, ledger, nbytes, timeout, buf)
     except MPI.Exception as exc:
         raise _mpi_failed(comm, "broadcast", exc) from None
 
@@ -465,7 +466,7 @@ def ibarrier(*, comm, timeout=None):
         call = ctx.arrive("barrier", np.uint8, 0, -1, "native", "", timeout)
         if ctx.size == 1:
             return DoneRequest(ctx, "barrier", call, None, None)
-        return fast.FastRequest(ctx, ctx.data.Ibarrier(), call, None, (0, 0), timeout, None)
+        return mpi_engine.FastRequest(ctx, ctx.data.Ibarrier(), call, None, (0, 0), timeout, None)
     except MPI.Exception as exc:
         raise _mpi_failed(comm, "barrier", exc) from None
 
@@ -473,3 +474,7 @@ def ibarrier(*, comm, timeout=None):
 def barrier(*, comm, timeout=None) -> None:
     """Every rank of ``comm`` reached this call (:func:`ibarrier`), or the diagnosis' error."""
     ibarrier(comm=comm, timeout=timeout).wait()
+
+
+# the hierarchical allreduce runs its three phases as these collectives
+hierarchical.use_front(ireduce_scatter, iallreduce, iall_gather)

@@ -29,8 +29,8 @@ division, ``(L-1)/L * S`` intra-node and ``(M-1)/M * S / L`` inter-node per rank
 collective, in ``log2 L + log2 M`` steps (non-powers of two fold as in halving.py).
 
 The two sub-communicators it sends on are duplicates of the topology's (its own
-tags never meet the hierarchical allreduce's), made on first use; :func:`prepare` does that up front (ZeRO
-calls it at setup, while no request is in flight).
+tags never meet the hierarchical allreduce's), made on first use; hpcdp.comm.prepare
+does that up front (ZeRO calls it at setup, while no request is in flight).
 """
 
 from __future__ import annotations
@@ -87,24 +87,6 @@ def layout(ctx, timeout=None) -> Layout:
         limit = ctx.timeout if timeout is None else float(timeout)
         found = ctx.extra["hier_shard"] = Layout(ctx, topology(ctx, timeout=limit), limit)
     return found
-
-
-def prepare(comm, timeout=None) -> None:
-    """Build the node layout of ``comm`` now (collective; every rank calls it)."""
-    from hpcdp.comm.core.context import get_context
-
-    ctx = get_context(comm, timeout)
-    if ctx.size > 1:
-        layout(ctx, timeout)
-
-
-def prepare_for(algorithm: str, comm, timeout=None) -> None:
-    """:func:`prepare` where ``algorithm`` may run hierarchically: "hierarchical", or
-    "auto" with a machine profile (``HPCDP_PROFILE``: the cost model may pick it)."""
-    from hpcdp.comm.core.settings import settings
-
-    if algorithm == "hierarchical" or (algorithm == "auto" and settings().profile):
-        prepare(comm, timeout)
 
 
 class _KindRequest(GenRequest):
@@ -189,4 +171,4 @@ def start_all_gather(ctx, call, ledger, timeout, *, full, result, segment_bytes,
     return req
 
 
-__all__ = ["Layout", "layout", "prepare", "prepare_for", "start_reduce_scatter", "start_all_gather"]
+__all__ = ["Layout", "layout", "start_reduce_scatter", "start_all_gather"]

@@ -30,7 +30,6 @@ from mpi4py import MPI
 
 from hpcdp.comm.core.diagnose import diagnose
 from hpcdp.comm.core.ops import resolve
-from hpcdp.comm.core.settings import settings
 from hpcdp.comm.core.requests import Request
 from hpcdp.comm.nodes import duplicate, topology
 from hpcdp.shard import shard_range
@@ -78,16 +77,15 @@ def hierarchy(ctx, timeout: float | None = None) -> Hierarchy:
     return found
 
 
-def auto_layout(ctx, timeout=None):
-    """For ``algorithm="auto"``: ``(profile name, nodes, per_node)`` when ``[comm] profile``
-    (``HPCDP_PROFILE``) names a machine profile (then the cost model picks the allreduce),
-    else None (auto keeps its size rule). Every rank must see the same profile, like any
-    auto setting."""
-    name = settings().profile
-    if not name or ctx.size == 1:
-        return None
-    t = topology(ctx, timeout=timeout)
-    return name, t.nodes, t.per_node
+# The front's non-blocking collectives the phases run as, installed by hpcdp.comm.collectives
+# when it is imported (:func:`use_front`; the front launches this algorithm, so it sits
+# above this module): [ireduce_scatter, iallreduce, iall_gather].
+_FRONT: list = []
+
+
+def use_front(ireduce_scatter, iallreduce, iall_gather) -> None:
+    """The collectives each phase runs as (hpcdp.comm.collectives, once, on import)."""
+    _FRONT[:] = [ireduce_scatter, iallreduce, iall_gather]
 
 
 class HierarchicalRequest(Request):
@@ -116,7 +114,7 @@ class HierarchicalRequest(Request):
         self._advance()
 
     def _start(self):
-        from hpcdp.comm.collectives import iall_gather, iallreduce, ireduce_scatter
+        ireduce_scatter, iallreduce, iall_gather = _FRONT
         h = self.h
         if self.phase == 0:
             return ireduce_scatter(self.work, comm=h.local, op=self.sub_op, **self.kw)

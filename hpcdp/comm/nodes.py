@@ -113,9 +113,9 @@ def duplicate(ctx, comm, timeout: float, what: str):
 
 def _agree(ctx, values: np.ndarray, op: str, timeout: float) -> None:
     """An allreduce of a few int64 on ``ctx``'s communicator through MPI's own call
-    (hpcdp.comm.fast: sequence number, deadline, MPI errors), in place."""
+    (hpcdp.comm.engines.mpi: sequence number, deadline, MPI errors), in place."""
     from hpcdp.comm.core.ops import resolve
-    from hpcdp.comm.fast import allreduce
+    from hpcdp.comm.engines.mpi import allreduce
 
     o = resolve(op)
     call = ctx.arrive("allreduce", values.dtype, values.size, -1, "native", o.name, timeout)
@@ -173,5 +173,17 @@ def topology(comm, *, timeout: float | None = None) -> Topology:
     return found
 
 
-__all__ = ["Topology", "topology", "ranks_per_node", "wait_for_everyone", "duplicate",
+def auto_layout(ctx, timeout=None):
+    """For ``algorithm="auto"``: ``(profile name, nodes, per_node)`` when ``[comm] profile``
+    (``HPCDP_PROFILE``) names a machine profile (then the cost model picks the allreduce),
+    else None (auto keeps its size rule). Every rank must see the same profile, like any
+    auto setting."""
+    name = settings().profile
+    if not name or ctx.size == 1:
+        return None
+    t = topology(ctx, timeout=timeout)
+    return name, t.nodes, t.per_node
+
+
+__all__ = ["Topology", "topology", "auto_layout", "ranks_per_node", "wait_for_everyone", "duplicate",
            "RANKS_PER_NODE_ENV"]

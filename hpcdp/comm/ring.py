@@ -146,7 +146,7 @@ class RingRequest(Request):
     def _scratch_like(self, like, n):
         if isinstance(like, np.ndarray):
             return self.scratch(n, like.dtype)
-        from hpcdp.comm.engines.device import device_scratch
+        from hpcdp.comm.core.device import device_scratch
         return device_scratch(self.ctx, n, like.dtype)
 
     def _seg(self, chunk, k):
@@ -286,14 +286,3 @@ def expected_bytes(n: int, N: int, rank: int, itemsize: int,
     from hpcdp.comm.model.volume import ring_bytes
 
     return ring_bytes(n, N, rank, itemsize, phases)
-
-
-
-def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes, max_message_bytes):
-    """The registered start of the ring allreduce (hpcdp.comm.algorithms), on the
-    context's engine (hpcdp.comm.engines.compiled.engine: this RingRequest or the compiled one)."""
-    from hpcdp.comm.engines.compiled.engine import ring_request
-
-    return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
-                        phases=("rs", "ag"), segment_bytes=segment_bytes,
-                        max_message_bytes=max_message_bytes, result=result)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcdp.comm.algorithms import get as get_algorithm
+from hpcdp.comm.auto import choose
 from hpcdp.comm.core.context import get_context
 from hpcdp.comm.core.settings import settings
 
@@ -63,7 +65,6 @@ def plan(collective: str, nbytes: int, *, comm, dtype="float32", op="sum", algor
          blocking: bool = False, wire=None, overlap: bool = False, timeout=None) -> Plan:
     """The plan of one call's signature (module docstring). Collective the first time a
     machine profile needs the communicator's topology."""
-    from hpcdp.comm.auto import choose
     from hpcdp.comm.engines.compiled.engine import active_engine
     from hpcdp.comm.engines.wire import wire_algorithm, wire_format
 
@@ -79,7 +80,7 @@ def plan(collective: str, nbytes: int, *, comm, dtype="float32", op="sum", algor
         algorithm = overlap_algorithm(comm, algorithm)
     algo = algorithm
     if algorithm == "auto" and ctx.size > 1:
-        from hpcdp.comm.hierarchical import auto_layout
+        from hpcdp.comm.nodes import auto_layout
 
         layout = auto_layout(ctx, timeout)
         if layout is not None:
@@ -110,4 +111,18 @@ def prepare(comm, *, algorithm: str = "auto", timeout=None) -> None:
         layout(ctx, timeout)
 
 
-__all__ = ["Plan", "plan", "prepare", "overlap_algorithm", "configured"]
+def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
+                     itemsize: int) -> tuple[int, int]:
+    """(sent, received) bytes of one ``collective`` (allreduce, reduce_scatter,
+    all_gather) with ``algorithm`` ("auto" resolved by hpcdp.comm.auto.choose, by size):
+    the formula of hpcdp.comm.model.volume the algorithm registered (hpcdp.comm.algorithms)."""
+    algo = choose(collective, n * itemsize, N, algorithm)
+    formula = get_algorithm(collective, algo).bytes
+    if formula is None:  # e.g. hierarchical: bytes per link kind, from the node layout
+        raise ValueError(f"collective_bytes: the {algo} {collective} moves bytes on two link kinds; "
+                         f"use {algo}_bytes (hierarchical_bytes(n, nodes, per_node, node, local_rank, "
+                         "itemsize) for the hierarchical allreduce)")
+    return formula(n, N, rank, itemsize)
+
+
+__all__ = ["Plan", "plan", "prepare", "overlap_algorithm", "configured", "collective_bytes"]

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError
+from .dataset import DataError
 
 
 def runs(sorted_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

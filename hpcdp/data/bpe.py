@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError
+from .dataset import DataError
 
 END_OF_TEXT = "<|endoftext|>"
 INSTALL = "pip install 'hpcdp[tokenizer]' (the Hugging Face tokenizers package)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DataError
+from .dataset import DataError
 
 
 def cast_features(ds, dtype: str) -> None:

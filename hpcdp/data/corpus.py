@@ -22,7 +22,7 @@ import numpy as np
 
 from hpcdp.shard import shard_range
 
-from . import DataError, Dataset
+from .dataset import DataError, Dataset
 from .same_files import check_same_files, combine_max
 from .arrays import MemoryArray, open_h5_dataset
 from .prepare import FORMAT, FORMAT_VERSION

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError, Dataset, split_indices
+from .dataset import DataError, Dataset, split_indices
 
 N_IMAGES, N_PIXELS, N_CLASSES = 1797, 64, 10
 FILE = Path(__file__).with_name("digits.csv.gz")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from . import DataError
+from .dataset import DataError
 
 
 def outside_sources(dset, path: str) -> str | None:

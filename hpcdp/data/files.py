@@ -29,7 +29,7 @@ import numpy as np
 
 from hpcdp.shard import shard_range
 
-from . import DataError, Dataset, split_indices
+from .dataset import DataError, Dataset, split_indices
 from .same_files import check_same_files, combine_max
 from .arrays import open_h5_dataset, open_npy
 from .external import refuse_external

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError
+from .dataset import DataError
 from .tokenizer import TOKENIZERS, Tokenizer
 
 FORMAT, FORMAT_VERSION = "hpcdp-tokens", 2  # the newest version read; byte/char corpora are written as 1

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DataError
+from .dataset import DataError
 
 HEADER_BYTES = 64 * 1024  # bytes of each file that are checksummed
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from hpcdp.shard import shard_range
 
-from . import DataError
+from .dataset import DataError
 
 
 class GlobalSampler:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DataError, Dataset, split_indices
+from .dataset import DataError, Dataset, split_indices
 
 
 def _split(name, task, x, y, n_classes, cfg, info=None) -> Dataset:

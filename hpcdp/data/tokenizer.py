@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DataError
+from .dataset import DataError
 
 TOKENIZERS = ("byte", "char")
 

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from . import DataError
+from .dataset import DataError
 from .arrays import DiskArray
 
 

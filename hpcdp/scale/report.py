@@ -39,7 +39,7 @@ def predict_points(result: dict, profile, cfg, per_node: int) -> None:
     from dataclasses import replace
 
     from hpcdp.scale import model as M
-    from hpcdp.scale.study import VARIANTS
+    from hpcdp.scale.points import VARIANTS
     from hpcdp.config import load_config
 
     algorithm = getattr(cfg.parallel.sub("ddp"), "algorithm", "ring") if hasattr(cfg.parallel, "sub") else "ring"

@@ -46,7 +46,7 @@ def _child(args, strategy: str, k: int, out: Path, ranks_per_node: int | None = 
     """One ``hpcdp train`` job through scale.run_point, with the strategy's overrides
     (and ``HPCDP_RANKS_PER_NODE`` for it when given: hybrid sharding's nodes)."""
     from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
-    from hpcdp.scale import study as scale
+    from hpcdp.scale import points as scale
 
     sub = copy.copy(args)
     sub.set = list(args.set or []) + STRATEGIES[strategy]

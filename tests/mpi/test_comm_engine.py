@@ -253,7 +253,7 @@ def test_states_are_reused_and_buckets_progress_alone(comm):
     """Repeated calls of one shape reuse one plan's state (reset in compiled code, same
     results every time); non-blocking requests progress alone (so DDP's drain waits on
     the oldest), and auto picks the compiled ring for overlapped buckets."""
-    from hpcdp.comm.engines.compiled import overlap_algorithm
+    from hpcdp.comm.select import overlap_algorithm
     from hpcdp.comm.core.context import get_context
 
     set_engine(comm, "compiled")

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from hpcdp.comm import Ledger, all_gather, allreduce, iall_gather, iallreduce, ireduce_scatter, reduce_scatter
 from hpcdp.comm import fast
+from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.core.context import get_context
 from hpcdp.shard import shard_range
 
@@ -212,7 +213,7 @@ def test_compiled_lean_path_is_bitwise_mpi4pys_collective(comm, dtype):
     mpi4py, and the ledger today's figures; the compiled path really ran."""
     N, r = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(dtype)
-    T = fast.mpi_type(dtype)  # (uint64: MPI_UINT64_T, hpcdp.comm.core.ops.mpi_datatype)
+    T = mpi_engine.mpi_type(dtype)  # (uint64: MPI_UINT64_T, hpcdp.comm.core.ops.mpi_datatype)
     for n in sorted({1, N, N + 1, 2 * N + 3, 37}):
         bounds = [shard_range(n, N, p) for p in range(N)]
         counts, displs = [s for _, s in bounds], [o for o, _ in bounds]

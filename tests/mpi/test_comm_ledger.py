@@ -5,7 +5,7 @@ import pytest
 
 from hpcdp.comm import Ledger, all_gather, allreduce, reduce_scatter
 from hpcdp.comm.schedules.recursive import expected_bytes as rd_bytes
-from hpcdp.comm.model.volume import collective_bytes
+from hpcdp.comm.select import collective_bytes
 from hpcdp.comm.ring import expected_bytes
 from hpcdp.shard import shard_range
 
@@ -44,7 +44,7 @@ def test_ring_ledger(comm, n):
 @pytest.mark.parametrize("n", [0, 1, 5, 1009, 300 * 1024])
 def test_native_and_auto_ledger(comm, algorithm, n):
     """MPI's own collectives (and auto, whichever it picks) record the bytes handed to
-    MPI, as hpcdp.comm.model.volume.collective_bytes says, in place or not."""
+    MPI, as hpcdp.comm.select.collective_bytes says, in place or not."""
     N, r = comm.Get_size(), comm.Get_rank()
     off, size = shard_range(n, N, r)
     led = Ledger()

@@ -170,7 +170,7 @@ def test_a_registered_algorithm_is_known_to_auto_volume_and_the_cost_model():
     the cost model prices it and (model_picks) may choose it."""
     from hpcdp.comm import algorithms
     from hpcdp.comm.model import cost as C
-    from hpcdp.comm.model.volume import collective_bytes
+    from hpcdp.comm.select import collective_bytes
 
     def never_cheaper(p, nbytes, t, itemsize=4):
         return C.Cost(latency_s=1e9)
@@ -226,3 +226,32 @@ def test_auto_progress_runs_the_thread_only_with_a_spare_core(monkeypatch):
         reload()
     monkeypatch.undo()
     reload()
+
+
+def test_the_model_loads_without_mpi_or_the_registry():
+    """``import hpcdp.comm.model.cost`` (pure arithmetic) in a fresh interpreter loads no
+    mpi4py and no module of comm/ outside model/ (``import hpcdp.comm`` is lazy), and
+    the model prices hpcdp's own algorithms from its own table."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hpcdp.comm.model.cost as C; "
+            "print(sorted(m for m in sys.modules if m.startswith(('mpi4py', 'hpcdp.comm')))); "
+            "print(C.pick('allreduce', C.load_profile('dev-vm-2core'), 1 << 20, C.Topology(2, 2))[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0] == str(["hpcdp.comm", "hpcdp.comm.model", "hpcdp.comm.model.cost",
+                          "hpcdp.comm.model.volume"]), out
+    assert out[1] in ("ring", "recursive", "hierarchical"), out
+
+
+def test_the_registry_and_the_model_agree_on_every_price():
+    """Every registered algorithm with a cost function is in the model's table with the
+    same function and model_picks, in registration order, and nothing else is."""
+    from hpcdp.comm import algorithms
+    from hpcdp.comm.model import cost as C
+
+    for collective in algorithms.COLLECTIVES:
+        registered = [(a.name, (a.cost, a.model_picks)) for a in algorithms.registered(collective)
+                      if a.cost is not None]
+        assert registered == list(C.PRICES[collective].items()), collective

@@ -49,7 +49,7 @@ def test_hierarchical_bytes(nodes, per, n):
 
 
 def test_collective_bytes_sends_hierarchical_to_its_own_formula():
-    from hpcdp.comm.model.volume import collective_bytes
+    from hpcdp.comm.select import collective_bytes
 
     with pytest.raises(ValueError, match="hierarchical_bytes"):
         collective_bytes("allreduce", "hierarchical", 64, 4, 0, 4)

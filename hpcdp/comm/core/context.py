@@ -116,7 +116,7 @@ class CommContext:
         conf = _settings.settings()
         self.debug = conf.debug
         self.timeout = conf.timeout
-        self.cuda_aware = None  # decided lazily by hpcdp.comm.engines.device
+        self.cuda_aware = None  # decided lazily by hpcdp.comm.core.device
         # hpcdp.comm.engines.compiled: the engine asked for (None: HPCDP_COMM_ENGINE when first
         # needed) and the compiled ring's plans (shape key -> Plan, with reusable states)
         self.engine: str | None = None

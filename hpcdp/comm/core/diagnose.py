@@ -39,7 +39,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.core.debug import FIELDS, describe, fingerprint
+from hpcdp.comm.core.fingerprint import FIELDS, describe, fingerprint
 from hpcdp.comm.core.errors import CollectiveTimeout
 
 STATUS, VIEW = 1, 2

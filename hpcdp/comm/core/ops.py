@@ -26,7 +26,7 @@ class Op:
     def reduce(self, out, a, b) -> None:
         """``out[...] = a (op) b``; ``out`` may alias ``a`` or ``b``."""
         if not isinstance(out, np.ndarray):
-            from hpcdp.comm.engines.device import device_reduce
+            from hpcdp.comm.core.device import device_reduce
             device_reduce(self, out, a, b)
         elif isinstance(self.fn, np.ufunc):
             self.fn(a, b, out=out)
@@ -42,7 +42,7 @@ class Op:
         if not self.is_mean or world_size == 1:
             return
         if not isinstance(arr, np.ndarray):
-            from hpcdp.comm.engines.device import device_scale
+            from hpcdp.comm.core.device import device_scale
             device_scale(arr, world_size)
         elif np.issubdtype(arr.dtype, np.integer):
             np.floor_divide(arr, world_size, out=arr)

@@ -366,10 +366,17 @@ def hierarchical_allreduce(p: Profile, nbytes: int, t: Topology, itemsize: int =
 
 
 def priced(collective: str = "allreduce") -> dict:
-    """``{algorithm: cost function}`` of the registered algorithms the model prices
-    (hpcdp.comm.algorithms: each algorithm registers its cost function)."""
-    from hpcdp.comm.algorithms import registered
-    return {a.name: a.cost for a in registered(collective) if a.cost is not None}
+    """``{algorithm: cost function}`` of the algorithms the model prices (:data:`PRICES`:
+    hpcdp's own, and each one registered in hpcdp.comm.algorithms with a cost function)."""
+    return {name: fn for name, (fn, _) in PRICES[collective].items()}
+
+
+def candidates(collective: str, t: Topology) -> list[str]:
+    """The algorithms ``"auto"`` may pick for ``collective`` on ``t`` (``model_picks``:
+    "always", or "multi_node" on 2+ nodes of 2+ ranks), in registration order."""
+    multi = t.nodes > 1 and t.per_node > 1
+    return [name for name, (_, picks) in PRICES[collective].items()
+            if picks == "always" or (picks == "multi_node" and multi)]
 
 
 def allreduce(p: Profile, nbytes: int, t: Topology, algorithm: str = "ring",
@@ -377,12 +384,8 @@ def allreduce(p: Profile, nbytes: int, t: Topology, algorithm: str = "ring",
     """(algorithm used, cost); ``"auto"``: the fastest of the algorithms the model may
     pick (registered with ``model_picks``: ring and recursive doubling; hierarchical on 2+
     nodes of 2+ ranks)."""
-    from hpcdp.comm.algorithms import registered
-
     if algorithm == "auto":
-        multi = t.nodes > 1 and t.per_node > 1
-        names = [a.name for a in registered("allreduce") if a.cost is not None
-                 and (a.model_picks == "always" or (a.model_picks == "multi_node" and multi))]
+        names = candidates("allreduce", t)
         costs = {a: priced()[a](p, nbytes, t, itemsize) for a in names}
         best = min(names, key=lambda a: costs[a].total_s)
         return best, costs[best]
@@ -530,18 +533,42 @@ def hier_all_gather(p: Profile, nbytes: int, t: Topology, itemsize: int = 4) -> 
     return _hier_shard(p, nbytes, t, itemsize, "all_gather")
 
 
+# What the model prices, per collective: algorithm -> (cost function, model_picks), in
+# the registration order of hpcdp.comm.algorithms (the first of equal costs wins).
+# hpcdp's own algorithms are listed here, where their prices are written; the registry
+# takes their cost and model_picks from this table, and adds (:func:`price`) or drops
+# (:func:`unprice`) the ones registered later. The model imports no registry.
+PRICES: dict[str, dict[str, tuple]] = {
+    "allreduce": {"ring": (ring_allreduce, "always"), "recursive": (recursive_allreduce, "always"),
+                  "hierarchical": (hierarchical_allreduce, "multi_node")},
+    "reduce_scatter": {"ring": (reduce_scatter, "always"), "recursive": (halving_reduce_scatter, "always"),
+                       "hierarchical": (hier_reduce_scatter, "multi_node")},
+    "all_gather": {"ring": (all_gather, "always"), "recursive": (doubling_all_gather, "always"),
+                   "bruck": (bruck_all_gather, "always"), "hierarchical": (hier_all_gather, "multi_node")},
+}
+
+
+def price(collective: str, name: str, cost, model_picks: str = "never") -> None:
+    """Price ``name`` with ``cost(profile, nbytes, topology, itemsize) -> Cost`` (a
+    registered algorithm's; ``cost=None``: not priced)."""
+    if cost is None:
+        unprice(collective, name)
+    else:
+        PRICES[collective][name] = (cost, model_picks)
+
+
+def unprice(collective: str, name: str) -> None:
+    PRICES[collective].pop(name, None)
+
+
 def pick(collective: str, p: Profile, nbytes: int, t: Topology, algorithm: str = "auto",
          itemsize: int = 4) -> tuple[str, Cost]:
     """(algorithm used, cost) of one ``collective``; ``"auto"``: the fastest of the
     registered algorithms the model may pick (``model_picks``; "multi_node" ones only on
     2+ nodes of 2+ ranks)."""
-    from hpcdp.comm.algorithms import registered
-
     table = priced(collective)
     if algorithm == "auto":
-        multi = t.nodes > 1 and t.per_node > 1
-        names = [a.name for a in registered(collective) if a.cost is not None
-                 and (a.model_picks == "always" or (a.model_picks == "multi_node" and multi))]
+        names = candidates(collective, t)
         costs = {a: table[a](p, nbytes, t, itemsize) for a in names}
         best = min(names, key=lambda a: costs[a].total_s)
         return best, costs[best]
@@ -603,7 +630,7 @@ def ps_push_pull(p: Profile, nbytes: int, t: Topology, servers: int, itemsize: i
 __all__ = ["Profile", "Link", "Topology", "Cost", "load_profile", "profile_from_dict",
            "available_profiles", "allreduce", "ring_allreduce", "recursive_allreduce",
            "hierarchical_allreduce", "reduce_scatter", "all_gather", "ps_push_pull",
-           "fastest_allreduce", "priced", "pick", "fastest", "halving_phase_cost",
+           "fastest_allreduce", "priced", "candidates", "PRICES", "price", "unprice", "pick", "fastest", "halving_phase_cost",
            "halving_reduce_scatter", "doubling_all_gather", "bruck_all_gather", "hier_reduce_scatter",
            "hier_all_gather", "software_cost", "debug_ctrl_cost", "ring_phases_cost",
            "SEGMENT_BYTES", "PROFILE_DIR"]

@@ -15,7 +15,7 @@ Notation: ``n`` elements of ``itemsize`` bytes, ``N`` ranks, chunks
 - recursive doubling (any N, non-powers of two folded in): ``log2 p`` full-buffer
   exchanges for the ``p = 2^floor(log2 N)`` ranks that stay, plus one fold/unfold.
 - MPI's own collectives ("native", and "auto" below its crossover): the bytes
-  handed to the MPI call (:func:`native_bytes`); :func:`collective_bytes` resolves
+  handed to the MPI call (:func:`native_bytes`); hpcdp.comm.select.collective_bytes resolves
   "auto" the way the collectives do.
 - parameter server (K servers, shard j by ``shard_range(n, K, j)``): a push sends each
   worker's shard j to server j; a pull sends it back. Server j receives
@@ -149,23 +149,6 @@ def native_reduce_scatter_bytes(n: int, N: int, rank: int, itemsize: int) -> tup
 
 def native_all_gather_bytes(n: int, N: int, rank: int, itemsize: int) -> tuple[int, int]:
     return native_bytes("all_gather", n, N, rank, itemsize)
-
-
-def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
-                     itemsize: int) -> tuple[int, int]:
-    """(sent, received) bytes of one ``collective`` (allreduce, reduce_scatter,
-    all_gather) with ``algorithm`` ("auto" resolved by hpcdp.comm.auto.choose): the
-    formula the algorithm registered (hpcdp.comm.algorithms)."""
-    from hpcdp.comm.algorithms import get
-    from hpcdp.comm.auto import choose
-
-    algo = choose(collective, n * itemsize, N, algorithm)
-    formula = get(collective, algo).bytes
-    if formula is None:  # e.g. hierarchical: bytes per link kind, from the node layout
-        raise ValueError(f"collective_bytes: the {algo} {collective} moves bytes on two link kinds; "
-                         f"use {algo}_bytes (hierarchical_bytes(n, nodes, per_node, node, local_rank, "
-                         "itemsize) for the hierarchical allreduce)")
-    return formula(n, N, rank, itemsize)
 
 
 def ps_push_bytes(n: int, rank: int, servers, workers, itemsize: int) -> tuple[int, int]:
@@ -348,7 +331,7 @@ def hier_shard_bytes(collective: str, n: int, nodes: int, per_node: int, node: i
 
 __all__ = ["ring_bytes", "ring_messages", "ring_allreduce_bytes", "expected_step_bytes", "reduce_scatter_bytes", "all_gather_bytes",
            "recursive_bytes", "recursive_allreduce_bytes", "native_bytes", "native_allreduce_bytes",
-           "native_reduce_scatter_bytes", "native_all_gather_bytes", "collective_bytes", "ps_push_bytes", "ps_pull_bytes",
+           "native_reduce_scatter_bytes", "native_all_gather_bytes", "ps_push_bytes", "ps_pull_bytes",
            "zero_step_bytes", "hierarchical_bytes", "offsets_of", "halving_steps",
            "halving_offsets_bytes", "halving_reduce_scatter_bytes", "doubling_all_gather_bytes",
            "bruck_all_gather_bytes", "hier_shard_layout", "hier_shard_bytes"]

@@ -122,7 +122,7 @@ def scratch_like(req, n, like):
     NumPy ``like``, device memory for a device array."""
     if isinstance(like, np.ndarray):
         return req.scratch(n, like.dtype)
-    from hpcdp.comm.engines.device import device_scratch
+    from hpcdp.comm.core.device import device_scratch
     return device_scratch(req.ctx, n, like.dtype)
 
 

@@ -70,7 +70,7 @@ def start_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segmen
         if isinstance(work, np.ndarray):
             tmp = req.scratch(work.size, work.dtype)
         else:
-            from hpcdp.comm.engines.device import device_scratch
+            from hpcdp.comm.core.device import device_scratch
             tmp = device_scratch(ctx, work.size, work.dtype)
         return (yield from recursive_doubling(req, work, op, tmp))
 

@@ -11,7 +11,7 @@
 See docs/collectives.md, "The compiled engine".
 """
 
-from hpcdp.comm.engines.compiled.engine import (ENGINES, active_engine, overlap_algorithm, ring_request,
+from hpcdp.comm.engines.compiled.engine import (ENGINES, active_engine, ring_request,
                                          set_engine)
 
-__all__ = ["ENGINES", "active_engine", "overlap_algorithm", "ring_request", "set_engine"]
+__all__ = ["ENGINES", "active_engine", "ring_request", "set_engine"]

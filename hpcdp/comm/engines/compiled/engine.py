@@ -142,18 +142,6 @@ def active_engine(comm) -> str:
     return "python"
 
 
-def overlap_algorithm(comm, algorithm: str) -> str:
-    """The algorithm for non-blocking collectives that should progress while the
-    caller computes (DDP's gradient buckets): "auto" becomes "ring" when ``comm``'s
-    ring runs on the compiled engine, whose progress thread advances it (MPI's own
-    non-blocking collective, auto's pick below its crossover, moves only when
-    polled); anything else, or "auto" with a machine profile (HPCDP_PROFILE: the cost
-    model picks), is returned as given."""
-    if algorithm != "auto" or settings().profile:
-        return algorithm
-    return "ring" if active_engine(comm) == "compiled" else algorithm
-
-
 def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, segment_bytes,
                  max_message_bytes=None, result=None, final_out=None, background=True, wire=None):
     """A ring collective on the context's engine (module docstring). ``final_out``
@@ -180,3 +168,12 @@ def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, seg
                       max_message_bytes=max_message_bytes, result=result, final_out=final_out,
                       wire=wire)
     return req
+
+
+def start_ring_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes,
+                         max_message_bytes):
+    """The registered start of the ring allreduce (hpcdp.comm.algorithms), on the
+    context's engine (:func:`ring_request`: hpcdp.comm.ring.RingRequest or the compiled one)."""
+    return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
+                        phases=("rs", "ag"), segment_bytes=segment_bytes,
+                        max_message_bytes=max_message_bytes, result=result)
