@@ -129,7 +129,8 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
 def before_anything(cfg: Config, resume, held: list) -> None:
     """World rank 0, first of all (no data read, no run directory made): the
     ``--resume`` target must name a complete checkpoint, and a job that saves into
-    an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py)."""
+    an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py) and finds
+    no other training run's checkpoints there."""
     path = None
     if resume:
         from hpcdp.io.format.commit import resolve

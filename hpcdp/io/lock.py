@@ -289,9 +289,7 @@ class DirLock:
             try:
                 self._keeper = subprocess.Popen(
                     [sys.executable, "-m", "hpcdp.io.lock", str(path), token], stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                    env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             except OSError:
                 self._keeper = None  # no keeper: the lock is removed by release() only
         _HELD[str(root.resolve())] = self
@@ -312,10 +310,11 @@ class DirLock:
             pass
         if self._keeper is not None:
             try:
-                self._keeper.stdin.close()  # EOF: the keeper removes nothing more and ends
-                self._keeper.wait(timeout=5)
+                self._keeper.stdin.write(b"released\n")  # then EOF: the keeper ends, touching nothing
+                self._keeper.stdin.close()
+                self._keeper.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
-                self._keeper.kill()
+                pass  # it ends by itself as soon as it reads the pipe
             self._keeper = None
 
 
@@ -404,9 +403,9 @@ def _keep(path: Path, token: str) -> None:
     while True:
         ready, _, _ = select.select([0], [], [], HEARTBEAT_S)
         if ready:
-            if not os.read(0, 64):
-                break  # rank 0 is gone (or released): remove it if it is still ours
-            continue
+            if os.read(0, 64):
+                return  # rank 0 released it: nothing more to do (our flock goes with us)
+            break  # the pipe closed without a word: rank 0 ended some other way
         try:
             now = _read(path)
             if now is None or _key(*now) != token:

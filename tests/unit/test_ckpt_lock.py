@@ -101,7 +101,7 @@ def test_an_empty_lock_file_does_not_block_the_folder(tmp_path):
     (tmp_path / LOCK_FILE).write_text("")
     old = time.time() - 30
     os.utime(tmp_path / LOCK_FILE, (old, old))
-    lock = acquire(tmp_path, "me", keeper=False)
+    lock = acquire(tmp_path, "me")
     assert "an empty lock file" in lock.took_over and "no line hpcdp writes" in lock.took_over
     assert "token" in (tmp_path / LOCK_FILE).read_text()
     lock.release()
