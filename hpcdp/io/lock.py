@@ -216,7 +216,12 @@ def _place(tmp: Path, path: Path) -> bool:
         os.link(tmp, path)
         return True
     except FileExistsError:
-        return False
+        # over NFS a retransmitted link() can report EEXIST for its own success: our
+        # private file then has two names (the check open(2)'s O_EXCL note advises)
+        try:
+            return os.stat(tmp).st_nlink == 2
+        except OSError:
+            return False
     except OSError:  # no hard links here: O_EXCL, then the line (a moment empty: EMPTY_S)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -350,13 +355,12 @@ def acquire(root, job: str, *, keeper: bool = True) -> DirLock:
         tmp = _private(root, holder_line(job, token))
     except OSError as e:
         raise _error(f"checkpoint.dir = {str(root)!r}: cannot write its lock ({e.strerror}); "
-                              "use a folder this job can write") from None
+                     "use a folder this job can write") from None
     try:
-        took_over = None
         deadline = time.monotonic() + max(4 * STUCK_S, 2 * WATCH_S)
         while time.monotonic() < deadline:
             if _place(tmp, path):
-                return DirLock(root, path, token, took_over, keeper)
+                return DirLock(root, path, token, None, keeper)
             now = _read(path)
             if now is None:
                 continue  # released meanwhile
@@ -377,7 +381,7 @@ def acquire(root, job: str, *, keeper: bool = True) -> DirLock:
                 return DirLock(root, path, token, f"{text.strip() or '(an empty lock file)'} ({reason})",
                                keeper)
         raise _error(f"checkpoint.dir = {str(root)!r}: could not take its lock {path} (other jobs keep "
-                              "taking it); give this job its own checkpoint.dir")
+                     "taking it); give this job its own checkpoint.dir")
     finally:
         try:
             tmp.unlink()
