@@ -129,13 +129,19 @@ def run_training(cfg: Config, *, world=None, model=None, out=None, resume=None,
 def before_anything(cfg: Config, resume, held: list) -> None:
     """World rank 0, first of all (no data read, no run directory made): the
     ``--resume`` target must name a complete checkpoint, and a job that saves into
-    an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py)."""
+    an explicit ``checkpoint.dir`` takes its writer lock (hpcdp/io/lock.py) and finds
+    no other training run's checkpoints there."""
+    path = None
     if resume:
         from hpcdp.io.format.commit import resolve
-        resolve(resume, cfg.checkpoint.dir or None)
+        path = resolve(resume, cfg.checkpoint.dir or None)
     if cfg.checkpoint.enabled and cfg.checkpoint.dir:
+        from hpcdp.io.checkpointer import check_folder
+        from hpcdp.io.format.commit import lineage_of
         from hpcdp.io.lock import acquire
         held.append(acquire(cfg.checkpoint.dir, cfg.run.name))
+        # a fresh job: no training run's checkpoints may be there; a resumed one: its own only
+        check_folder(cfg.checkpoint.dir, lineage_of(path) if path else "(a new training run)")
 
 
 def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: list) -> dict:
@@ -211,6 +217,9 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
     # The run directory: named on world rank 0, known to every rank.
     def make_run_dir():
         path = new_run_dir(cfg.run)
+        if cfg.checkpoint.enabled and not cfg.checkpoint.dir:  # checkpoints go to <run dir>/checkpoints:
+            from hpcdp.io.lock import acquire                  # locked too (run.out_dir may be shared)
+            held.append(acquire(Path(path) / "checkpoints", cfg.run.name))
         resolved = cfg.to_dict()
         resolved["run"]["out_dir"] = path
         (Path(path) / "config.toml").write_text(dump_toml(resolved))

@@ -11,7 +11,7 @@ Each folder is one concern; imports run down this list (docs/architecture.md, "i
 - save/          one save: snapshot, save, the asynchronous save's thread, buffers, writer process
 - restore/       one restore: reader, spread (each byte read once), load, weights (one process)
 - interop/       inspect (`hpcdp ckpt`), export, transformers' GPT-2 layout, model.init_from
-- stop.py        SIGTERM/SIGUSR1;  lock.py  one writing job per checkpoint.dir
+- stop.py        SIGTERM/SIGUSR1;  lock.py  one writing job per checkpoint folder
 - checkpointer.py  what train.py calls
 
 Every phase of a save or restore ends with an agreement (errors.AGREEMENT, the one

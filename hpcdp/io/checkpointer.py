@@ -37,6 +37,11 @@ class Checkpointer:
         from .format.checksum import hash_threads
         self.threads = hash_threads(getattr(world, "local_size", 1))  # this rank's share of the node
         self.last_saved = -1
+        # who writes: this job (a fresh id) and its training run's lineage (the id of the
+        # job that started it; a --resume carries it on). A save never replaces, and a
+        # job never writes beside, a complete checkpoint of another lineage (format.commit).
+        import uuid
+        self.job_id = self.lineage = uuid.uuid4().hex[:16]
         self.stopped_by = 0
         self.saved_path: Path | None = None
         self.log = lambda _msg: None
@@ -116,7 +121,8 @@ class Checkpointer:
         }
         arrays = {f"rank_{k}": v for k, v in rank_arrays.items()}
         attrs = {"hpcdp_version": hpcdp_version(), "strategy": self.cfg.parallel.strategy,
-                 "world_size": self.world.size, "config": dump_toml(self.cfg.to_dict())}
+                 "world_size": self.world.size, "config": dump_toml(self.cfg.to_dict()),
+                 "job_id": self.job_id, "lineage": self.lineage, "run_dir": str(self.run_dir)}
         return attrs, state, arrays
 
     # -- restore -----------------------------------------------------------------
@@ -126,6 +132,7 @@ class Checkpointer:
         if log is not None:
             self.log = log
         if not self.resume_target:
+            self._check_folder()
             return 0
         from .format.commit import resolve
         from .restore.load import load
@@ -149,6 +156,8 @@ class Checkpointer:
             self.log(note())
         self.optimizer.steps = int(index.state.get("optimizer_steps", 0))
         step = index.step
+        self.lineage = str(index.attrs.get("lineage") or self.lineage)  # this run goes on
+        self._check_folder()
         self.last_saved = step
         saved_total = int(index.state.get("total_steps", self.total))
         self.log(f"resumed from {path}: step {step} (epoch {index.state.get('next_epoch')}, written by "
@@ -161,6 +170,16 @@ class Checkpointer:
             self.log(f"the checkpoint is at step {step} and train.steps/epochs give {self.total}: "
                      "nothing left to train")
         return step
+
+    def _check_folder(self) -> None:
+        """Rank 0, before the first step: the checkpoint folder holds no complete
+        checkpoint of another training run (this job's saves would replace or mix with
+        it). Newest first, the first found is named."""
+        if not self.enabled or self.comm is None:
+            return
+
+        AGREEMENT.on_root(self.comm, lambda: check_folder(self.root, self.lineage), timeout=self.timeout,
+                          share=False)
 
     def _check_run_state(self, index, path) -> None:
         check_run_state(index, path, self.sampler)
@@ -216,7 +235,7 @@ class Checkpointer:
             # a background save hashes on the cores training leaves free (one is training's)
             threads = max(1, self.threads - 1) if asynchronous else self.threads
             return SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays, layout=self.c.layout,
-                           keep=self.c.keep, threads=threads, writer=writer)
+                           keep=self.c.keep, threads=threads, writer=writer, guard=self._guard)
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
@@ -229,6 +248,10 @@ class Checkpointer:
         self.last_stall_s = time.perf_counter() - t0
         self.log(f"checkpoint step {step}: saved {self.saved_path} ({snap.nbytes / 2**20:.1f} MiB from "
                  f"rank 0) in {self.last_stall_s:.3f} s")
+
+    def _guard(self) -> None:
+        from .lock import check_held
+        check_held(self.root)  # still this job's folder (its lock not taken over)
 
     def _collect_background(self, wait: bool = False) -> None:
         """Log (and raise the error of) a finished background save."""
@@ -264,6 +287,17 @@ class Checkpointer:
 
 
 __all__ = ["Checkpointer"]
+
+
+def check_folder(root, lineage: str | None) -> None:
+    """Checkpoint folder ``root`` holds no complete checkpoint of a training run other
+    than ``lineage`` (a job's saves would replace or mix with it: ``latest`` and
+    ``keep`` would choose among both runs'). Newest first; the first found is named."""
+    from .format.commit import foreign_problem, list_checkpoints
+    for _, path, ok in reversed(list_checkpoints(root)):
+        problem = ok and foreign_problem(path, lineage, "would save beside it (or replace it)")
+        if problem:
+            raise CheckpointError(problem)
 
 
 def check_run_state(index, path, sampler) -> None:

@@ -208,7 +208,7 @@ def test_every_strategy_starts_from_the_imported_weights(trained):
 
 def test_train_refuses_a_mismatch_in_one_line(trained):
     proc = hpcdp(trained, "train", "--config", "job.toml", "--set", 'model.init_from="hf"',
-                 "--set", "model.n_embd=32", "--set", 'run.out_dir="bad"')
+                 "--set", "model.n_embd=32", "--set", 'run.out_dir="bad"', "--set", 'checkpoint.dir="ck-bad"')
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "hpcdp: error: model.init_from: hf: n_embd is 16 there, model.n_embd = 32 here: set model.n_embd = 16"]
@@ -361,7 +361,7 @@ def test_init_from_refuses_a_tokenizer_larger_than_the_models_vocabulary(bpe, tr
     shutil.copytree(trained / "hf", tmp_path / "hf")
     shutil.copy(bpe / "tok.json", tmp_path / "hf" / "tokenizer.json")
     proc = hpcdp(trained, "train", "--config", "job.toml", "--set", f'model.init_from="{tmp_path / "hf"}"',
-                 "--set", 'run.out_dir="stale"')
+                 "--set", 'run.out_dir="stale"', "--set", 'checkpoint.dir="ck-stale"')
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"hpcdp: error: model.init_from: {tmp_path / 'hf'}: its tokenizer.json has 400 tokens, more than "

@@ -46,14 +46,62 @@ def marker_text(step: int, index_sha256: str) -> str:
     return f"{FORMAT_NAME} step {step}\nindex.h5 sha256 {index_sha256}\n"
 
 
-def commit(tmp: Path, step: int) -> Path:
-    """Rank 0: make the save in ``tmp`` the checkpoint of ``step`` (steps 2 and 3)."""
+def lineage_of(ckpt) -> str | None:
+    """The job lineage recorded in checkpoint ``ckpt`` (attribute ``lineage`` of its
+    index: the id of the job that started the training run; a ``--resume`` carries it
+    on), or None (none recorded: an older hpcdp, or unreadable)."""
+    import h5py
+    try:
+        with h5py.File(Path(ckpt) / INDEX_FILE, "r") as f:
+            value = f.attrs.get("lineage")
+    except (OSError, ValueError):
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value) if value is not None else None
+
+
+def job_of(ckpt) -> str:
+    """Who wrote checkpoint ``ckpt``, for a message: its run directory, else "?"."""
+    import h5py
+    try:
+        with h5py.File(Path(ckpt) / INDEX_FILE, "r") as f:
+            value = f.attrs.get("run_dir", "?")
+    except (OSError, ValueError):
+        return "?"
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def foreign_problem(ckpt, lineage: str | None, doing: str) -> str | None:
+    """None if a job of ``lineage`` may replace or write beside complete checkpoint
+    ``ckpt``; else one line saying it belongs to another training run. A checkpoint
+    that records no lineage (an older hpcdp) and a job without one (a tool) pass."""
+    if lineage is None or not (Path(ckpt) / MARKER_FILE).is_file():
+        return None
+    theirs = lineage_of(ckpt)
+    if theirs is None or theirs == lineage:
+        return None
+    root = Path(ckpt).parent
+    return (f"checkpoint.dir = {str(root)!r}: {Path(ckpt).name} there was written by another training run "
+            f"(run directory {job_of(ckpt)}), and this job {doing}; a save never replaces another run's "
+            f"checkpoint: give this job its own --set checkpoint.dir=..., or continue that run with "
+            f"--resume {root} (or remove its checkpoints: hpcdp ckpt ls {root})")
+
+
+def commit(tmp: Path, step: int, *, lineage: str | None = None) -> Path:
+    """Rank 0: make the save in ``tmp`` the checkpoint of ``step`` (steps 2 and 3).
+    ``lineage``: this job's (:func:`lineage_of`); a complete checkpoint of ``step``
+    of another lineage is refused (CheckpointError), never replaced."""
     tmp = Path(tmp)
     root = tmp.parent
     final = root / step_dir_name(step)
     fsync_dir(tmp)
     old = None
-    if final.exists():  # the same step saved again: replace it, the old one goes last
+    problem = foreign_problem(final, lineage, f"would replace it with its step {step}") if final.exists() else None
+    if problem:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(problem)
+    if final.exists():  # the same step saved again by this run (a resume): replace it, the old one goes last
         old = root / f".{final.name}.old"
         if old.exists():
             shutil.rmtree(old)
@@ -187,5 +235,5 @@ def resolve(target: str, default_root, *, if_none: str = "train without --resume
     return done[-1]
 
 
-__all__ = ["tmp_dir", "prepare", "commit", "marker_problem", "list_checkpoints", "latest", "prune",
+__all__ = ["tmp_dir", "prepare", "commit", "lineage_of", "foreign_problem", "marker_problem", "list_checkpoints", "latest", "prune",
            "resolve", "marker_text", "run_dir_hint"]

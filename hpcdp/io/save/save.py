@@ -45,6 +45,8 @@ class SaveJob:
     threads: int = 1            # hashing threads of this rank (checksum.hash_threads)
     writer: object = None       # a layout whose files need no MPI (``separate_writer``): who
     #                             writes this rank's file (writerproc.WriterProcess.write_rank_file)
+    guard: object = None        # rank 0, before the commit: raises if this job may no longer
+    #                             write into ``root`` (its writer lock was taken over: lock.check_held)
 
 
 def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
@@ -98,7 +100,9 @@ def _finish(job: SaveJob, tmp: Path, files: list, found: list | None = None) -> 
     table = build_tables(job.expected, found, files, where)
     write_index(tmp, {**job.attrs, "layout": job.layout, "step": job.step}, job.expected, table, files,
                 job.state, job.arrays)
-    final = commit(tmp, job.step)
+    if job.guard is not None:
+        job.guard()
+    final = commit(tmp, job.step, lineage=job.attrs.get("lineage"))
     prune(job.root, job.keep)
     return final
 
