@@ -167,16 +167,20 @@ def test_the_readme_checkpoint_lines_run(scratch):
     # the "first hour" block repeats some of these lines: each counted once
     lines = list(dict.fromkeys(c.split("#")[0].strip() for c in shell_commands("README.md")))
     prepare = next(c for c in lines if c.startswith("hpcdp data prepare"))
-    first, second = [c for c in lines if "checkpoint.dir" in c and "gpt_pysource" in c]
-    verify = next(c for c in lines if c.startswith("hpcdp ckpt verify"))
-    sample = next(c for c in lines if c.startswith("hpcdp sample"))
+    # the chain that resumes (Running jobs): its folder, then the lines that use it
+    pysource = [c for c in lines if "checkpoint.dir" in c and "gpt_pysource" in c]
+    second = next(c for c in pysource if "--resume latest" in c)
+    folder = re.search(r'checkpoint\.dir=\\"([^"\\]+)\\"', second).group(1)
+    first = next(c for c in pysource if "--resume" not in c and f'checkpoint.dir=\\"{folder}\\"' in c)
+    verify = next(c for c in lines if c.startswith(f"hpcdp ckpt verify {folder}/"))
+    sample = next(c for c in lines if c.startswith(f"hpcdp sample --resume {folder} "))
     said = _run(scratch, prepare).stdout
     assert "wrote pysource.h5" in said
     short = ["--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "run.eval_every=0",
              "--set", "data.eval_windows=8", "--set", "sample.length=8"]
     _run(scratch, first, "--set", "train.steps=6", "--set", "checkpoint.every=3", *short)
     out = _run(scratch, second, "--set", "train.steps=8", *short).stdout
-    assert "resumed from ckpt/step-00000006" in out and "step 8/8" in re.sub(r" +", " ", out)
+    assert f"resumed from {folder}/step-00000006" in out and "step 8/8" in re.sub(r" +", " ", out)
     verify = re.sub(r"step-\d+", "step-00000003", verify)  # the first save of the shortened run
     assert "OK " in _run(scratch, verify).stdout
     text = _run(scratch, sample).stdout
