@@ -126,7 +126,8 @@ def earlier_export(folder: Path) -> bool:
     from .folder import open_safetensors
 
     try:  # a regular file only, opened without blocking: a FIFO of that name is not ours
-        return EXPORT_MARK in (open_safetensors(folder / "model.safetensors").metadata() or {})
+        with open_safetensors(folder / "model.safetensors") as f:
+            return EXPORT_MARK in (f.metadata() or {})
     except Exception:  # noqa: BLE001 - not a readable safetensors file: not ours
         return False
 

@@ -88,7 +88,7 @@ class Source:
     def read(self, name: str, offset: int, out: np.ndarray) -> None:
         """Elements ``[offset, offset + out.size)`` of tensor ``name`` (hpcdp's shape,
         C order) into ``out``, converted to its dtype; non-finite values, or values
-        beyond the range of ``out``'s dtype, are refused (:func:`value_problem`)."""
+        beyond the range of ``out``'s dtype, are refused (:func:`check_values`)."""
         file, key, transposed = self.tensors[name]
         n = out.size
         if transposed:  # read whole once: its flat ranges are strided in the file
@@ -145,13 +145,15 @@ def check_values(values: np.ndarray, dtype, file, key: str, offset: int) -> None
 def _keys_of(file: Path) -> list[str]:
     from .folder import open_safetensors
 
-    return list(open_safetensors(file).keys())
+    with open_safetensors(file) as f:
+        return list(f.keys())
 
 
 def _metadata_of(file: Path) -> dict:
     from .folder import open_safetensors
 
-    return open_safetensors(file).metadata() or {}
+    with open_safetensors(file) as f:
+        return f.metadata() or {}
 
 
 def weight_files(path: Path) -> dict:
