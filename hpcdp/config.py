@@ -657,6 +657,12 @@ def _build(cls, table, path: str):
     return cls(**kwargs)
 
 
+def section_from_dict(cls, table, path: str | None = None):
+    """One section (``cls``, e.g. :class:`ModelConfig`) from a table, checked as a
+    config file's section is (types, ranges); errors name ``path.key``."""
+    return _build(cls, table, path or cls.SECTION)
+
+
 def _build_parallel(table) -> ParallelConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"parallel: expected a table, found {table!r}")

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from .checksum import block_elements
-from ..errors import CheckpointError, damaged_file
+from ..errors import EARLIER, CheckpointError, damaged_file
 from .names import FORMAT_NAME, FORMAT_VERSION, INDEX_FILE
 from .h5 import create, group_at, read_small, write_small
 from .ranges import coverage_problems
@@ -149,6 +149,31 @@ def _attr(value):
     return value
 
 
+# The attributes a reader uses as numbers or names, with their types (a tampered or
+# foreign index with a string step is refused naming the attribute, not converted)
+ROOT_ATTRS = {"step": int, "format_version": int, "world_size": int, "layout": str, "strategy": str,
+              "config": str, "hpcdp_version": str}
+STATE_ATTRS = {"step": int, "next_epoch": int, "next_batch": int, "global_batch": int, "n_train": int,
+               "batches_per_epoch": int, "data_seed": int, "total_steps": int, "warmup_steps": int,
+               "optimizer_steps": int, "world_size": int, "dp_size": int, "lr": float,
+               "optimizer_kind": str, "lr_schedule": str, "strategy": str, "dtype": str}
+
+
+def check_attr_types(attrs: dict, types: dict, prefix: str, where: str) -> None:
+    """Each attribute of ``types`` that ``attrs`` holds has that type (an integer
+    for int, any real number for float, text for str)."""
+    for key, tp in types.items():
+        if key not in attrs:
+            continue
+        v = attrs[key]
+        ok = (isinstance(v, int) and not isinstance(v, bool)) if tp is int else \
+            (isinstance(v, (int, float)) and not isinstance(v, bool)) if tp is float else isinstance(v, str)
+        if not ok:
+            want = {int: "an integer", float: "a number", str: "text"}[tp]
+            raise CheckpointError(f"{where}: {prefix}attribute {key} is {v!r}, expected {want}: the index is "
+                                  f"damaged or was edited; {EARLIER}")
+
+
 def read_index(ckpt_dir) -> Index:
     """Read and verify ``index.h5`` (checksums, format version); damaged HDF5
     structures give one CheckpointError naming the file (errors.damaged_file)."""
@@ -169,6 +194,7 @@ def _read_index(path: Path) -> Index:
         attrs = {k: _attr(v) for k, v in f.attrs.items()}
         if attrs.get("format") != FORMAT_NAME:
             raise CheckpointError(f"{where}: not an hpcdp checkpoint index (format {attrs.get('format')!r})")
+        check_attr_types(attrs, ROOT_ATTRS, "", where)
         version = int(attrs.get("format_version", -1))
         if version > FORMAT_VERSION:
             raise CheckpointError(f"{where}: checkpoint format version {version} is newer than this hpcdp "
@@ -185,6 +211,7 @@ def _read_index(path: Path) -> Index:
         state, arrays = {}, {}
         if "state" in f:
             state = {k: _attr(v) for k, v in f["state"].attrs.items()}
+            check_attr_types(state, STATE_ATTRS, "/state ", where)
             for key in f["state"]:
                 arrays[key] = read_small(f["state"], key, where)
     if not (len(names) == len(dtypes) == len(ndim) == len(dims)):
@@ -197,4 +224,4 @@ def _read_index(path: Path) -> Index:
     return Index(attrs, files, file_bytes, names, shapes, dtypes, pieces, state, arrays)
 
 
-__all__ = ["Index", "build_tables", "write_index", "read_index"]
+__all__ = ["Index", "build_tables", "write_index", "read_index", "check_attr_types"]

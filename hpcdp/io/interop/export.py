@@ -123,10 +123,10 @@ def earlier_export(folder: Path) -> bool:
     names = {p.name for p in folder.iterdir()}
     if not names or not names <= set(EXPORT_FILES) or "model.safetensors" not in names:
         return False
-    try:
-        from safetensors import safe_open
+    from .folder import open_safetensors
 
-        with safe_open(str(folder / "model.safetensors"), framework="numpy") as f:
+    try:  # a regular file only, opened without blocking: a FIFO of that name is not ours
+        with open_safetensors(folder / "model.safetensors") as f:
             return EXPORT_MARK in (f.metadata() or {})
     except Exception:  # noqa: BLE001 - not a readable safetensors file: not ours
         return False

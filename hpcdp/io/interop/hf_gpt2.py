@@ -22,6 +22,9 @@ exist in a small vocabulary). Nothing here imports torch or transformers.
 
 from __future__ import annotations
 
+import json
+import math
+
 from hpcdp.data.bpe import END_OF_TEXT
 
 PREFIX = "transformer."
@@ -72,9 +75,46 @@ def hf_config(model_cfg, *, dtype: str, layer_norm_eps: float = 1e-5,
     }
 
 
+# config.json's keys hpcdp reads, with the JSON type each must have (transformers
+# writes exactly these; a float, a string or a bool where an integer belongs is a
+# damaged or hand-edited file, not a value to round or guess)
+SIZES = ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def config_type_problem(conf) -> str | None:
+    """The first key of a GPT-2 ``config.json`` whose value has the wrong type or is
+    out of range (sizes: positive integers; flags: true/false; names: strings), as
+    ``"KEY is VALUE: expected ..."``, or None."""
+    def shown(v):
+        return json.dumps(v)
+
+    if not isinstance(conf, dict):
+        return f"it holds {type(conf).__name__ if not isinstance(conf, list) else 'a list'}, not a JSON object"
+    for key in SIZES:
+        if key in conf and not (_is_int(conf[key]) and conf[key] >= 1):
+            return f"{key} is {shown(conf[key])}: expected a positive integer"
+    if conf.get("n_inner") is not None and not (_is_int(conf["n_inner"]) and conf["n_inner"] >= 1):
+        return f"n_inner is {shown(conf['n_inner'])}: expected a positive integer or null"
+    for key in ("model_type", "activation_function"):
+        if key in conf and not isinstance(conf[key], str):
+            return f"{key} is {shown(conf[key])}: expected a string"
+    eps = conf.get("layer_norm_epsilon", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        return f"layer_norm_epsilon is {shown(eps)}: expected a positive number"
+    for key in ("tie_word_embeddings", *FIXED):
+        if key in conf and not isinstance(conf[key], bool):
+            return f"{key} is {shown(conf[key])}: expected true or false"
+    return None
+
+
 def config_mismatch(conf: dict, model_cfg, *, layer_norm_eps: float = 1e-5) -> str | None:
     """The first way a GPT-2 ``config.json`` differs from the ``[model]`` section, as
-    one sentence saying what to set, or None when hpcdp's GPT computes the same."""
+    one sentence saying what to set, or None when hpcdp's GPT computes the same.
+    ``conf`` has passed :func:`config_type_problem`."""
     if conf.get("model_type", "gpt2") != "gpt2":
         return f"model_type is {conf.get('model_type')!r}; only GPT-2 (\"gpt2\") models can be imported"
     pairs = (("vocab_size", "vocab_size"), ("n_positions", "block_size"), ("n_layer", "n_layer"),
@@ -82,11 +122,11 @@ def config_mismatch(conf: dict, model_cfg, *, layer_norm_eps: float = 1e-5) -> s
     for hf_key, key in pairs:
         if hf_key not in conf:
             return f"config.json has no {hf_key!r}"
-        if int(conf[hf_key]) != int(getattr(model_cfg, key)):
+        if conf[hf_key] != getattr(model_cfg, key):
             return (f"{hf_key} is {conf[hf_key]} there, model.{key} = {getattr(model_cfg, key)} here: "
                     f"set model.{key} = {conf[hf_key]}")
     inner = conf.get("n_inner")
-    if inner is not None and int(inner) != 4 * model_cfg.n_embd:
+    if inner is not None and inner != 4 * model_cfg.n_embd:
         return f"n_inner is {inner}; hpcdp's GPT has an MLP of 4 * n_embd = {4 * model_cfg.n_embd}"
     act = conf.get("activation_function", "gelu_new")
     if act not in HF_TO_GELU:
@@ -98,14 +138,14 @@ def config_mismatch(conf: dict, model_cfg, *, layer_norm_eps: float = 1e-5) -> s
     eps = float(conf.get("layer_norm_epsilon", 1e-5))
     if eps != layer_norm_eps:
         return f"layer_norm_epsilon is {eps:g}; hpcdp's GPT uses {layer_norm_eps:g}"
-    tied = bool(conf.get("tie_word_embeddings", True))
+    tied = conf.get("tie_word_embeddings", True)
     if tied != bool(model_cfg.tied_head):
         return (f"tie_word_embeddings is {str(tied).lower()} there, model.tied_head = "
                 f"{str(bool(model_cfg.tied_head)).lower()} here: set model.tied_head = {str(tied).lower()}")
     for key, value in FIXED.items():
-        if bool(conf.get(key, value)) != value:
+        if conf.get(key, value) != value:
             return f"{key} is {conf[key]}; hpcdp's GPT computes only {key} = {str(value).lower()}"
     return None
 
 
-__all__ = ["hf_name", "hpcdp_name", "transposed", "hf_config", "config_mismatch", "END_OF_TEXT", "HEAD"]
+__all__ = ["hf_name", "hpcdp_name", "transposed", "hf_config", "config_mismatch", "config_type_problem", "END_OF_TEXT", "HEAD"]

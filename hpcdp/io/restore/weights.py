@@ -14,7 +14,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import EARLIER, CheckpointError
 
 
 def checkpoint_config(ckpt_dir, overrides=()):
@@ -23,12 +23,22 @@ def checkpoint_config(ckpt_dir, overrides=()):
 
     from ..format.index import read_index
 
+    from hpcdp.config_error import ConfigError
+
     text = read_index(ckpt_dir).attrs.get("config", "")
     try:
         raw = tomllib.loads(str(text))
     except tomllib.TOMLDecodeError as e:
         raise CheckpointError(f"checkpoint {ckpt_dir}: its stored config is not valid TOML ({e})") from None
-    return config_from_dict(apply_overrides(raw, overrides))
+    try:
+        return config_from_dict(apply_overrides(raw, overrides))
+    except ConfigError:
+        try:  # the stored config as written: its errors are the checkpoint's, not the --set's
+            config_from_dict(raw)
+        except ConfigError as e:
+            raise CheckpointError(f"checkpoint {ckpt_dir}: its stored config: {e}: the index is damaged or was "
+                                  f"edited, or an older hpcdp wrote it; {EARLIER}") from None
+        raise
 
 
 def load_weights(ckpt_dir, model) -> int:
