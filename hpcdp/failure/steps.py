@@ -20,8 +20,12 @@ from .policy import note_step
 class StepChecks:
     """Per-rank checks of one run: the fault-injection hook and the non-finite guard."""
 
-    def __init__(self, on_nonfinite: str, rank: int, optimizer):
-        self.guard = NonFiniteGuard(on_nonfinite, rank)
+    def __init__(self, on_nonfinite: str, rank: int, optimizer, *, wire=None, max_skips=None, layout=None):
+        """``wire``: ``(key, dtype)`` of the gradient's wire (``comm_dtype``); ``max_skips``:
+        ``train.max_consecutive_skips``; ``layout``: the model's parameter layout (the
+        float16 wire's flush check). See hpcdp.failure.nonfinite."""
+        kw = {} if max_skips is None else {"max_skips": max_skips}
+        self.guard = NonFiniteGuard(on_nonfinite, rank, wire=wire, layout=layout, **kw)
         self.guard.guard(optimizer)
         self.faults = Faults(rank)
         self.step = 0
