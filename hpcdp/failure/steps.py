@@ -15,6 +15,7 @@ from __future__ import annotations
 from .inject import Faults
 from .nonfinite import NonFiniteGuard
 from .policy import note_step
+from .watch import note_step as note_watched_step
 
 
 class StepChecks:
@@ -31,8 +32,10 @@ class StepChecks:
         self.step = 0
 
     def at(self, step: int) -> "StepChecks":
-        """The training step about to run (its number goes into messages); returns self."""
+        """The training step about to run (its number goes into messages, and to the
+        watcher that names this rank if it is killed); returns self."""
         self.step = step
+        note_watched_step(step)
         return self
 
     def setup(self) -> None:
