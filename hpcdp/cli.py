@@ -106,6 +106,17 @@ def main(argv=None) -> int:
         return 141
 
 
+def _watch_the_rank() -> None:
+    """Under a launcher with several ranks, a watcher process names this rank if a
+    signal kills it (hpcdp.failure.watch); ``HPCDP_WATCH=0``: no watcher."""
+    from hpcdp.failure import watch
+    from hpcdp.launch import launched_rank
+
+    rank, size = launched_rank()
+    if size > 1 and watch.enabled():
+        watch.watch(rank, size)
+
+
 def _main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
@@ -127,6 +138,8 @@ def _main(argv=None) -> int:
         elif not argv:
             print("\nhpcdp: error: no command given", file=out)
         return 0 if asked else USAGE_ERROR
+    if argv[0] == "train":
+        _watch_the_rank()
     import importlib
 
     from hpcdp.launch import ChildFailed

@@ -261,7 +261,8 @@ class SampleConfig:
 @dataclass
 class TrainConfig:
     SECTION: ClassVar[str] = "train"
-    APPLIES: ClassVar[dict] = {"exact_micro_batch": ("train.reproducible", ("exact",))}
+    APPLIES: ClassVar[dict] = {"exact_micro_batch": ("train.reproducible", ("exact",)),
+                               "max_consecutive_skips": ("train.on_nonfinite", ("skip",))}
     steps: int = 0  # optimizer steps; exactly one of steps / epochs is > 0
     epochs: int = 20
     global_batch: int = 64  # samples per optimizer step, summed over all ranks
@@ -269,6 +270,8 @@ class TrainConfig:
     last_batch: str = "drop"  # short last batch of an epoch: drop it or keep it
     eval_batch: int = 512  # samples per forward pass during evaluation (per rank)
     on_nonfinite: str = "stop"  # non-finite loss / gradient norm: "stop" the run, or "skip" the update
+    # "skip": this many steps in a row whose update was skipped stop the run (it is not training)
+    max_consecutive_skips: int = 5
     # "fast": reduce in whatever order is quickest; "exact": weights bit-identical for
     # any rank count and strategy (hpcdp/exact/, docs/reproducibility.md)
     reproducible: str = "fast"
@@ -291,6 +294,7 @@ class TrainConfig:
         _choice(s, "last_batch", self.last_batch, ("drop", "keep"))
         _range(s, "eval_batch", self.eval_batch, 1)
         _choice(s, "on_nonfinite", self.on_nonfinite, ("stop", "skip"))
+        _range(s, "max_consecutive_skips", self.max_consecutive_skips, 1)
         _choice(s, "reproducible", self.reproducible, ("fast", "exact"))
         _range(s, "exact_micro_batch", self.exact_micro_batch, 0)
         self.exact_micro_chosen = False  # True: exact_micro_batch was 0 and chosen here

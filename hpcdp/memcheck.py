@@ -91,4 +91,16 @@ def check_fits(world, need_per_rank: int, *, strategy: str, hint: str = "") -> N
         f"refused before allocating anything. {hint}".rstrip())
 
 
-__all__ = ["optim_slots", "state_bytes", "mixed_state_bytes", "available_bytes", "check_fits", "GIB"]
+def check_alloc(need: int, what: str, hint: str = "") -> None:
+    """Refuse (ConfigError) one process's allocation of ``need`` bytes when it exceeds
+    this node's available memory: the check tools that build a model outside training
+    (``hpcdp sample``) run before allocating its buffers."""
+    avail = available_bytes()
+    if avail <= 0 or need <= avail:
+        return
+    raise ConfigError(f"{what} needs {need / GIB:.2f} GiB, more than the {avail / GIB:.2f} GiB available "
+                      f"on this node; refused before allocating anything. {hint}".rstrip())
+
+
+__all__ = ["optim_slots", "state_bytes", "mixed_state_bytes", "available_bytes", "check_fits", "check_alloc",
+           "GIB"]

@@ -188,7 +188,10 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             model = build_model(cfg.model, dtype=cfg.run.dtype, device=cfg.run.device, storage=())
         flat = model.flat
         optimizer = build_optimizer(cfg.optim, layout=flat.layout, dtype=cfg.run.dtype, device=cfg.run.device)
-        checks = StepChecks(cfg.train.on_nonfinite, world.rank, optimizer)  # non-finite guard
+        wire = (f"parallel.{cfg.parallel.strategy}.comm_dtype",  # a 16-bit gradient wire, named in remedies
+                getattr(cfg.parallel.sub(), "comm_dtype", "float32"))
+        checks = StepChecks(cfg.train.on_nonfinite, world.rank, optimizer, wire=wire,  # non-finite guard
+                            max_skips=cfg.train.max_consecutive_skips, layout=flat.layout)
         check_state_fits(cfg, strategy, flat, world)  # refuse before allocating the state
         flat.materialize(strategy.full_storage)  # the full buffers this strategy keeps (maybe none)
         checks.setup()

@@ -41,6 +41,7 @@ STRATEGY = {
     "ps-async": ["parallel.strategy=ps", "parallel.ps.mode=async", "parallel.ps.staleness=2"],
     "ps-dedicated": ["parallel.strategy=ps", "parallel.ps.mode=async", "parallel.ps.staleness=2",
                      "parallel.ps.colocated=false"],
+    "zero3": ["parallel.strategy=zero", "parallel.zero.stage=3"],
     "none": ["parallel.strategy=none"],
 }
 LONG = 1_000_000  # steps of a job that runs until a signal ends it
@@ -66,6 +67,11 @@ class Scenario:
     tracebacks: int | None = None  # exact number of tracebacks in the output
     bound: float = 60.0            # seconds from the fault to the full exit
     what: str = ""                 # the fault, in words (for the table)
+
+
+def lost(rank, size, step) -> str:
+    """The line of a rank killed at ``step`` (a regex: ``step`` may be one)."""
+    return rf"hpcdp: error: rank {rank} of {size} lost at step {step}: its process was killed by SIGKILL"
 
 
 def scenarios() -> list[Scenario]:
@@ -106,12 +112,21 @@ def scenarios() -> list[Scenario]:
         S("exit-ddp", "ddp", fault="1:5:exit", status=1, one_line=True,
           patterns=(r"hpcdp: error: rank 1 of 2 at step 5: the rank exited \(sys\.exit\(0\)\)",),
           what="sys.exit(0) on rank 1 at step 5"),
-        S("kill-ddp", "ddp", steps=LONG, signal=(1, "SIGKILL"),
-          patterns=(r"BAD TERMINATION", r"(KILLED BY SIGNAL: 9|EXIT CODE: 9|signal 9)"),
+        # a rank killed outright is named by its watcher (hpcdp.failure.watch), once
+        S("kill-ddp", "ddp", steps=LONG, signal=(1, "SIGKILL"), one_line=True, tracebacks=0,
+          patterns=(lost(1, 2, r"\d+"), r"(KILLED BY SIGNAL: 9|EXIT CODE: 9|signal 9)"),
           what="SIGKILL to rank 1"),
-        S("kill-ps-async", "ps-async", steps=LONG, signal=(1, "SIGKILL"),
-          patterns=(r"BAD TERMINATION", r"(KILLED BY SIGNAL: 9|EXIT CODE: 9|signal 9)"),
+        S("kill-ps-async", "ps-async", steps=LONG, signal=(1, "SIGKILL"), one_line=True, tracebacks=0,
+          patterns=(lost(1, 2, r"\d+"), r"(KILLED BY SIGNAL: 9|EXIT CODE: 9|signal 9)"),
           what="SIGKILL to rank 1"),
+        S("kill-step-ddp", "ddp", fault="1:5:kill", one_line=True, tracebacks=0, patterns=(lost(1, 2, 5),),
+          what="SIGKILL of rank 1 at step 5"),
+        S("kill-step-zero3", "zero3", fault="1:5:kill", one_line=True, tracebacks=0, patterns=(lost(1, 2, 5),),
+          what="SIGKILL of rank 1 at step 5"),
+        S("kill-step-ps-dedicated", "ps-dedicated", ranks=3, fault="1:5:kill", one_line=True, tracebacks=0,
+          patterns=(lost(1, 3, 5),), what="SIGKILL of worker 1 at step 5 (dedicated server)"),
+        S("kill-ps-server", "ps-dedicated", ranks=3, steps=LONG, signal=(2, "SIGKILL"), one_line=True,
+          tracebacks=0, patterns=(lost(2, 3, r"\d+"),), what="SIGKILL to the dedicated server (rank 2)"),
         S("stop-ddp", "ddp", steps=LONG, signal=(1, "SIGSTOP"), timeout=STUCK_TIMEOUT,
           patterns=(r"hpcdp: error: rank 0 of 2 at step \d+: .*(\[1\]|rank 1\b)",),
           what="SIGSTOP to rank 1 (stuck)"),
@@ -178,15 +193,20 @@ def marked_pids(marker: str) -> list[int]:
 
 
 def rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of ``rank``'s training process: of the two ``hpcdp train`` runs per rank
+    (hpcdp.failure.watch), the one whose parent is the other (the watcher)."""
+    found = {}
     for pid in marked_pids(marker):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if b"hpcdp.cli" in cmd and f"PMI_RANK={rank}".encode() in env:
-            return pid
-    return None
+            found[pid] = ppid
+    workers = [pid for pid, ppid in found.items() if ppid in found]
+    return workers[0] if workers else (next(iter(found)) if found else None)
 
 
 @dataclass

@@ -79,8 +79,8 @@ def soak(config: str, steps: int, ranks: int, sets=(), warmup: float = 0.1, peri
             for pid in marked_pids(marker):
                 r = _rank_of(pid)
                 kb = _rss_kb(pid) if r is not None else None
-                if kb is not None:
-                    rss[r] = kb
+                if kb is not None:  # the rank's process, not its watcher (hpcdp.failure.watch): the larger
+                    rss[r] = max(rss.get(r, 0), kb)
             if len(rss) == ranks:
                 samples.append((time.monotonic() - t0, done, rss))
             time.sleep(period)

@@ -12,6 +12,7 @@ every rank, within seconds, with its cause (docs/user-guide.md, "When things go 
 - :mod:`.signals`: SIGINT / SIGTERM / SIGUSR1, and the graceful-stop hook.
 - :mod:`.nonfinite`: ``train.on_nonfinite`` ("stop" | "skip").
 - :mod:`.inject`: the ``HPCDP_FAULT`` test hook.
+- :mod:`.watch`: a watcher process per rank names a rank killed by a signal (SIGKILL).
 - :mod:`.steps`: the few calls the training loop makes into all of the above.
 
 Submodules are imported on use: importing this package starts nothing (no MPI).

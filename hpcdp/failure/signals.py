@@ -59,10 +59,16 @@ def on_stop_signal(handler):
     return unregister
 
 
+_stopping: list = []  # the stop signal already raised as Interrupted (the run is ending)
+
+
 def _handle(signum, _frame):
     for h in reversed(list(_graceful)):
         if h(signum):
             return
+    if _stopping:  # the same stop delivered twice (to the process group and by the rank's watcher,
+        return     # hpcdp.failure.watch): the run is already ending; a second raise would cut its report
+    _stopping.append(signum)
     raise Interrupted(signum)
 
 
@@ -70,6 +76,7 @@ def _handle(signum, _frame):
 def handling_signals():
     """Install the stop-signal handlers for the duration of the block (main thread only)."""
     previous = {}
+    _stopping.clear()
     try:
         for s in STOP_SIGNALS:
             previous[s] = signal.signal(s, _handle)

@@ -15,20 +15,27 @@ from __future__ import annotations
 from .inject import Faults
 from .nonfinite import NonFiniteGuard
 from .policy import note_step
+from .watch import note_step as note_watched_step
 
 
 class StepChecks:
     """Per-rank checks of one run: the fault-injection hook and the non-finite guard."""
 
-    def __init__(self, on_nonfinite: str, rank: int, optimizer):
-        self.guard = NonFiniteGuard(on_nonfinite, rank)
+    def __init__(self, on_nonfinite: str, rank: int, optimizer, *, wire=None, max_skips=None, layout=None):
+        """``wire``: ``(key, dtype)`` of the gradient's wire (``comm_dtype``); ``max_skips``:
+        ``train.max_consecutive_skips``; ``layout``: the model's parameter layout (the
+        float16 wire's flush check). See hpcdp.failure.nonfinite."""
+        kw = {} if max_skips is None else {"max_skips": max_skips}
+        self.guard = NonFiniteGuard(on_nonfinite, rank, wire=wire, layout=layout, **kw)
         self.guard.guard(optimizer)
         self.faults = Faults(rank)
         self.step = 0
 
     def at(self, step: int) -> "StepChecks":
-        """The training step about to run (its number goes into messages); returns self."""
+        """The training step about to run (its number goes into messages, and to the
+        watcher that names this rank if it is killed); returns self."""
         self.step = step
+        note_watched_step(step)
         return self
 
     def setup(self) -> None:

@@ -88,8 +88,16 @@ def _alive(pid: int, start: str) -> bool:
     return start in ("-", _start_ticks(pid))
 
 
+def _job_pid() -> int:
+    """The pid that lives exactly as long as this rank: its watcher's where it has one
+    (hpcdp.failure.watch; the launcher reaps it before it exits, while the rank's own
+    process may still be dying when the next job starts), else this process's."""
+    from hpcdp.failure.watch import job_pid
+    return job_pid()
+
+
 def holder_line(job: str, token: str = "-") -> str:
-    pid = os.getpid()
+    pid = _job_pid()
     return (f"job {job} slurm {os.environ.get('SLURM_JOB_ID') or '-'} "
             f"restart {os.environ.get('SLURM_RESTART_COUNT') or '0'} host {socket.gethostname()} "
             f"pid {pid} start {_start_ticks(pid)} boot {_boot_id()} token {token}\n")
@@ -155,7 +163,7 @@ def stale_reason(holder: dict, age_s: float, path: Path | None = None, watch_s: 
         return (f"it holds no line hpcdp writes (written {age_s:.0f} s ago)" if age_s > EMPTY_S else None)
     if holder.get("host") == me["host"] and holder.get("boot") == me["boot"]:
         pid = int(holder.get("pid", "0") or 0) if holder.get("pid", "").isdigit() else 0
-        if pid == os.getpid():
+        if pid == _job_pid():
             return "it is this process's own"
         if pid <= 0 or not _alive(pid, holder.get("start", "-")):
             return f"process {pid} on this host has ended"

@@ -18,6 +18,7 @@ Every dataset carries its SHA-256 block digests, checked on read.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,7 @@ class Index:
         return rows
 
     def numel(self, tensor: int) -> int:
-        return int(np.prod(self.shapes[tensor], dtype=np.int64))
+        return math.prod(self.shapes[tensor])  # Python ints: no int64 wrap for absurd dims
 
     @property
     def step(self) -> int:
@@ -183,7 +184,48 @@ def read_index(ckpt_dir) -> Index:
     if path.is_file() and crash_prone_build():  # a crash on damage becomes the line (probe.py)
         check_in_child(path, where)
     with damaged_file(where):
-        return _read_index(path)
+        index = _read_index(path)
+    check_sizes(index, Path(ckpt_dir), where)
+    return index
+
+
+def check_sizes(index: Index, ckpt_dir: Path, where: str) -> None:
+    """Bound what a reader allocates by what the files can hold, before anything is
+    allocated: every dtype is a NumPy dtype, no dimension, offset or size is negative,
+    each tensor's shape holds no more elements than its pieces, and the pieces each data
+    file holds (elements x itemsize) fit in that file's real size on disk (the data is
+    stored uncompressed). An index whose dimensions were altered (its checksums and
+    the COMMITTED marker recomputed) is refused here in one line, never turned into a
+    terabyte ``np.empty``."""
+    bad = f"the index is damaged or was altered; {EARLIER}"
+    itemsize = []
+    for name, dtype, shape in zip(index.tensors, index.dtypes, index.shapes):
+        try:
+            itemsize.append(np.dtype(dtype).itemsize)
+        except TypeError:
+            raise CheckpointError(f"{where}: tensor {name} has dtype {dtype!r}, not a NumPy dtype: {bad}") from None
+        if any(d < 0 for d in shape):
+            raise CheckpointError(f"{where}: tensor {name} has shape {tuple(shape)} (a negative dimension): {bad}")
+    pieces = index.pieces
+    if pieces.size and (pieces < 0).any():
+        raise CheckpointError(f"{where}: /pieces holds a negative tensor, file, offset or size: {bad}")
+    held = [0] * len(index.tensors)       # elements the pieces of each tensor hold
+    claimed = [0] * len(index.files)      # bytes the pieces in each file take
+    for t, fi, _, size in pieces.tolist():
+        held[t] += size
+        claimed[fi] += size * itemsize[t]
+    for t, name in enumerate(index.tensors):
+        if index.numel(t) > held[t]:
+            raise CheckpointError(f"{where}: tensor {name} has shape {tuple(index.shapes[t])} "
+                                  f"({index.numel(t)} elements) but its pieces hold {held[t]}: {bad}")
+    for fi, name in enumerate(index.files):
+        try:
+            real = os.path.getsize(ckpt_dir / name)
+        except OSError:
+            continue  # a missing data file is named by the reader, with its own remedy
+        if claimed[fi] > real:
+            raise CheckpointError(f"{where}: the index puts {claimed[fi]} bytes of tensors in {name}, which "
+                                  f"has {real} bytes on disk: {bad}")
 
 
 def _read_index(path: Path) -> Index:
@@ -224,4 +266,4 @@ def _read_index(path: Path) -> Index:
     return Index(attrs, files, file_bytes, names, shapes, dtypes, pieces, state, arrays)
 
 
-__all__ = ["Index", "build_tables", "write_index", "read_index", "check_attr_types"]
+__all__ = ["Index", "build_tables", "write_index", "read_index", "check_attr_types", "check_sizes"]

@@ -79,10 +79,36 @@ def model_from_checkpoint(target: str, overrides=(), *, latest_root=None, device
         get_backend(device)
     except (RuntimeError, ImportError) as e:  # e.g. no GPU here
         raise ConfigError(f"--device {device}: {e}") from None
-    model = build_model(cfg.model, dtype=cfg.run.dtype, device=device, storage=("data",))
+    model = build_model(cfg.model, dtype=cfg.run.dtype, device=device, storage=())  # nothing allocated yet
+    check_model_size(path, cfg, model.flat, device)
+    model.flat.materialize(("data",))
     load_weights(path, model)
     model.eval()
     return path, cfg, model
 
 
-__all__ = ["checkpoint_config", "load_weights", "model_from_checkpoint"]
+def check_model_size(path, cfg, flat, device: str) -> None:
+    """Before the model's buffer is allocated: the model its stored config describes
+    holds no more parameters than the checkpoint's weights (the index is bounded by the
+    files on disk, hpcdp.io.format.index.check_sizes), and on a CPU its weights fit in
+    this node's available memory (hpcdp.memcheck), so an altered config cannot make
+    ``hpcdp sample`` allocate what the files do not hold."""
+    from hpcdp.memcheck import check_alloc
+
+    from ..errors import EARLIER
+    from ..format.index import read_index
+    from ..format.names import PARAM
+
+    index = read_index(path)
+    stored = sum(index.numel(t) for t, name in enumerate(index.tensors) if name.startswith(PARAM + "/"))
+    if flat.numel > stored:
+        raise CheckpointError(f"checkpoint {path}: its stored config describes a model.kind = {cfg.model.kind!r} "
+                              f"model of {flat.numel} parameters, but the checkpoint holds {stored} weights: "
+                              f"the config does not match the weights (damaged or altered, or a --set of a "
+                              f"model size); {EARLIER}")
+    if device == "cpu":
+        check_alloc(flat.nbytes, f"checkpoint {path}: the model's weights ({flat.numel} parameters, "
+                    f"{cfg.run.dtype})")
+
+
+__all__ = ["checkpoint_config", "load_weights", "model_from_checkpoint", "check_model_size"]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcdp.failure.watch import note_step
+
 from . import transport as tp
 from .aggregate import check_result
 from .checkpoint import SaveRequests
@@ -90,6 +92,7 @@ class ShardServer:
             # (update t + 1 needs that worker's next push, which follows its request)
             self.saves.add(w, int(step), int(version), bool(lr), applied=self.clock.version)
             return True
+        note_step(int(step) + 1)                  # the push of training step t + 1: a server killed is named there
         greq, gbuf = self._grad[w]
         if not greq.Test():                       # the gradient follows its header; if the
             return False                          # sender has not progressed it yet, look later
