@@ -55,8 +55,7 @@ class Checkpointer:
         what = "the other ranks to set up checkpointing"
         self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
         if self.enabled and self.c.on_signal:
-            self.stop = GracefulStop(self._workers_comm(idup(world.comm, self.timeout, what)),
-                                     timeout=self.timeout)
+            self.stop = self._graceful_stop(idup(world.comm, self.timeout, what))
         if self.c.asynchronous:
             from .save.background import BackgroundSaver
             from .save.hostbuf import HostBuffers
@@ -69,25 +68,36 @@ class Checkpointer:
                 if self.enabled:
                     self.writer.start()
 
-    def _workers_comm(self, comm):
+    def _graceful_stop(self, comm) -> GracefulStop:
         """The stop decision is made every step by the ranks that run steps: with
-        dedicated parameter servers (``strategy.is_worker`` False there), a
-        communicator of the workers only; a server keeps the signal handlers (so a
-        signal does not kill it) and learns of the stop from the workers' save
-        request and their done. None on a server."""
+        dedicated parameter servers (``strategy.is_worker`` False there), on a
+        communicator of the workers only. A server keeps the signal handlers (so a
+        signal does not kill it), tells the workers of a signal that reached it
+        (``comm`` stays as the notices' communicator: :meth:`serve_poll`), and learns
+        of the stop from the workers' save request and their done."""
         import numpy as np
         from mpi4py import MPI
 
         from hpcdp.comm import allreduce, forget
 
-        servers = np.array([int(not self.strategy.is_worker)], dtype=np.int64)
-        allreduce(servers, comm=comm, op="sum", timeout=self.timeout)  # deadline, failure policy
-        if servers[0] == 0:
-            return comm
-        sub = comm.Split(0 if self.strategy.is_worker else MPI.UNDEFINED, comm.Get_rank())
-        forget(comm)  # hpcdp's duplicates of it too
-        comm.Free()
-        return sub if self.strategy.is_worker else None
+        workers = np.zeros(comm.Get_size(), dtype=np.int64)
+        workers[comm.Get_rank()] = int(self.strategy.is_worker)
+        allreduce(workers, comm=comm, op="sum", timeout=self.timeout)  # deadline, failure policy
+        if workers.all():
+            return GracefulStop(comm, timeout=self.timeout)
+        from hpcdp.failure.deadline import watchdog
+        with watchdog(self.timeout, "splitting off the workers' stop communicator"):
+            sub = comm.Split(0 if self.strategy.is_worker else MPI.UNDEFINED, comm.Get_rank())
+        forget(comm)  # hpcdp's duplicates of it; it carries only notices from here on
+        deciders = [int(r) for r in np.flatnonzero(workers)]
+        return GracefulStop(sub if self.strategy.is_worker else None, timeout=self.timeout,
+                            notices=comm, deciders=deciders)
+
+    def serve_poll(self) -> None:
+        """A dedicated server's serve loop, now and then: pass a stop signal that
+        reached this rank on to the workers, which decide."""
+        if self.stop is not None:
+            self.stop.forward()
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
@@ -183,7 +193,9 @@ class Checkpointer:
         if signum:
             self.stopped_by = signum
             where = self.saved_path or self.root
-            self.log(f"stopped by {signal_name(signum)} after step {step}: checkpoint saved in {where}; "
+            by = self.stop.decided_by
+            reached = f" (received by rank {by})" if by is not None else ""
+            self.log(f"stopped by {signal_name(signum)}{reached} after step {step}: checkpoint saved in {where}; "
                      f"resume with --resume {where}")
             if self.world.rank == 0:
                 (self.run_dir / "stopped").write_text(f"{signal_name(signum)} {step} {where}\n")
@@ -255,8 +267,9 @@ class Checkpointer:
                 self.buffers = None
             if self.stop is not None:
                 self.stop.close(wait=not abandon)
-                if not abandon and self.stop.comm is not None:
-                    self.stop.comm.Free()
+                if not abandon:
+                    for c in {id(c): c for c in (self.stop.comm, self.stop.notices) if c is not None}.values():
+                        c.Free()
                 self.stop = None
             if self.comm is not None and not abandon:
                 self.comm.Free()
