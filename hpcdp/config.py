@@ -64,6 +64,19 @@ def _range(section: str, key: str, value, lo=None, hi=None, lo_open=False, hi_op
         raise ConfigError(f"{section}.{key}: {value!r} is out of range; allowed {left}{lo_s}, {hi_s}{right}")
 
 
+# How long a rank may wait for its peers: below a second a busy machine trips it by
+# itself; beyond a week it is no deadline at all (and inf overflows the timers).
+WAIT_SECONDS = (1.0, 604800.0)
+
+
+def _seconds(section: str, key: str, value) -> None:
+    lo, hi = WAIT_SECONDS
+    if isinstance(value, float) and math.isnan(value) or not lo <= value <= hi:
+        raise ConfigError(f"{section}.{key}: {value!r} is out of range; allowed [{lo:g}, {hi:g}] seconds "
+                          "(1 s to a week: how long a rank waits for its peers before it names the "
+                          "missing ones and stops the job)")
+
+
 # ---------------------------------------------------------------------------
 # sections
 
@@ -505,8 +518,8 @@ class CommConfig:
         _range(s, "ranks_per_node", self.ranks_per_node, 0)
         for c in ("allreduce", "reduce_scatter", "all_gather"):
             _range(s, f"{c}_crossover", getattr(self, f"{c}_crossover"), 0)
-        _range(s, "timeout", self.timeout, 0.0, lo_open=True)
-        _range(s, "setup_timeout", self.setup_timeout, 0.0, lo_open=True)
+        for key in ("timeout", "setup_timeout"):
+            _seconds(s, key, getattr(self, key))
 
 
 @dataclass
