@@ -528,7 +528,8 @@ class CheckpointConfig:
     On when ``every > 0`` or ``dir`` is set."""
     SECTION: ClassVar[str] = "checkpoint"
     APPLIES: ClassVar[dict] = {
-        **{k: ("checkpoint.enabled", (True,)) for k in ("keep", "final", "on_signal", "layout", "asynchronous")},
+        **{k: ("checkpoint.enabled", (True,)) for k in ("keep", "final", "on_signal", "layout", "asynchronous",
+                                                        "on_save_error")},
         "writer": ("checkpoint.asynchronous", (True,)),
     }
     dir: str = ""            # folder of step-* checkpoints; "": <run dir>/checkpoints
@@ -540,6 +541,8 @@ class CheckpointConfig:
     asynchronous: bool = False  # copy to host memory, write in the background
     writer: str = "process"  # asynchronous, layout "split": "process" (a helper process writes
     #                          the rank file, off the training GIL) or "thread" (a thread of the rank)
+    on_save_error: str = "stop"  # a periodic save fails (disk full, a file-size limit...): "stop" the
+    #                              run at once (exit 1), or "continue" training and save at the next due step
 
     def __post_init__(self):
         s = self.SECTION
@@ -547,6 +550,7 @@ class CheckpointConfig:
         _range(s, "keep", self.keep, 0)
         _choice(s, "layout", self.layout, ("split", "shared"))
         _choice(s, "writer", self.writer, ("process", "thread"))
+        _choice(s, "on_save_error", self.on_save_error, ("stop", "continue"))
 
     @property
     def enabled(self) -> bool:

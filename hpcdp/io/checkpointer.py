@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .errors import AGREEMENT, CheckpointError
+from .errors import AGREEMENT, CheckpointError, SaveFailed
 from .stop import GracefulStop, signal_name
 
 
@@ -180,16 +180,21 @@ class Checkpointer:
         """Save if due; True when the run must stop now (a signal; saved first)."""
         if self.comm is None:
             return False
-        self._collect_background()
+        self._collect_background(at=step)
         signum = self.stop.poll() if self.stop is not None else 0
         if not self.enabled:
             return False
         due = (self.c.every and step % self.c.every == 0) or (step == self.total and self.c.final)
         if signum or due:
             if step != self.last_saved:
-                self.save(step, wait=bool(signum))
+                try:
+                    self.save(step, wait=bool(signum))
+                except SaveFailed as e:  # a periodic save: on_save_error says; others always end the run
+                    if signum or step == self.total:
+                        raise
+                    self._save_failed(e, step)
             elif signum and self.background is not None:
-                self._collect_background(wait=True)
+                self._collect_background(wait=True, at=step)
         if signum:
             self.stopped_by = signum
             where = self.saved_path or self.root
@@ -202,12 +207,24 @@ class Checkpointer:
             return True
         return False
 
+    def _save_failed(self, e: SaveFailed, step: int) -> None:
+        """A periodic save failed on every rank (its agreement says so): with
+        ``checkpoint.on_save_error = "continue"`` say so and train on; else stop now."""
+        latest = self.saved_path or "none yet"
+        if self.c.on_save_error != "continue":
+            raise SaveFailed(f"{e}; the run stops after step {step} (checkpoint.on_save_error = \"stop\"; "
+                             f"\"continue\" trains on and tries again at the next save); the latest complete "
+                             f"checkpoint: {latest}") from e
+        nxt = (step // self.c.every + 1) * self.c.every if self.c.every else self.total
+        self.log(f"warning: {e}; training goes on (checkpoint.on_save_error = \"continue\"): the next save is "
+                 f"at step {min(nxt, self.total)}; the latest complete checkpoint: {latest}")
+
     def save(self, step: int, *, wait: bool = False) -> None:
         from .save.save import SaveJob, rank_scalar_arrays, save
         from .save.snapshot import take_snapshot
 
         if self.background is not None:
-            self._collect_background(wait=True)
+            self._collect_background(wait=True, at=step)
         t0 = time.perf_counter()
         asynchronous = self.background is not None and not wait
         begin = getattr(self.strategy, "checkpoint_begin", None)
@@ -232,22 +249,44 @@ class Checkpointer:
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
-            self.background.submit(lambda: save(job(), self.comm, timeout=self.timeout))
+            self.background.submit(lambda: self._failed_as_save(step, lambda: save(job(), self.comm,
+                                                                                  timeout=self.timeout)))
             self.last_stall_s = time.perf_counter() - t0
             self.log(f"checkpoint step {step}: {snap.nbytes / 2**20:.1f} MiB copied on rank 0 in "
                      f"{self.last_stall_s:.3f} s, writing in the background")
             return
-        self.saved_path = save(job(), self.comm, timeout=self.timeout)
+        self.saved_path = self._failed_as_save(step, lambda: save(job(), self.comm, timeout=self.timeout))
         self.last_stall_s = time.perf_counter() - t0
         self.log(f"checkpoint step {step}: saved {self.saved_path} ({snap.nbytes / 2**20:.1f} MiB from "
                  f"rank 0) in {self.last_stall_s:.3f} s")
 
-    def _collect_background(self, wait: bool = False) -> None:
-        """Log (and raise the error of) a finished background save."""
+    def _failed_as_save(self, step: int, fn):
+        """Run a save; its failure (agreed by every rank) becomes one :class:`SaveFailed`
+        that says which save failed and why (exit status 1: the run failed, the input
+        was fine)."""
+        try:
+            return fn()
+        except SaveFailed:
+            raise
+        except (CheckpointError, OSError) as e:
+            from .errors import os_error_text
+            why = os_error_text(e) if isinstance(e, OSError) else str(e)
+            raise SaveFailed(f"the checkpoint of step {step} could not be saved in {self.root}: {why}") from e
+
+    def _collect_background(self, wait: bool = False, at: int | None = None) -> None:
+        """Log a finished background save; one that failed is said at once (the step
+        after it failed): ``on_save_error`` then stops the run or trains on."""
         b = self.background
         if b is None or not b.pending() or (b.busy() and not wait):
             return
-        self.saved_path = b.wait()
+        try:
+            path = b.wait()
+        except SaveFailed as e:
+            if at is None or self._async_step == self.total:
+                raise
+            self._save_failed(SaveFailed(f"{e} (written in the background)"), at)
+            return
+        self.saved_path = path
         self.log(f"checkpoint step {self._async_step}: saved {self.saved_path} in the background "
                  f"({b.finished_at - b.started_at:.3f} s after the copy)")
 

@@ -156,6 +156,10 @@ def acquire(root, job: str) -> DirLock:
             except FileNotFoundError:
                 pass
             continue
+        except OSError as e:  # a folder this job cannot write (read-only, no permission)
+            raise CheckpointError(f"checkpoint.dir = {str(root)!r}: cannot write in it ({e.strerror}): the "
+                                  "run's checkpoints are saved there; choose a folder this job can "
+                                  "write") from None
         with os.fdopen(fd, "w") as f:
             f.write(holder_line(job))
         return DirLock(path, took_over)
