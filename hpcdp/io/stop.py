@@ -102,7 +102,7 @@ class GracefulStop:
 
     def _take_notices(self) -> None:
         """A deciding rank: take the notices non-deciding ranks sent (none waits)."""
-        if self.notices is None:
+        if self.notices is None or self.comm is None:
             return
         from mpi4py import MPI
 
