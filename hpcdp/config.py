@@ -64,6 +64,19 @@ def _range(section: str, key: str, value, lo=None, hi=None, lo_open=False, hi_op
         raise ConfigError(f"{section}.{key}: {value!r} is out of range; allowed {left}{lo_s}, {hi_s}{right}")
 
 
+# How long a rank may wait for its peers: below a second a busy machine trips it by
+# itself; beyond a week it is no deadline at all (and inf overflows the timers).
+WAIT_SECONDS = (1.0, 604800.0)
+
+
+def _seconds(section: str, key: str, value) -> None:
+    lo, hi = WAIT_SECONDS
+    if isinstance(value, float) and math.isnan(value) or not lo <= value <= hi:
+        raise ConfigError(f"{section}.{key}: {value!r} is out of range; allowed [{lo:g}, {hi:g}] seconds "
+                          "(1 s to a week: how long a rank waits for its peers before it names the "
+                          "missing ones and stops the job)")
+
+
 # ---------------------------------------------------------------------------
 # sections
 
@@ -509,8 +522,8 @@ class CommConfig:
         _range(s, "ranks_per_node", self.ranks_per_node, 0)
         for c in ("allreduce", "reduce_scatter", "all_gather"):
             _range(s, f"{c}_crossover", getattr(self, f"{c}_crossover"), 0)
-        _range(s, "timeout", self.timeout, 0.0, lo_open=True)
-        _range(s, "setup_timeout", self.setup_timeout, 0.0, lo_open=True)
+        for key in ("timeout", "setup_timeout"):
+            _seconds(s, key, getattr(self, key))
 
 
 @dataclass
@@ -519,7 +532,8 @@ class CheckpointConfig:
     On when ``every > 0`` or ``dir`` is set."""
     SECTION: ClassVar[str] = "checkpoint"
     APPLIES: ClassVar[dict] = {
-        **{k: ("checkpoint.enabled", (True,)) for k in ("keep", "final", "on_signal", "layout", "asynchronous")},
+        **{k: ("checkpoint.enabled", (True,)) for k in ("keep", "final", "on_signal", "layout", "asynchronous",
+                                                        "on_save_error")},
         "writer": ("checkpoint.asynchronous", (True,)),
     }
     dir: str = ""            # folder of step-* checkpoints; "": <run dir>/checkpoints
@@ -531,6 +545,8 @@ class CheckpointConfig:
     asynchronous: bool = False  # copy to host memory, write in the background
     writer: str = "process"  # asynchronous, layout "split": "process" (a helper process writes
     #                          the rank file, off the training GIL) or "thread" (a thread of the rank)
+    on_save_error: str = "stop"  # a periodic save fails (disk full, a file-size limit...): "stop" the
+    #                              run at once (exit 1), or "continue" training and save at the next due step
 
     def __post_init__(self):
         s = self.SECTION
@@ -538,6 +554,7 @@ class CheckpointConfig:
         _range(s, "keep", self.keep, 0)
         _choice(s, "layout", self.layout, ("split", "shared"))
         _choice(s, "writer", self.writer, ("process", "thread"))
+        _choice(s, "on_save_error", self.on_save_error, ("stop", "continue"))
 
     @property
     def enabled(self) -> bool:

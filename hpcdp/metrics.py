@@ -48,6 +48,7 @@ TAG_CADENCE = 7302  # the writer's announcement of the next flush interval
 DEFAULT_TIMEOUT_S = 300.0
 FLUSH_EVERY_S = 5.0  # metrics reach metrics.jsonl at least this often (run.metrics_flush_s)
 MAX_BLOCK_BYTES = 64 << 20  # the writer's receive buffer of one flush, at most
+MAX_BLOCK_ROWS = 1024  # steps held before a flush, at most (whatever log_every and metrics_flush_s say)
 
 
 def _key_hash(keys) -> int:
@@ -141,7 +142,8 @@ class StepGather:
                 raise RuntimeError(f"step_stats() keys differ between ranks 0 and {bad}: "
                                    f"rank {self.rank} reports {list(keys)}")
             self.keys = keys
-            self.max_rows = max(1, MAX_BLOCK_BYTES // (self.size * (len(_HEADER) + len(keys)) * 8))
+            self.max_rows = max(1, min(MAX_BLOCK_ROWS,
+                                       MAX_BLOCK_BYTES // (self.size * (len(_HEADER) + len(keys)) * 8)))
         elif keys != self.keys:
             raise RuntimeError(f"step_stats() keys changed on rank {self.rank}: {list(keys)} "
                                f"instead of {list(self.keys)}")

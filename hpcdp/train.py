@@ -246,7 +246,8 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         # workers' save requests reach it through the PS protocol (ckpt.save on it).
         try:
             ckpt.restore()
-            strategy.serve(on_save=lambda at, wait: ckpt.save(at, wait=wait))
+            # a stop signal that reaches only this rank goes on to the workers, which decide
+            strategy.serve(on_save=lambda at, wait: ckpt.save(at, wait=wait), on_poll=ckpt.serve_poll)
             ckpt.close()
             strategy.close()
         except BaseException as e:

@@ -101,6 +101,9 @@ def _parser():
     p.add_argument("--engine", default=None, choices=("python", "compiled"),
                    help="the ring's engine (default: HPCDP_COMM_ENGINE, else compiled wherever mpi4py's MPI "
                         "library can be bound, else python)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds a rank waits for the others before the job ends naming the missing "
+                        "ranks (default: HPCDP_COMM_TIMEOUT, else 300)")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
     return p
 
@@ -119,6 +122,8 @@ def check_args(args) -> dict:
         bad(f"--iters and --warmup must be >= 0, got {args.iters} and {args.warmup}")
     if args.max_iters < 1:
         bad(f"--max-iters must be >= 1, got {args.max_iters}")
+    if args.timeout is not None and not 1.0 <= args.timeout <= 604800.0:
+        bad(f"--timeout must be between 1 and 604800 seconds, got {args.timeout:g}")
     lo, hi, seg = parse_size(args.min), parse_size(args.max), parse_size(args.segment_bytes)
     if lo < 1 or hi < lo:
         bad(f"--min must be >= 1 and --max >= --min, got --min {args.min} --max {args.max}")
@@ -158,17 +163,27 @@ def paired_ratios(times, baseline) -> tuple[float, float, float]:
     return float(q1), float(med), float(q3)
 
 
-def _time(fn, iters: int, warmup: int, comm) -> float:
-    from mpi4py import MPI
+def _time(fn, iters: int, warmup: int, comm, watch=None, what: str = "") -> float:
+    """The slowest rank's mean time of ``fn``. The MPI baseline's calls block in MPI:
+    ``watch`` (a BlockingWatch) ends the job naming a rank that stopped meanwhile;
+    the barrier and the reduction of the times are hpcdp's (deadline, diagnosis)."""
+    import hpcdp.comm as C
 
-    for _ in range(warmup):
-        fn()
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    mine = (time.perf_counter() - t0) / iters
-    return comm.allreduce(mine, op=MPI.MAX)
+    if watch is not None:
+        watch.arm(what)
+    try:
+        for _ in range(warmup):
+            fn()
+        C.allreduce(np.zeros(1), comm=comm, op="max")  # the barrier, under hpcdp's deadline
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        mine = np.array([(time.perf_counter() - t0) / iters])
+        C.allreduce(mine, comm=comm, op="max")
+    finally:
+        if watch is not None:
+            watch.disarm()
+    return float(mine[0])
 
 
 def _calls(collective, algos, comm, nbytes, dtype, seg):
@@ -217,6 +232,31 @@ def run(args) -> list[dict]:
     comm = MPI.COMM_WORLD
     N, rank = comm.Get_size(), comm.Get_rank()
     get_context(comm)
+    from hpcdp.comm import set_timeout
+    from hpcdp.comm.core.context import default_timeout
+    from hpcdp.comm.core.diagnose import grace_s
+    from hpcdp.failure.deadline import BlockingWatch
+
+    timeout = float(args.timeout) if args.timeout is not None else default_timeout()
+    set_timeout(comm, timeout)
+    # hpcdp's collectives time out and name a stopped rank themselves; the MPI
+    # baseline blocks in MPI: the watch ends the job then (after hpcdp's diagnosis)
+    watch = BlockingWatch(comm, timeout, margin=2 * grace_s(timeout) + 1.0) if N > 1 else None
+    try:
+        rows = _run(args, opts, comm, watch)
+    except BaseException:
+        if watch is not None:
+            watch.close(free=False)  # failing: the peers may be gone
+        raise
+    if watch is not None:
+        watch.close()
+    return rows
+
+
+def _run(args, opts, comm, watch) -> list[dict]:
+    from mpi4py import MPI
+
+    N, rank = comm.Get_size(), comm.Get_rank()
     from hpcdp.comm.engines.compiled import active_engine, set_engine
 
     if args.engine is not None:
@@ -244,7 +284,8 @@ def run(args) -> list[dict]:
             samples = {algo: [] for algo in fns}
             for _ in range(args.repeats):  # interleaved, so load spikes hit every algorithm
                 for algo, fn in fns.items():
-                    samples[algo].append(_time(fn, iters, args.warmup, comm))
+                    samples[algo].append(_time(fn, iters, args.warmup, comm, watch,
+                                               f"{collective} of {human(nbytes)}B by {algo}"))
             for algo in fns:
                 t = float(np.median(samples[algo]))
                 q1, vs, q3 = paired_ratios(samples[algo], samples["mpi"])
@@ -274,8 +315,11 @@ def run(args) -> list[dict]:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    run(args)
-    return 0
+    check_args(args)  # before any MPI work: a usage error exits 2 on every rank alike
+    from hpcdp.failure.policy import run_job
+
+    # a failure on one rank (a stopped or lost peer) ends every rank with one line
+    return run_job(lambda: run(args))
 
 
 if __name__ == "__main__":

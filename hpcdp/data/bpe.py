@@ -60,7 +60,7 @@ class HFTokenizer:
             self._tok = tk.Tokenizer.from_str(json_text)
         except Exception as e:  # noqa: BLE001 - the library's own error type: one line
             raise DataError(f"{where}: not a Hugging Face tokenizer.json ({e})") from None
-        self.json, self.sha256 = json_text, tokenizer_sha256(json_text)
+        self.json, self.sha256, self.where = json_text, tokenizer_sha256(json_text), where
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         if self.vocab_size < 2:
             raise DataError(f"{where}: the vocabulary has {self.vocab_size} token(s); a corpus needs at least 2")
@@ -84,7 +84,17 @@ class HFTokenizer:
         return self._tok.token_to_id(token)
 
     def encode(self, text: str, where: str = "text") -> np.ndarray:
-        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=self.token_dtype())
+        with _panic_output_held() as held:
+            try:
+                ids = self._tok.encode(text, add_special_tokens=False).ids
+            except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException, not an Exception
+                if type(e).__name__ != "PanicException":
+                    raise
+                held.drop()  # the panic's own lines on stderr: said in the one line below
+                raise DataError(f"{self.where}: the tokenizer failed on {where} ({str(e).strip()}); a "
+                                "pre-tokenizer or normalizer regex of this tokenizer.json likely backtracks "
+                                "without end on this text: fix the regex or use another tokenizer") from None
+        return np.asarray(ids, dtype=self.token_dtype())
 
     def encode_bytes(self, data: bytes, where: str = "text") -> np.ndarray:
         try:
@@ -99,6 +109,40 @@ class HFTokenizer:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise DataError(f"token id {int(ids.max())} is outside the vocabulary of {self.vocab_size}")
         return self._tok.decode(ids.tolist(), skip_special_tokens=False)
+
+
+class _panic_output_held:
+    """Hold what the tokenizers library writes to the process's stderr (file
+    descriptor 2) during one call: written out after it, unless :meth:`drop` (a
+    Rust panic prints its message and backtrace there before Python sees it)."""
+
+    def __enter__(self):
+        import os
+        import sys
+        import tempfile
+
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        self._keep = True
+        return self
+
+    def drop(self) -> None:
+        self._keep = False
+
+    def __exit__(self, *exc):
+        import os
+
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        with self._file as f:
+            if self._keep:
+                f.seek(0)
+                data = f.read()
+                if data:
+                    os.write(2, data)
+        return False
 
 
 def train_bpe(texts, vocab_size: int, out, *, min_frequency: int = 2) -> HFTokenizer:

@@ -88,4 +88,74 @@ def watchdog(timeout: float, what: str):
         timer.cancel()
 
 
-__all__ = ["DeadlineExceeded", "wait", "idup", "watchdog"]
+class BlockingWatch:
+    """For code that must call blocking MPI collectives (a benchmark's MPI baseline):
+    a thread that ends the job when a block opened with :meth:`arm` has not been
+    closed (:meth:`disarm`) within ``timeout`` + ``margin`` seconds, in one line that
+    names the ranks that never answered (stopped, dead, or stuck outside MPI).
+
+    On expiry each live rank's thread sends one small message to every peer on a
+    duplicate of ``comm`` and collects theirs for a grace period (the blocked main
+    threads do not take part: MPI_THREAD_MULTIPLE); every live rank names the same
+    missing ranks, the lowest live one prints and aborts. ``margin`` lets hpcdp's own
+    collectives inside the block time out and diagnose first. Create and
+    :meth:`close` it on every rank (a collective Dup / Free)."""
+
+    def __init__(self, comm, timeout: float, margin: float = 0.0):
+        self.comm = comm.Dup()
+        self.timeout, self.margin = float(timeout), float(margin)
+        self._deadline: float | None = None
+        self._what = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hpcdp-blocking-watch", daemon=True)
+        self._thread.start()
+
+    def arm(self, what: str) -> None:
+        self._what = what
+        self._deadline = time.monotonic() + self.timeout + self.margin
+
+    def disarm(self) -> None:
+        self._deadline = None
+
+    def close(self, free: bool = True) -> None:
+        self._stop.set()
+        self._thread.join()
+        if free:
+            self.comm.Free()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            d = self._deadline
+            if d is not None and time.monotonic() > d:
+                self._expire(self._what)
+                return
+
+    def _expire(self, what: str) -> None:
+        import numpy as np
+
+        from hpcdp.comm.core.diagnose import grace_s
+
+        comm = self.comm
+        rank, size = comm.Get_rank(), comm.Get_size()
+        grace = grace_s(self.timeout)
+        peers = [p for p in range(size) if p != rank]
+        mine = np.array([rank], dtype=np.int64)
+        bufs = {p: np.empty(1, dtype=np.int64) for p in peers}
+        sends = [comm.Isend(mine, dest=p, tag=1) for p in peers]  # noqa: F841 - the job ends after
+        recvs = {p: comm.Irecv(bufs[p], source=p, tag=1) for p in peers}
+        heard: set = set()
+        end = time.monotonic() + grace
+        while time.monotonic() < end and len(heard) < len(peers):
+            heard.update(p for p, r in recvs.items() if p not in heard and r.Test())
+            time.sleep(0.01)
+        missing = [p for p in peers if p not in heard]
+        if rank != min(set(range(size)) - set(missing)):
+            time.sleep(grace + 2.0)  # the lowest live rank reports; its abort normally ends this one
+        who = (f"{fmt_ranks(missing)} never answered (stopped, dead, or stuck outside MPI)" if missing
+               else "every rank answered (a deadlock or an MPI problem)")
+        say(f"hpcdp: error: rank {rank} of {size}: {what} did not complete within {self.timeout:g}s; "
+            f"{who}; ending the job")
+        abort_job(1)
+
+
+__all__ = ["DeadlineExceeded", "wait", "idup", "watchdog", "BlockingWatch"]

@@ -81,8 +81,8 @@ def _describe(e: BaseException) -> str:
 
 
 def _exit_status(e: BaseException, size: int) -> int:
-    if isinstance(e, Interrupted):
-        return e.exit_status
+    if isinstance(e, Interrupted) or isinstance(getattr(e, "exit_status", None), int):
+        return e.exit_status  # e.g. a save that failed during the run: 1, not bad input
     if isinstance(e, KeyboardInterrupt):
         return 130
     if size == 1 and isinstance(e, USER_ERRORS):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .errors import AGREEMENT, CheckpointError
+from .errors import AGREEMENT, CheckpointError, SaveFailed
 from .stop import GracefulStop, signal_name
 
 
@@ -60,8 +60,7 @@ class Checkpointer:
         what = "the other ranks to set up checkpointing"
         self.comm = idup(world.comm, self.timeout, what)  # the checkpoint's own traffic
         if self.enabled and self.c.on_signal:
-            self.stop = GracefulStop(self._workers_comm(idup(world.comm, self.timeout, what)),
-                                     timeout=self.timeout)
+            self.stop = self._graceful_stop(idup(world.comm, self.timeout, what))
         if self.c.asynchronous:
             from .save.background import BackgroundSaver
             from .save.hostbuf import HostBuffers
@@ -74,25 +73,36 @@ class Checkpointer:
                 if self.enabled:
                     self.writer.start()
 
-    def _workers_comm(self, comm):
+    def _graceful_stop(self, comm) -> GracefulStop:
         """The stop decision is made every step by the ranks that run steps: with
-        dedicated parameter servers (``strategy.is_worker`` False there), a
-        communicator of the workers only; a server keeps the signal handlers (so a
-        signal does not kill it) and learns of the stop from the workers' save
-        request and their done. None on a server."""
+        dedicated parameter servers (``strategy.is_worker`` False there), on a
+        communicator of the workers only. A server keeps the signal handlers (so a
+        signal does not kill it), tells the workers of a signal that reached it
+        (``comm`` stays as the notices' communicator: :meth:`serve_poll`), and learns
+        of the stop from the workers' save request and their done."""
         import numpy as np
         from mpi4py import MPI
 
         from hpcdp.comm import allreduce, forget
 
-        servers = np.array([int(not self.strategy.is_worker)], dtype=np.int64)
-        allreduce(servers, comm=comm, op="sum", timeout=self.timeout)  # deadline, failure policy
-        if servers[0] == 0:
-            return comm
-        sub = comm.Split(0 if self.strategy.is_worker else MPI.UNDEFINED, comm.Get_rank())
-        forget(comm)  # hpcdp's duplicates of it too
-        comm.Free()
-        return sub if self.strategy.is_worker else None
+        workers = np.zeros(comm.Get_size(), dtype=np.int64)
+        workers[comm.Get_rank()] = int(self.strategy.is_worker)
+        allreduce(workers, comm=comm, op="sum", timeout=self.timeout)  # deadline, failure policy
+        if workers.all():
+            return GracefulStop(comm, timeout=self.timeout)
+        from hpcdp.failure.deadline import watchdog
+        with watchdog(self.timeout, "splitting off the workers' stop communicator"):
+            sub = comm.Split(0 if self.strategy.is_worker else MPI.UNDEFINED, comm.Get_rank())
+        forget(comm)  # hpcdp's duplicates of it; it carries only notices from here on
+        deciders = [int(r) for r in np.flatnonzero(workers)]
+        return GracefulStop(sub if self.strategy.is_worker else None, timeout=self.timeout,
+                            notices=comm, deciders=deciders)
+
+    def serve_poll(self) -> None:
+        """A dedicated server's serve loop, now and then: pass a stop signal that
+        reached this rank on to the workers, which decide."""
+        if self.stop is not None:
+            self.stop.forward()
 
     # -- what a checkpoint of this run holds -------------------------------------
     def expected(self) -> dict:
@@ -189,32 +199,51 @@ class Checkpointer:
         """Save if due; True when the run must stop now (a signal; saved first)."""
         if self.comm is None:
             return False
-        self._collect_background()
+        self._collect_background(at=step)
         signum = self.stop.poll() if self.stop is not None else 0
         if not self.enabled:
             return False
         due = (self.c.every and step % self.c.every == 0) or (step == self.total and self.c.final)
         if signum or due:
             if step != self.last_saved:
-                self.save(step, wait=bool(signum))
+                try:
+                    self.save(step, wait=bool(signum))
+                except SaveFailed as e:  # a periodic save: on_save_error says; others always end the run
+                    if signum or step == self.total:
+                        raise
+                    self._save_failed(e, step)
             elif signum and self.background is not None:
-                self._collect_background(wait=True)
+                self._collect_background(wait=True, at=step)
         if signum:
             self.stopped_by = signum
             where = self.saved_path or self.root
-            self.log(f"stopped by {signal_name(signum)} after step {step}: checkpoint saved in {where}; "
+            by = self.stop.decided_by
+            reached = f" (received by rank {by})" if by is not None else ""
+            self.log(f"stopped by {signal_name(signum)}{reached} after step {step}: checkpoint saved in {where}; "
                      f"resume with --resume {where}")
             if self.world.rank == 0:
                 (self.run_dir / "stopped").write_text(f"{signal_name(signum)} {step} {where}\n")
             return True
         return False
 
+    def _save_failed(self, e: SaveFailed, step: int) -> None:
+        """A periodic save failed on every rank (its agreement says so): with
+        ``checkpoint.on_save_error = "continue"`` say so and train on; else stop now."""
+        latest = self.saved_path or "none yet"
+        if self.c.on_save_error != "continue":
+            raise SaveFailed(f"{e}; the run stops after step {step} (checkpoint.on_save_error = \"stop\"; "
+                             f"\"continue\" trains on and tries again at the next save); the latest complete "
+                             f"checkpoint: {latest}") from e
+        nxt = (step // self.c.every + 1) * self.c.every if self.c.every else self.total
+        self.log(f"warning: {e}; training goes on (checkpoint.on_save_error = \"continue\"): the next save is "
+                 f"at step {min(nxt, self.total)}; the latest complete checkpoint: {latest}")
+
     def save(self, step: int, *, wait: bool = False) -> None:
         from .save.save import SaveJob, rank_scalar_arrays, save
         from .save.snapshot import take_snapshot
 
         if self.background is not None:
-            self._collect_background(wait=True)
+            self._collect_background(wait=True, at=step)
         t0 = time.perf_counter()
         asynchronous = self.background is not None and not wait
         begin = getattr(self.strategy, "checkpoint_begin", None)
@@ -239,12 +268,13 @@ class Checkpointer:
         self.last_saved = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
-            self.background.submit(lambda: save(job(), self.comm, timeout=self.timeout))
+            self.background.submit(lambda: self._failed_as_save(step, lambda: save(job(), self.comm,
+                                                                                  timeout=self.timeout)))
             self.last_stall_s = time.perf_counter() - t0
             self.log(f"checkpoint step {step}: {snap.nbytes / 2**20:.1f} MiB copied on rank 0 in "
                      f"{self.last_stall_s:.3f} s, writing in the background")
             return
-        self.saved_path = save(job(), self.comm, timeout=self.timeout)
+        self.saved_path = self._failed_as_save(step, lambda: save(job(), self.comm, timeout=self.timeout))
         self.last_stall_s = time.perf_counter() - t0
         self.log(f"checkpoint step {step}: saved {self.saved_path} ({snap.nbytes / 2**20:.1f} MiB from "
                  f"rank 0) in {self.last_stall_s:.3f} s")
@@ -253,12 +283,33 @@ class Checkpointer:
         from .lock import check_held
         check_held(self.root)  # still this job's folder (its lock not taken over)
 
-    def _collect_background(self, wait: bool = False) -> None:
-        """Log (and raise the error of) a finished background save."""
+    def _failed_as_save(self, step: int, fn):
+        """Run a save; its failure (agreed by every rank) becomes one :class:`SaveFailed`
+        that says which save failed and why (exit status 1: the run failed, the input
+        was fine)."""
+        try:
+            return fn()
+        except SaveFailed:
+            raise
+        except (CheckpointError, OSError) as e:
+            from .errors import os_error_text
+            why = os_error_text(e) if isinstance(e, OSError) else str(e)
+            raise SaveFailed(f"the checkpoint of step {step} could not be saved in {self.root}: {why}") from e
+
+    def _collect_background(self, wait: bool = False, at: int | None = None) -> None:
+        """Log a finished background save; one that failed is said at once (the step
+        after it failed): ``on_save_error`` then stops the run or trains on."""
         b = self.background
         if b is None or not b.pending() or (b.busy() and not wait):
             return
-        self.saved_path = b.wait()
+        try:
+            path = b.wait()
+        except SaveFailed as e:
+            if at is None or self._async_step == self.total:
+                raise
+            self._save_failed(SaveFailed(f"{e} (written in the background)"), at)
+            return
+        self.saved_path = path
         self.log(f"checkpoint step {self._async_step}: saved {self.saved_path} in the background "
                  f"({b.finished_at - b.started_at:.3f} s after the copy)")
 
@@ -278,8 +329,9 @@ class Checkpointer:
                 self.buffers = None
             if self.stop is not None:
                 self.stop.close(wait=not abandon)
-                if not abandon and self.stop.comm is not None:
-                    self.stop.comm.Free()
+                if not abandon:
+                    for c in {id(c): c for c in (self.stop.comm, self.stop.notices) if c is not None}.values():
+                        c.Free()
                 self.stop = None
             if self.comm is not None and not abandon:
                 self.comm.Free()

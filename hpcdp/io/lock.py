@@ -362,8 +362,8 @@ def acquire(root, job: str, *, keeper: bool = True) -> DirLock:
     try:
         tmp = _private(root, holder_line(job, token))
     except OSError as e:
-        raise _error(f"checkpoint.dir = {str(root)!r}: cannot write its lock ({e.strerror}); "
-                     "use a folder this job can write") from None
+        raise _error(f"checkpoint.dir = {str(root)!r}: cannot write in it ({e.strerror}): the run's "
+                     "checkpoints are saved there; choose a folder this job can write") from None
     try:
         deadline = time.monotonic() + max(4 * STUCK_S, 2 * WATCH_S)
         while time.monotonic() < deadline:

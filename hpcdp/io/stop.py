@@ -10,6 +10,15 @@ at the end of step s - 1: all ranks stop after the same step, one step after the
 signal at most, and no step waits on a blocking collective of its own (the wait
 completes a request that has had a whole step to finish).
 
+Ranks that run no steps (dedicated parameter servers) make no decision; a signal
+that reaches only such a rank must still stop the job (a preemption notice for the
+server's node). Such a rank keeps the handlers, and its serve loop calls
+:meth:`GracefulStop.forward`, which tells every deciding rank (one small message
+each on the ``notices`` communicator, a duplicate of the world's); a deciding rank
+takes any notice that has arrived at the end of its step as if the signal had
+reached it, and the agreement above does the rest. The stop line then names the
+rank the signal reached.
+
 Installed only when checkpointing is configured; without it a signal keeps its
 default meaning (the job ends). Where ``hpcdp.failure.signals`` exists (the job's one
 place for signals), the flag is set through its graceful-stop registry
@@ -35,10 +44,23 @@ def _registry():
     return on_stop_signal
 
 
+TAG_NOTICE = 7301  # on the notices communicator: (signal number, world rank it reached)
+_BY = 1 << 32      # the agreed number: signal * _BY + (rank the signal reached + 1, or 0)
+
+
 class GracefulStop:
-    def __init__(self, comm, *, timeout: float = 300.0, signals=SIGNALS):
+    """``comm``: the deciding ranks' communicator (None on a rank that decides
+    nothing); ``notices``: a communicator of every rank (world ranks) on which a
+    non-deciding rank tells the ranks in ``deciders`` of a signal it received."""
+
+    def __init__(self, comm, *, timeout: float = 300.0, signals=SIGNALS, notices=None, deciders=()):
         self.comm, self.timeout, self.signals = comm, timeout, tuple(signals)
+        self.notices, self.deciders = notices, tuple(deciders)
         self.received = 0
+        self.by: int | None = None    # world rank a forwarded signal reached (None: this rank)
+        self.decided_by: int | None = None
+        self._told: list = []         # a non-deciding rank: its notices in flight
+        self._told_buf = None
         self._prev: dict = {}
         self._unregister = None
         self._req = None
@@ -70,9 +92,34 @@ class GracefulStop:
         if self._req is not None:
             self._req.wait()
             decided = int(self._buf[0])
-        self._buf = np.array([self.received], dtype=np.int64)
+        self._take_notices()
+        mine = self.received * _BY + (self.by + 1 if self.by is not None and self.received else 0)
+        self._buf = np.array([mine], dtype=np.int64)
         self._req = iallreduce(self._buf, comm=self.comm, op="max", timeout=self.timeout)
-        return decided
+        if decided:
+            self.decided_by = (decided % _BY) - 1 if decided % _BY else None
+        return decided // _BY
+
+    def _take_notices(self) -> None:
+        """A deciding rank: take the notices non-deciding ranks sent (none waits)."""
+        if self.notices is None or self.comm is None:
+            return
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while self.notices.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_NOTICE, status=status):
+            got = np.empty(2, dtype=np.int64)
+            self.notices.Recv(got, source=status.Get_source(), tag=TAG_NOTICE)
+            if not self.received:
+                self.received, self.by = int(got[0]), int(got[1])
+
+    def forward(self) -> None:
+        """A non-deciding rank, from its serve loop: once a signal arrived, tell every
+        deciding rank (once; the sends complete in the background)."""
+        if not self.received or self._told_buf is not None or self.notices is None:
+            return
+        self._told_buf = np.array([self.received, self.notices.Get_rank()], dtype=np.int64)
+        self._told = [self.notices.Isend(self._told_buf, dest=r, tag=TAG_NOTICE) for r in self.deciders]
 
     def close(self, wait: bool = True) -> None:
         """Complete the request in flight (every rank started the same number) and
@@ -81,7 +128,15 @@ class GracefulStop:
         try:
             if req is not None and wait:
                 req.wait()
+            if wait:
+                self._take_notices()  # one that came after the last step: nothing to do with it
         finally:
+            # a notice to a rank that had already finished its steps is never taken:
+            # its small send is not waited for
+            for r in self._told:
+                if not r.Test():
+                    r.Free()
+            self._told = []
             self._restore()
 
     def _restore(self) -> None:

@@ -138,3 +138,34 @@ def test_the_writer_process_dying_mid_save_keeps_the_previous_checkpoint(tmp_pat
             "rank-00001.h5; this checkpoint is not committed, the previous one stays the latest") in out, out[-3000:]
     assert latest(ck).name == "step-00000002"
     assert [(s, ok) for s, _, ok in list_checkpoints(ck)] == [(2, True)]
+
+
+@pytest.mark.parametrize("sig,mode", [(signal.SIGTERM, "async"), (signal.SIGUSR1, "sync")])
+def test_a_signal_to_a_dedicated_server_alone_stops_the_job_with_a_save(tmp_path, sig, mode):
+    """A preemption notice for the server's node reaches only the server rank: the
+    workers learn of it, the whole job saves (the server its shard) and exits 0."""
+    from hpcdp.bench.faults import rank_pid
+    from hpcdp.io.format.commit import latest
+    from hpcdp.io.format.index import read_index
+
+    ck = tmp_path / "ck"
+    args = ["--set", "train.steps=1000000", "--set", "run.log_every=1", "--set", f'checkpoint.dir="{ck}"',
+            "--set", 'parallel.strategy="ps"', "--set", "parallel.ps.colocated=false",
+            "--set", f'parallel.ps.mode="{mode}"']
+    proc = subprocess.Popen(_cmd(tmp_path, 3, "first", *args), env=_env(), cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_steps(tmp_path / "first", proc, 3)
+        server = rank_pid(str(tmp_path / "first"), 2)  # ranks 0, 1 work; rank 2 serves
+        assert server is not None
+        os.kill(server, sig)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    saved = latest(ck)
+    index = read_index(saved)
+    assert f"stopped by {sig.name} (received by rank 2) after step {index.step}: checkpoint saved in {saved}" in out
+    assert list(index.arrays["rank_ps_server"]) == [-1, -1, 0]  # the server wrote its shard
+    assert (tmp_path / "first" / "stopped").read_text().split()[:2] == [sig.name, str(index.step)]

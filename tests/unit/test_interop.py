@@ -414,3 +414,22 @@ def test_the_user_guide_commands_work_as_written(tmp_path):
     assert (tmp_path / "ft" / "metrics.jsonl").read_text().count('"step"') >= 2  # it trained
     assert set(load_file(str(tmp_path / "mine.safetensors"))) == {
         k[len("transformer."):] for k in load_file(str(tmp_path / "gpt2-mine" / "model.safetensors"))}
+
+
+def test_a_tokenizer_whose_regex_backtracks_without_end_is_one_line(tmp_path):
+    """A pre-tokenizer regex that backtracks catastrophically on the text: the
+    library panics (a Rust panic, not an Exception); prepare says so in one line
+    naming the tokenizer file and the text file, and no traceback."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("(a+)+$"), "isolated")
+    tok.save(str(tmp_path / "tok.json"))
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("a" * 40000 + "b")
+    proc = hpcdp(tmp_path, "data", "prepare", "--text", "text", "--tokenizer", "tok.json", "--out", "c.h5")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("hpcdp: error: --tokenizer tok.json: the tokenizer failed on ")
+    assert "a.txt" in lines[0] and "retry-limit-in-match over" in lines[0]
+    assert not (tmp_path / "c.h5").exists()

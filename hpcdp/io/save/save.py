@@ -22,7 +22,7 @@ import numpy as np
 
 from hpcdp.failure.agreement import allgather_rows, allgather_slots
 
-from ..errors import AGREEMENT, CheckpointError
+from ..errors import AGREEMENT, CheckpointError, os_error_text
 from ..format.commit import commit, prepare, prune, tmp_dir
 from ..failpoint import failpoint
 from ..format.names import step_dir_name
@@ -54,19 +54,30 @@ def save(job: SaveJob, comm, *, timeout: float = 300.0) -> Path:
     rank = comm.Get_rank() if comm is not None else 0
     size = comm.Get_size() if comm is not None else 1
     # rank 0 makes the temporary directory; its name is known to all (commit.tmp_dir)
-    AGREEMENT.on_root(comm, lambda: prepare(job.root, job.step), timeout=timeout, share=False)
+    AGREEMENT.on_root(comm, _writing(lambda: prepare(job.root, job.step)), timeout=timeout, share=False)
     tmp = tmp_dir(job.root, job.step)
     mine = AGREEMENT.all_ok(comm, lambda: _piece_rows(job), timeout=timeout)
     layout = get_layout(job.layout)
     files = layout.files(size)
-    AGREEMENT.all_ok(comm, lambda: layout.write(tmp, job, comm, rank, size, timeout), timeout=timeout)
+    AGREEMENT.all_ok(comm, _writing(lambda: layout.write(tmp, job, comm, rank, size, timeout)), timeout=timeout)
     # Every rank's piece table reaches rank 0 (its files are not reopened to learn it).
     every = allgather_rows(comm, mine, timeout=timeout)
     names = list(job.expected)
     found = layout.per_file([[(names[t], o, n, job.expected[names[t]][1]) for t, o, n in rows]
                              for rows in every])
-    AGREEMENT.on_root(comm, lambda: _finish(job, tmp, files, found), timeout=timeout, share=False)
+    AGREEMENT.on_root(comm, _writing(lambda: _finish(job, tmp, files, found)), timeout=timeout, share=False)
     return Path(job.root) / step_dir_name(job.step)
+
+
+def _writing(fn):
+    """``fn`` with its OSError (a full disk, the file-size limit, a read-only folder)
+    said in one phrase that names the file and what to do, for the agreement."""
+    def run():
+        try:
+            return fn()
+        except OSError as e:
+            raise CheckpointError(os_error_text(e)) from e
+    return run
 
 
 def _piece_rows(job: SaveJob) -> np.ndarray:

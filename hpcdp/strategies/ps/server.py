@@ -46,6 +46,7 @@ class ShardServer:
         self._hdr: dict = {}
         self._grad: dict = {}
         self.saves = SaveRequests(f"server {index}", self.remote)  # checkpoint requests (dedicated)
+        self.on_poll = None  # a dedicated server's loop calls it now and then (e.g. to pass on a signal)
         for w in self.remote:
             self._post(w)
 
@@ -155,6 +156,8 @@ class ShardServer:
             return tp.Waiter(self.timeout, f"workers of server {self.index}", missing=self.missing_workers)
         w = waiter()
         while not self.finished:
+            if self.on_poll is not None:
+                self.on_poll()
             if not self.poll():
                 w.idle(self.describe_waiting)
             else:

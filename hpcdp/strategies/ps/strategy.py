@@ -208,13 +208,16 @@ class ParameterServer(Strategy):
         return out
 
     # -- roles and shutdown ----------------------------------------------
-    def serve(self, on_save=None) -> None:
+    def serve(self, on_save=None, on_poll=None) -> None:
         """Dedicated server: serve until every worker said done. ``on_save(step,
         wait)``: the run's checkpointer, called when every worker asks for a
-        checkpoint (checkpoint.py); None: a request is an error."""
+        checkpoint (checkpoint.py); None: a request is an error. ``on_poll()``:
+        called between updates (async: every pass of the poll loop), e.g. to pass a
+        stop signal that reached this rank on to the workers."""
         if self.is_worker:
             raise RuntimeError("serve() is for dedicated server ranks; this rank is a worker")
         self.server.saves.on_save = on_save
+        self.server.on_poll = on_poll
         self.server.serve_until_done()
 
     def finish_updates(self) -> None:

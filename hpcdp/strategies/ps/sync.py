@@ -50,6 +50,7 @@ class SyncServerPart:
         self.updates = 0
         self.codec, self.offset = None, 0   # a gradient codec, and this shard's flat offset
         self.saves = SaveRequests(f"sync PS server {index}", self.remote)  # checkpoints (dedicated)
+        self.on_poll = None  # a dedicated server's loop calls it after each update (e.g. to pass on a signal)
 
     def receive_headers(self) -> tuple[bool, float]:
         """Blocking: one header per remote worker. Returns (all done?, lr). A step
@@ -132,6 +133,8 @@ class SyncServerPart:
 
     def serve_until_done(self) -> None:
         while True:
+            if self.on_poll is not None:
+                self.on_poll()
             done, lr = self.receive_headers()
             if done:
                 return
