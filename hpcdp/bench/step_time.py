@@ -190,8 +190,14 @@ def set_gpt(config: str) -> None:
     """Take the GPT and its batch from a job file's [model] and [train] global_batch."""
     import tomllib
 
-    with open(config, "rb") as f:
-        raw = tomllib.load(f)
+    try:
+        with open(config, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"--gpt-config {config}: cannot read it ({e.strerror}); pass a job file "
+                         f"such as jobs/gpt_ddp.toml") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--gpt-config {config}: not valid TOML ({e})") from None
     model = raw.get("model", {})
     if model.get("kind") != "gpt":
         raise ValueError(f"--gpt-config {config}: [model] kind must be \"gpt\", got {model.get('kind')!r}")
@@ -555,6 +561,13 @@ def main(argv=None) -> int:
     bad = sorted(set(models) - {"mlp", "gpt"})
     if bad or not models:
         raise ValueError(f"--models: {','.join(bad) or args.models!r} not known; choose from mlp, gpt")
+    if (args.profile or args.gpt_config or args.torch_python) and "gpt" not in models:
+        raise ValueError("--profile, --gpt-config and --torch-python apply to the GPT: add gpt to --models")
+    if args.torch_python and not (os.path.isfile(args.torch_python) and os.access(args.torch_python, os.X_OK)):
+        raise ValueError(f"--torch-python {args.torch_python}: not an executable file; pass the python "
+                         f"of a venv that has torch, e.g. .venv-torch/bin/python")
+    if args.torch_python and not args.profile:
+        raise ValueError("--torch-python runs PyTorch's profile: add --profile")
     if args.warmup < 0 or args.repeats < 2:
         raise ValueError("--warmup must be >= 0 and --repeats >= 2")
     if args.child is not None:  # measuring process: print one JSON line

@@ -3,13 +3,16 @@ appears (forward and backward), and a step with the profile on computes the same
 as with it off."""
 
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hpcdp.autograd.profile import OpProfile
 from hpcdp.autograd.tensor import active_profile
 from hpcdp.bench import step_time as bench
 
+JOBS = Path(bench.__file__).resolve().parents[2] / "jobs"
 TINY = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8)
 
 
@@ -75,3 +78,30 @@ def test_the_profile_changes_no_bit_of_the_training(monkeypatch):
             assert prof.rows()
     assert losses[True] == losses[False]
     assert params[True].tobytes() == params[False].tobytes()
+
+
+def test_the_profile_table_reads_group_by_group(monkeypatch):
+    step = _tiny(monkeypatch)
+    hp = bench.profile_hpcdp(step.profiled, 2)
+    assert sum(hp["groups"]["matmul"]["forward"][:1]) > 0 and hp["groups"]["optimizer"]["optimizer"][0] > 0
+    like_torch = {"step_s": 2 * hp["step_s"], "groups": hp["groups"],
+                  "ops": [{"phase": "backward", "op": "aten::mm", "seconds": 1e-3}]}
+    table = bench.profile_table(hp, like_torch)
+    rows = {line.split("  ")[0].strip(): line for line in table.splitlines()}
+    assert set(bench.GROUPS) | {"Python/other", "step"} <= set(rows)
+    assert rows["matmul"].rstrip().endswith("1.00x") and rows["step"].rstrip().endswith("0.50x")
+    assert "aten::mm" in bench.top_ops(hp, like_torch)
+    assert bench.torch_group("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
+    assert bench.torch_group("aten::addmm") == "matmul" and bench.torch_group("aten::gelu_backward") == "GELU"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--models", "mlp", "--profile"], "add gpt to --models"),
+    (["--models", "gpt", "--profile", "--torch-python", "/no/python"], "not an executable file"),
+    (["--models", "gpt", "--gpt-config", "/no/job.toml"], "cannot read it"),
+    (["--models", "gpt", "--gpt-config", str(JOBS / "digits_ddp.toml")], 'kind must be "gpt"'),
+])
+def test_bad_profile_options_say_what_to_do(monkeypatch, argv, says):
+    monkeypatch.setattr(bench, "GPT", dict(TINY))
+    with pytest.raises(ValueError, match=says):
+        bench.main(argv)
