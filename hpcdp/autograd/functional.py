@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from . import ops
-from .tensor import Tensor, make_result
+from .tensor import Tensor, make_result, op
 
 _ACTIVATIONS = (None, "relu", "gelu", "tanh")
 GELU_MODES = ("tanh", "exact")
@@ -25,6 +25,7 @@ def _int_ids(x, be, what):
     return data
 
 
+@op
 def linear(x, w, b=None, activation=None, gelu="tanh"):
     """act(x @ w + b) for x (..., in), w (in, out), b (out,) in one graph node.
     ``gelu``: "tanh" (the approximation, GPT-2's) or "exact" (erf), when
@@ -85,6 +86,7 @@ def linear(x, w, b=None, activation=None, gelu="tanh"):
     return make_result(y_out, be, parents, backward)
 
 
+@op
 def cross_entropy(logits, targets, ignore_index=None):
     """Mean negative log-likelihood of int ``targets`` (shape logits.shape[:-1])
     under softmax(logits); fused and stable (log-sum-exp with the row max).
@@ -127,6 +129,7 @@ def check_ids(ids, n: int, what: str, be) -> None:
                          f"ids must be in [0, {n})")
 
 
+@op
 def layer_norm(x, weight, bias, eps=1e-5):
     be = x.backend
     c = x.shape[-1]
@@ -141,6 +144,7 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return make_result(y, be, (x, weight, bias), backward)
 
 
+@op
 def embedding(table, ids, what="embedding", check=True):
     """table[ids] for int ids of any shape; the gradient accumulates repeated ids
     deterministically (dense (V, D) gradient, no atomics). An id outside
@@ -158,6 +162,7 @@ def embedding(table, ids, what="embedding", check=True):
     return make_result(be.embedding(table.data, idx), be, (table,), backward)
 
 
+@op
 def dropout(x, p, key, training=True):
     """Zero each element with probability p and scale the rest by 1/(1-p).
 
@@ -173,6 +178,7 @@ def dropout(x, p, key, training=True):
     return make_result(be.mul(x.data, mask), be, (x,), lambda gy: (be.mul(gy, mask),))
 
 
+@op
 def causal_mask_fill(x, value=float("-inf")):
     """x[..., i, j] = value for j > i; the gradient there is zero."""
     be = x.backend
@@ -180,6 +186,7 @@ def causal_mask_fill(x, value=float("-inf")):
                        lambda gy: (be.causal_mask_fill(gy, 0.0),))
 
 
+@op
 def causal_self_attention(q, k, v, dropout_p=0.0, key=None, training=True):
     """softmax(q k^T / sqrt(d) masked causally) v over (B, H, T, d) tensors;
     ``key``: the attention dropout's random stream (see :func:`dropout`)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 from numbers import Number
 
-from .tensor import Tensor, make_result
+from .tensor import Tensor, make_result, op
 
 
 # -- helpers -------------------------------------------------------------------
@@ -55,6 +55,7 @@ def _norm_axes(axis, ndim):
 
 
 # -- binary arithmetic -----------------------------------------------------------
+@op
 def add(a, b):
     if not isinstance(a, Tensor):
         return add(b, a)
@@ -71,6 +72,7 @@ def add(a, b):
     return make_result(be.add(a.data, b.data), be, (a, b), backward)
 
 
+@op
 def sub(a, b):
     if not isinstance(a, Tensor):  # scalar - tensor
         be = b.backend
@@ -88,6 +90,7 @@ def sub(a, b):
     return make_result(be.sub(a.data, b.data), be, (a, b), backward)
 
 
+@op
 def mul(a, b):
     if not isinstance(a, Tensor):
         return mul(b, a)
@@ -104,6 +107,7 @@ def mul(a, b):
     return make_result(be.mul(a.data, b.data), be, (a, b), backward)
 
 
+@op
 def div(a, b):
     if not isinstance(a, Tensor):  # scalar / tensor: d/db = -a / b^2 = -out / b
         be = b.backend
@@ -128,12 +132,14 @@ def div(a, b):
     return make_result(out, be, (a, b), backward)
 
 
+@op
 def neg(a):
     be = a.backend
     return make_result(be.neg(a.data), be, (a,), lambda gy: (be.neg(gy),))
 
 
 # -- matmul ----------------------------------------------------------------------
+@op
 def matmul(a, b, trans_a=False, trans_b=False):
     """(..., m, k) @ (..., k, n) with broadcast batch dims; ``trans_*`` use the
     operand with its last two axes swapped (passed to BLAS as a flag, no copy)."""
@@ -178,6 +184,7 @@ def _keep_shape(shape, axes):
     return tuple(1 if i in axes else s for i, s in enumerate(shape))
 
 
+@op
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy's name)
     be, shape = x.backend, x.shape
     axes = _norm_axes(axis, len(shape))
@@ -188,6 +195,7 @@ def sum(x, axis=None, keepdims=False):  # noqa: A001 (mirrors numpy's name)
     return make_result(be.sum(x.data, axis=axes, keepdims=keepdims), be, (x,), backward)
 
 
+@op
 def mean(x, axis=None, keepdims=False):
     be, shape = x.backend, x.shape
     axes = _norm_axes(axis, len(shape))
@@ -203,6 +211,7 @@ def mean(x, axis=None, keepdims=False):
                        be, (x,), backward)
 
 
+@op
 def max(x, axis=None, keepdims=False):  # noqa: A001
     """Gradient goes to the maxima, split evenly among ties."""
     be, shape = x.backend, x.shape
@@ -219,6 +228,7 @@ def max(x, axis=None, keepdims=False):  # noqa: A001
 
 
 # -- shape ops -------------------------------------------------------------------
+@op
 def reshape(x, *shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
@@ -240,6 +250,7 @@ def reshape(x, *shape):
     return make_result(be.reshape(x.data, shape), be, (x,), lambda gy: (be.reshape(gy, xs),))
 
 
+@op
 def transpose(x, *axes):
     if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
         axes = tuple(axes[0])
@@ -264,6 +275,7 @@ def _check_basic_index(index):
                             f"embedding() for gathers by index arrays")
 
 
+@op
 def getitem(x, index):
     _check_basic_index(index)
     be, shape, dtype = x.backend, x.shape, x.dtype
@@ -275,6 +287,7 @@ def getitem(x, index):
     return make_result(be.getitem(x.data, index), be, (x,), backward)
 
 
+@op
 def concatenate(tensors, axis=0):
     tensors = list(tensors)
     if not tensors:
@@ -305,29 +318,34 @@ def concatenate(tensors, axis=0):
 
 
 # -- elementwise math ----------------------------------------------------------
+@op
 def exp(x):
     be = x.backend
     y = be.exp(x.data)
     return make_result(y, be, (x,), lambda gy: (be.mul(gy, y),))
 
 
+@op
 def log(x):
     be = x.backend
     return make_result(be.log(x.data), be, (x,), lambda gy: (be.div(gy, x.data),))
 
 
+@op
 def sqrt(x):
     be = x.backend
     y = be.sqrt(x.data)
     return make_result(y, be, (x,), lambda gy: (be.div(be.mul(gy, 0.5), y),))
 
 
+@op
 def tanh(x):
     be = x.backend
     y = be.tanh(x.data)
     return make_result(y, be, (x,), lambda gy: (be.mul(gy, be.sub(1.0, be.mul(y, y))),))
 
 
+@op
 def relu(x):
     be = x.backend
     y = be.relu(x.data)
@@ -335,12 +353,14 @@ def relu(x):
     return make_result(y, be, (x,), lambda gy: (be.relu_backward(y, gy),))
 
 
+@op
 def gelu(x, mode="tanh"):
     """GELU; ``mode`` "tanh" (the approximation) or "exact" (erf)."""
     be = x.backend
     return make_result(be.gelu(x.data, mode), be, (x,), lambda gy: (be.gelu_backward(x.data, gy, mode),))
 
 
+@op
 def softmax(x, axis=-1):
     _last_axis_only("softmax", axis, x.ndim)
     be = x.backend
@@ -348,6 +368,7 @@ def softmax(x, axis=-1):
     return make_result(y, be, (x,), lambda gy: (be.softmax_backward(y, gy),))
 
 
+@op
 def log_softmax(x, axis=-1):
     _last_axis_only("log_softmax", axis, x.ndim)
     be = x.backend

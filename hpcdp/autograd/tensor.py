@@ -29,6 +29,7 @@ backward through the same graph raises, unless ``retain_graph=True``.
 from __future__ import annotations
 
 import itertools
+from functools import update_wrapper
 
 from ..backend import Backend, get_backend
 
@@ -41,6 +42,39 @@ class _GradMode:
 
 def is_grad_enabled() -> bool:
     return _GradMode.enabled
+
+
+class _Profiling:
+    """The op profiler in effect (an :class:`hpcdp.autograd.profile.OpProfile`) or None.
+
+    Read once per op call (forward) and once per backward pass: the whole cost of
+    profiling when it is off."""
+    active = None
+
+
+def active_profile():
+    """The :class:`~hpcdp.autograd.profile.OpProfile` recording now, or None."""
+    return _Profiling.active
+
+
+def set_active_profile(profile):
+    """Make ``profile`` (or None) the recording op profile; returns the previous one.
+    Use :class:`hpcdp.autograd.profile.OpProfile` as a context manager instead."""
+    prev, _Profiling.active = _Profiling.active, profile
+    return prev
+
+
+def op(fn):
+    """Mark ``fn`` as a differentiable op: while an op profile records, its forward
+    call is timed under ``fn.__name__`` (outermost op only: an op that calls another
+    counts once). Off: one attribute read, then ``fn`` itself."""
+    def call(*args, **kwargs):
+        prof = _Profiling.active
+        if prof is None:
+            return fn(*args, **kwargs)
+        return prof.forward(fn, args, kwargs)
+    update_wrapper(call, fn)
+    return call
 
 
 class no_grad:
@@ -270,31 +304,41 @@ def run_backward(root, grad=None, retain_graph=False):
     # 2. reverse creation order = reverse topological order = reverse order of use
     nodes.sort(key=lambda n: n._seq, reverse=True)
     grads = {id(root): grad}
+    prof = _Profiling.active
+    if prof is not None:  # profiling: the same loop, each node timed
+        prof.backward_pass(nodes, grads, uses, be, retain_graph, _backward_node)
+        return
     for node in nodes:
-        if node._hooks:  # pre-backward hooks of this non-leaf (e.g. a unit's output)
-            for fn in tuple(node._hooks):
-                fn(node)
-        g = grads.pop(id(node), None)
-        parents = node._parents
-        pgrads = node._backward(g) if g is not None else (None,) * len(parents)
-        # parents in reverse: within one op (x @ w + b) the later-registered b is
-        # final before w, so hooks fire in reverse registration (layout) order
-        for i in range(len(parents) - 1, -1, -1):
-            p, pg = parents[i], pgrads[i]
-            if not p.requires_grad:
-                continue
-            if p._backward is None:  # leaf: accumulate, then maybe fire hooks
-                if pg is not None:
-                    _accumulate_leaf(p, pg)
-                left = uses[id(p)] - 1
-                uses[id(p)] = left
-                if left == 0:
-                    _fire(p)
-            elif pg is not None:
-                prev = grads.get(id(p))
-                # out of place: either operand may alias a live array
-                grads[id(p)] = pg if prev is None else be.add(prev, pg)
-        if not retain_graph:
-            node._backward = _freed
-            node._parents = ()
-            node._hooks = None
+        _backward_node(node, grads, uses, be, retain_graph)
+
+
+def _backward_node(node, grads, uses, be, retain_graph):
+    """Backward of one op node: its pre-backward hooks, its closure, its parents'
+    gradients (leaves accumulated and maybe their hooks fired)."""
+    if node._hooks:  # pre-backward hooks of this non-leaf (e.g. a unit's output)
+        for fn in tuple(node._hooks):
+            fn(node)
+    g = grads.pop(id(node), None)
+    parents = node._parents
+    pgrads = node._backward(g) if g is not None else (None,) * len(parents)
+    # parents in reverse: within one op (x @ w + b) the later-registered b is
+    # final before w, so hooks fire in reverse registration (layout) order
+    for i in range(len(parents) - 1, -1, -1):
+        p, pg = parents[i], pgrads[i]
+        if not p.requires_grad:
+            continue
+        if p._backward is None:  # leaf: accumulate, then maybe fire hooks
+            if pg is not None:
+                _accumulate_leaf(p, pg)
+            left = uses[id(p)] - 1
+            uses[id(p)] = left
+            if left == 0:
+                _fire(p)
+        elif pg is not None:
+            prev = grads.get(id(p))
+            # out of place: either operand may alias a live array
+            grads[id(p)] = pg if prev is None else be.add(prev, pg)
+    if not retain_graph:
+        node._backward = _freed
+        node._parents = ()
+        node._hooks = None

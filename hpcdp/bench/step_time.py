@@ -18,6 +18,16 @@ Each thread count runs in a child process whose environment sets
 generic kernel and halve GEMM speed. Every contender runs under that same setting.
 Reported: median step time over the repeats (after warmup) and the interquartile
 range. hpcdp imports torch only here, for comparison.
+
+``--profile`` adds, for the GPT, a per-op profile of ``--repeats`` more steps of each
+contender, grouped by what the op does (matmul, layer norm, attention, GELU, residual
+add, embedding, loss, optimizer, shapes, other), forward and backward apart, with
+Python overhead = step time - the sum of the ops: hpcdp's from its autograd's op
+profiler (:mod:`hpcdp.autograd.profile`), PyTorch's from ``torch.profiler`` (self
+CPU time of each ATen op; the profilers' own cost lands in each one's overhead).
+``--gpt-config FILE`` takes the GPT (``[model]``) and its batch (``[train]
+global_batch``) from a job file; ``--torch-python PY`` runs the PyTorch contender in
+that interpreter (a venv with torch) when this one has none.
 """
 
 from __future__ import annotations
@@ -56,7 +66,7 @@ def _train_step(model, opt, x, y):
     """One hpcdp training step on a fixed batch: hpcdp.step.train_step on one rank
     (strategy "none": zero grads, loss, backward, update)."""
     from hpcdp.autograd import Tensor
-    from hpcdp.step import LocalBatch, train_step
+    from hpcdp.step import LocalBatch, micro_pass, train_step
     from hpcdp.strategies.base import SingleRank
     from hpcdp.world import World
 
@@ -68,6 +78,17 @@ def _train_step(model, opt, x, y):
     def step():
         return train_step(model, single, batch, lambda _idx: (xt, yt)).loss
 
+    def profiled(prof):
+        """The same step (train_step's calls for one micro-batch), ``prof`` recording."""
+        with prof:
+            prof.time_region("zero_grad", single.zero_grad)
+            single.begin_backward(last_micro=True)
+            loss = micro_pass(model, batch, 0, lambda _idx: (xt, yt))
+            single.finish_gradients()
+            prof.time_region("optimizer", single.step)
+        return loss
+
+    step.profiled = profiled
     return step
 
 
@@ -165,6 +186,31 @@ def torch_mlp(x, y, weights, threads):
     return step
 
 
+def set_gpt(config: str) -> None:
+    """Take the GPT and its batch from a job file's [model] and [train] global_batch."""
+    import tomllib
+
+    try:
+        with open(config, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"--gpt-config {config}: cannot read it ({e.strerror}); pass a job file "
+                         f"such as jobs/gpt_ddp.toml") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--gpt-config {config}: not valid TOML ({e})") from None
+    model = raw.get("model", {})
+    if model.get("kind") != "gpt":
+        raise ValueError(f"--gpt-config {config}: [model] kind must be \"gpt\", got {model.get('kind')!r}")
+    if not model.get("tied_head", True) or model.get("dropout", 0.0):
+        raise ValueError(f"--gpt-config {config}: the compared GPT has a tied head and no dropout; "
+                         f"set [model] tied_head = true and dropout = 0.0")
+    for k in GPT:
+        if k in model:
+            GPT[k] = int(model[k])
+    global GPT_BATCH
+    GPT_BATCH = int(raw.get("train", {}).get("global_batch", GPT_BATCH))
+
+
 def _gpt_batch(rng):
     ids = rng.integers(0, GPT["vocab_size"], size=(GPT_BATCH, GPT["block_size"] + 1)).astype(np.int64)
     return ids[:, :-1].copy(), ids[:, 1:].copy()
@@ -232,6 +278,156 @@ def torch_gpt(x, y, threads):
     return step, sum(p.numel() for p in model.parameters())
 
 
+# -- per-op profiles ----------------------------------------------------------------------
+
+GROUPS = ("matmul", "layer norm", "attention", "GELU", "residual add", "embedding", "loss",
+          "optimizer", "shapes", "other")
+_HPCDP_GROUP = {"matmul": "matmul", "linear": "matmul", "layer_norm": "layer norm", "gelu": "GELU",
+                "add": "residual add", "embedding": "embedding", "cross_entropy": "loss",
+                "log_softmax": "loss", "reshape": "shapes", "transpose": "shapes", "getitem": "shapes",
+                "concatenate": "shapes", "optimizer": "optimizer", "zero_grad": "optimizer"}
+
+
+def hpcdp_group(op: str, within: str) -> str:
+    """The group of an hpcdp op (``within``: the op it ran inside, e.g. attention's matmuls)."""
+    if within == "causal_self_attention" or op in ("causal_self_attention", "softmax", "causal_mask_fill"):
+        return "attention"
+    return _HPCDP_GROUP.get(op, "other")
+
+
+def torch_group(name: str) -> str:
+    n = name.removeprefix("aten::").lower()
+    if "scaled_dot_product" in n or "softmax" in n and "log_softmax" not in n or "flash_attention" in n:
+        return "attention"
+    if "layer_norm" in n:
+        return "layer norm"
+    if "gelu" in n:
+        return "GELU"
+    if "embedding" in n:
+        return "embedding"
+    if "nll_loss" in n or "log_softmax" in n or "cross_entropy" in n:
+        return "loss"
+    if n in ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm"):
+        return "matmul"
+    if n in ("add", "add_"):
+        return "residual add"
+    if n in ("view", "reshape", "transpose", "t", "permute", "split", "contiguous", "clone", "copy_",
+             "as_strided", "unsafe_view", "_unsafe_view", "expand", "narrow", "slice", "select",
+             "_reshape_alias", "unsqueeze", "squeeze", "detach", "empty_like", "empty"):
+        return "shapes"
+    return "other"
+
+
+def _grouped(rows, group_of) -> dict:
+    """rows: (phase, group-able op, within, seconds, bytes) -> {group: {phase: [s, bytes]}}."""
+    out = {}
+    for phase, op, within, seconds, nbytes in rows:
+        g = group_of(op, within)
+        if g == "optimizer":
+            phase = "optimizer"
+        cell = out.setdefault(g, {}).setdefault(phase, [0.0, 0])
+        cell[0] += seconds
+        cell[1] += nbytes
+    return out
+
+
+def profile_hpcdp(step, steps: int) -> dict:
+    """Per-op profile of ``steps`` calls of the profiled hpcdp step: per-step means."""
+    from hpcdp.autograd.profile import OpProfile
+
+    prof = OpProfile()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(prof)
+    wall = time.perf_counter() - t0
+    rows = [(r["phase"], r["op"], r["within"], r["seconds"] / steps, r["bytes"] // steps) for r in prof.rows()]
+    return {"step_s": wall / steps, "groups": _grouped(rows, hpcdp_group),
+            "ops": [{**r, "seconds": r["seconds"] / steps, "calls": r["calls"] / steps} for r in prof.rows()]}
+
+
+def profile_torch(step, steps: int) -> dict:
+    """Per-op profile of ``steps`` PyTorch steps (torch.profiler, self CPU time per ATen op;
+    an op below ``Optimizer.*`` counts as optimizer, below the autograd engine as backward)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - t0
+    rows = []
+    for ev in prof.events():
+        phase, top, opt = "forward", ev, False
+        p = ev
+        while p is not None:
+            if p.name.startswith("Optimizer."):
+                opt = True
+            if p.name.startswith("autograd::engine") or "Backward" in p.name:
+                phase = "backward"
+            top, p = p, p.cpu_parent
+        if ev.name.startswith(("Optimizer.", "autograd::engine")) or "Backward" in ev.name:
+            continue  # wrappers: their children carry the time (their own self time is small)
+        name = "optimizer" if opt else ev.name
+        rows.append((phase, name, "", ev.self_cpu_time_total * 1e-6 / steps, 0))
+    ops = {}
+    for phase, name, _w, seconds, _b in rows:
+        ops[(phase, name)] = ops.get((phase, name), 0.0) + seconds
+    return {"step_s": wall / steps,
+            "groups": _grouped(rows, lambda op, _w: "optimizer" if op == "optimizer" else torch_group(op)),
+            "ops": [{"phase": k[0], "op": k[1], "seconds": v}
+                    for k, v in sorted(ops.items(), key=lambda kv: -kv[1])]}
+
+
+def top_ops(hp: dict, th: dict | None, n: int = 10) -> str:
+    """The ``n`` costliest ops of each contender, side by side (ms per step)."""
+    def names(prof, within):
+        return [((f"{r['phase'][:3]} {r['op']}" + (f" in {r['within']}" if within and r.get("within") else ""))[:44],
+                 r["seconds"]) for r in prof["ops"][:n]]
+    left = names(hp, True)
+    right = names(th, False) if th else []
+    lines = [f"{'hpcdp op':<44} {'ms':>6}" + (f" | {'PyTorch op':<44} {'ms':>6}" if th else "")]
+    for i in range(max(len(left), len(right))):
+        a = f"{left[i][0]:<44} {1e3 * left[i][1]:>6.2f}" if i < len(left) else " " * 51
+        b = f" | {right[i][0]:<44} {1e3 * right[i][1]:>6.2f}" if i < len(right) else ""
+        lines.append(a + b)
+    return "\n".join(lines)
+
+
+def profile_table(hp: dict, th: dict | None) -> str:
+    """Group by group: forward / backward / total ms of hpcdp and PyTorch, and MB touched."""
+    cols = ("forward", "backward", "optimizer")
+    lines = [f"{'group':<13} {'hpcdp fwd':>9} {'bwd':>7} {'total':>7} {'MB':>7}"
+             + (f" | {'torch fwd':>9} {'bwd':>7} {'total':>7} {'ratio':>6}" if th else "")]
+
+    def cell(prof, g, phase):
+        return prof["groups"].get(g, {}).get(phase, [0.0, 0])
+
+    sums = {"hp": 0.0, "th": 0.0}
+    for g in GROUPS:
+        hf, hb = (cell(hp, g, "forward")[0] + cell(hp, g, "optimizer")[0], cell(hp, g, "backward")[0])
+        ht = hf + hb
+        mb = sum(cell(hp, g, ph)[1] for ph in cols) / 1e6
+        sums["hp"] += ht
+        line = f"{g:<13} {1e3 * hf:>9.2f} {1e3 * hb:>7.2f} {1e3 * ht:>7.2f} {mb:>7.1f}"
+        if th:
+            tf, tb = (cell(th, g, "forward")[0] + cell(th, g, "optimizer")[0], cell(th, g, "backward")[0])
+            sums["th"] += tf + tb
+            ratio = f"{ht / (tf + tb):.2f}x" if tf + tb > 0 else "-"
+            line += f" | {1e3 * tf:>9.2f} {1e3 * tb:>7.2f} {1e3 * (tf + tb):>7.2f} {ratio:>6}"
+        lines.append(line)
+    over_h = hp["step_s"] - sums["hp"]
+    line = f"{'Python/other':<13} {'':>9} {'':>7} {1e3 * over_h:>7.2f} {'':>7}"
+    if th:
+        over_t = th["step_s"] - sums["th"]
+        line += f" | {'':>9} {'':>7} {1e3 * over_t:>7.2f} {(over_h / over_t if over_t > 0 else 0):>5.2f}x"
+    lines.append(line)
+    line = f"{'step':<13} {'':>9} {'':>7} {1e3 * hp['step_s']:>7.2f} {'':>7}"
+    if th:
+        line += f" | {'':>9} {'':>7} {1e3 * th['step_s']:>7.2f} {hp['step_s'] / th['step_s']:>5.2f}x"
+    lines.append(line)
+    return "\n".join(lines)
+
+
 # -- measurement ------------------------------------------------------------------------
 
 def _interleaved(contenders: dict, warmup: int, repeats: int) -> dict:
@@ -252,7 +448,18 @@ def _interleaved(contenders: dict, warmup: int, repeats: int) -> dict:
     return out
 
 
-def measure(threads: int, models, warmup: int, repeats: int) -> dict:
+def measure_torch_profile(threads: int, warmup: int, repeats: int) -> dict:
+    """The PyTorch GPT's profile alone (run in an interpreter that has torch)."""
+    torch = _torch()
+    if torch is None:
+        raise RuntimeError(f"bench step: --torch-python {sys.executable} cannot import torch")
+    x, y = _gpt_batch(np.random.default_rng(0))
+    step, _n = torch_gpt(x, y, threads)
+    plain = _interleaved({"torch": step}, warmup, repeats)["torch"]  # without the profiler
+    return {"torch": torch.__version__, "times": plain, "profile": profile_torch(step, repeats)}
+
+
+def measure(threads: int, models, warmup: int, repeats: int, profile: bool = False) -> dict:
     """Run in the child process (thread env already set)."""
     rng = np.random.default_rng(0)
     torch = _torch()
@@ -282,6 +489,10 @@ def measure(threads: int, models, warmup: int, repeats: int) -> dict:
             "desc": (f"GPT vocab {g['vocab_size']}, block {g['block_size']}, {g['n_layer']} layers, "
                      f"{g['n_head']} heads, {g['n_embd']} wide, batch {GPT_BATCH}, AdamW"),
             "params": n_params, "times": _interleaved(contenders, warmup, repeats)}
+        if profile:
+            result["models"]["gpt"]["profile"] = {"hpcdp": profile_hpcdp(h_step.profiled, repeats)}
+            if torch:
+                result["models"]["gpt"]["profile"]["torch"] = profile_torch(contenders["torch"], repeats)
     return result
 
 
@@ -292,24 +503,37 @@ def _child_env(threads: int) -> dict:
 
 
 def _table(results: list[dict]) -> str:
-    lines = [f"{'model':<10} {'threads':>7} {'contender':<10} {'median ms':>10} {'IQR ms':>14} "
+    lines = [f"{'model':<10} {'threads':>7} {'contender':<19} {'median ms':>10} {'IQR ms':>14} "
              f"{'/ numpy':>8} {'/ torch':>8}"]
     for res in results:
         for key, m in res["models"].items():
             times = m["times"]
             for name, t in times.items():
                 ratio = lambda ref: (f"{t['median_s'] / times[ref]['median_s']:.2f}x" if ref in times else "-")
-                lines.append(f"{key:<10} {res['threads']:>7} {name:<10} {1e3 * t['median_s']:>10.2f} "
+                if "torch" not in times and "torch (own process)" in times:
+                    ratio = (lambda ref, r=ratio: r("torch (own process)" if ref == "torch" else ref))
+                lines.append(f"{key:<10} {res['threads']:>7} {name:<19} {1e3 * t['median_s']:>10.2f} "
                              f"{1e3 * t['q1_s']:>6.2f}-{1e3 * t['q3_s']:<7.2f} {ratio('numpy'):>8} {ratio('torch'):>8}")
     return "\n".join(lines)
 
 
 def torch_note(results: list[dict]) -> str:
     """Why the torch column shows "-": PyTorch was not importable here."""
-    if all(r.get("torch") for r in results):
+    if all(r.get("torch") or r.get("torch_profile_version") for r in results):
         return ""
     return ("\n/ torch \"-\": PyTorch is not installed in this Python, so it was not measured; to compare, "
             "run from a venv that has it (pip install torch)")
+
+
+def _run_child(cmd, threads: int, what: str) -> dict:
+    env = _child_env(threads)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise RuntimeError(f"bench step: {what} failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
@@ -319,16 +543,35 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per contender (default 5)")
     p.add_argument("--repeats", type=int, default=30, help="timed steps per contender (default 30)")
     p.add_argument("--json", default="bench-step.json", help="where to write the results (default bench-step.json)")
+    p.add_argument("--profile", action="store_true",
+                   help="also print a per-op profile of the GPT step, hpcdp beside PyTorch")
+    p.add_argument("--gpt-config", default=None, metavar="FILE",
+                   help="take the GPT ([model]) and its batch ([train] global_batch) from this job file")
+    p.add_argument("--torch-python", default=None, metavar="PY",
+                   help="run the PyTorch GPT profile in this interpreter (a venv with torch)")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.gpt_config:
+        set_gpt(args.gpt_config)
+    if args.torch_child:  # PyTorch profile in another interpreter: one JSON line
+        print(json.dumps(measure_torch_profile(args.child, args.warmup, args.repeats)), flush=True)
+        return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = sorted(set(models) - {"mlp", "gpt"})
     if bad or not models:
         raise ValueError(f"--models: {','.join(bad) or args.models!r} not known; choose from mlp, gpt")
+    if (args.profile or args.gpt_config or args.torch_python) and "gpt" not in models:
+        raise ValueError("--profile, --gpt-config and --torch-python apply to the GPT: add gpt to --models")
+    if args.torch_python and not (os.path.isfile(args.torch_python) and os.access(args.torch_python, os.X_OK)):
+        raise ValueError(f"--torch-python {args.torch_python}: not an executable file; pass the python "
+                         f"of a venv that has torch, e.g. .venv-torch/bin/python")
+    if args.torch_python and not args.profile:
+        raise ValueError("--torch-python runs PyTorch's profile: add --profile")
     if args.warmup < 0 or args.repeats < 2:
         raise ValueError("--warmup must be >= 0 and --repeats >= 2")
     if args.child is not None:  # measuring process: print one JSON line
-        print(json.dumps(measure(args.child, models, args.warmup, args.repeats)), flush=True)
+        print(json.dumps(measure(args.child, models, args.warmup, args.repeats, args.profile)), flush=True)
         return 0
     try:
         threads = [int(t) for t in args.threads.split(",")]
@@ -343,14 +586,30 @@ def main(argv=None) -> int:
           + (f" (were set: {', '.join(cleared)})" if cleared else " (were not set)"), flush=True)
     results = []
     for t in threads:
+        common = ["--warmup", str(args.warmup), "--repeats", str(args.repeats),
+                  *(["--gpt-config", args.gpt_config] if args.gpt_config else [])]
         cmd = [sys.executable, "-m", "hpcdp.bench.step_time", "--child", str(t), "--models", ",".join(models),
-               "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
-        proc = subprocess.run(cmd, env=_child_env(t), capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-4000:])
-            raise RuntimeError(f"bench step: the {t}-thread measurement failed (exit {proc.returncode})")
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+               *common, *(["--profile"] if args.profile else [])]
+        results.append(_run_child(cmd, t, f"the {t}-thread measurement"))
+        gpt = results[-1]["models"].get("gpt")
+        if args.profile and gpt and args.torch_python and "torch" not in gpt["profile"]:
+            cmd = [args.torch_python, "-m", "hpcdp.bench.step_time", "--child", str(t), "--torch-child", *common]
+            out = _run_child(cmd, t, f"the {t}-thread PyTorch profile ({args.torch_python})")
+            gpt["profile"]["torch"] = out["profile"]
+            gpt["times"]["torch (own process)"] = out["times"]
+            results[-1]["torch_profile_version"] = out["torch"]
     print(_table(results) + torch_note(results))
+    for res in results:
+        gpt = res["models"].get("gpt")
+        if gpt and "profile" in gpt:
+            prof = gpt["profile"]
+            print(f"\nper-op profile, GPT, {res['threads']} thread(s), ms per step "
+                  f"(hpcdp{', PyTorch ' + (res.get('torch') or res.get('torch_profile_version', '')) if 'torch' in prof else ''}; "
+                  f"{gpt['desc']}):")
+            print(profile_table(prof["hpcdp"], prof.get("torch")))
+            print("hpcdp's linear is x @ W + b with its activation fused (the MLP's GELU is in matmul); "
+                  "MB: arrays each op reads and writes, counted once\n")
+            print(top_ops(prof["hpcdp"], prof.get("torch")))
     doc = {
         "command": "hpcdp bench step " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.now().isoformat(timespec="seconds"),
