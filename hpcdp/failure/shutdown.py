@@ -24,6 +24,7 @@ from .ranks import c_function, exit_unless_done, say
 
 FINALIZE_S = 60.0  # every rank passed the barrier: MPI_Finalize has no reason to take longer
 _timeout = 300.0  # the run's comm.timeout, set by the training command (expect_peers_within)
+_survivors = None  # after a repair (failure.on_rank_loss = "continue"): the ranks left
 
 
 def expect_peers_within(seconds: float) -> None:
@@ -33,13 +34,20 @@ def expect_peers_within(seconds: float) -> None:
     _timeout = float(seconds)
 
 
+def finish_with(comm) -> None:
+    """After a repair: the final barrier runs on ``comm`` (the survivors), not on
+    COMM_WORLD, which holds the lost ranks."""
+    global _survivors
+    _survivors = comm
+
+
 def finish() -> None:
     """Every rank finished (or this rank raises, naming the ones that did not); then
     ``MPI_Finalize`` with a watchdog. Nothing to do on one rank or without MPI."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return
-    comm = mpi.COMM_WORLD
+    comm = mpi.COMM_WORLD if _survivors is None else _survivors
     if comm.Get_size() == 1:
         return
     from .deadline import wait
@@ -71,4 +79,4 @@ def _finalize(mpi, limit: float, message: str) -> None:
             say("hpcdp: warning: MPI_Finalize returned an error after the run finished")
 
 
-__all__ = ["FINALIZE_S", "expect_peers_within", "finish"]
+__all__ = ["FINALIZE_S", "expect_peers_within", "finish", "finish_with"]
