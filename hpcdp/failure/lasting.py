@@ -35,15 +35,18 @@ class Lasting:
         for c in (world.comm, *comms):
             c.Set_errhandler(MPI.ERRORS_RETURN)
 
-    @staticmethod
-    def repairable(e: BaseException) -> bool:
-        """A lost rank: an MPI error (process failed, communicator revoked) or a
-        collective that timed out or was aborted on hpcdp's side."""
+    def repairable(self, e: BaseException) -> bool:
+        """A lost rank, as MPI reports it: an MPI error (``MPI_ERR_PROC_FAILED``,
+        ``MPI_ERR_REVOKED`` once a survivor revoked, ``MPI_ERR_IN_STATUS`` of a
+        multi-request test...) from hpcdp's collectives (MPIError) or a plain MPI call.
+        A deadline that passed (a stuck rank: alive, so the shrink would wait for it)
+        and every other error end the job as with "stop"; a survivor that is stuck
+        during the repair ends it too (the shrink's timer, hpcdp.failure.ulfm.repair)."""
         from mpi4py import MPI
 
-        from hpcdp.comm import CommError
+        from hpcdp.comm import MPIError
 
-        return isinstance(e, (CommError, MPI.Exception))
+        return isinstance(e, (MPIError, MPI.Exception))
 
     def repair(self, e, world, metrics_comm, committed: int, step: int, flat, optimizer, strategy,
                step_started: float):
@@ -62,7 +65,7 @@ class Lasting:
         others = [] if metrics_comm is world.comm else [metrics_comm]
         state = [flat.data, *[a for _, a in sorted(optimizer.state_arrays().items())]]
         scalars = {"optimizer_steps": int(optimizer.steps)}
-        rep = repair(world.comm, others, committed, state, scalars,
+        rep = repair(world.comm, others, committed, state, scalars, timeout=self.timeout,
                      reason=f"a rank was lost at step {step}: repairing ({type(e).__name__})")
         optimizer.steps = scalars["optimizer_steps"]
         lost_launch = [self.world_ranks[r] for r in rep.lost]

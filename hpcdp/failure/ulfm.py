@@ -78,12 +78,17 @@ def replica_hash(arrays) -> str:
     return h.hexdigest()
 
 
-def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, reason: str) -> Repaired:
+def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, reason: str,
+           timeout: float = 300.0) -> Repaired:
     """The repair of the module docstring, on every survivor. ``others``: further
     communicators in use (revoked, then left to the caller to forget); ``arrays``: the
     state every replica must hold (numpy, written in place on the receivers);
     ``scalars``: name -> int (e.g. the optimizer's step count), the source's values
-    returned in place of the dict's. Returns what the caller rebuilds from."""
+    returned in place of the dict's. Returns what the caller rebuilds from.
+
+    The shrink waits for every rank that is alive: one that is stuck (alive, never
+    answering) would hold it forever, so it runs under a timer: after ``timeout``
+    seconds this rank prints why and ends itself (status 1)."""
     from mpi4py import MPI
 
     from hpcdp import comm as hcomm
@@ -95,7 +100,12 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
             c.Revoke()
         except MPI.Exception:
             pass  # already revoked by a peer
-    new = world_comm.Shrink()
+    from .ranks import exit_unless_done
+
+    with exit_unless_done(timeout, f"hpcdp: error: rank {world_comm.Get_rank()}: the repair after a lost "
+                          f"rank did not complete within {timeout:g}s (comm.timeout): a rank is alive but "
+                          "not answering; ending this rank with status 1", 1):
+        new = world_comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
     lost = _lost_ranks(world_comm, new)
     rank = new.Get_rank()
