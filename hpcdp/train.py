@@ -306,9 +306,10 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         notice = FirstStepNotice(writer.log) if writer_rank and start + 1 <= total else None
         # failure.on_rank_loss = "continue": a lost rank is repaired around (hpcdp.failure.ulfm)
         lasting = Lasting(cfg, world, [comm]) if cfg.failure.on_rank_loss == "continue" and world.size > 1 else None
-        step = committed = start
+        step = start
         while step < total:
             step += 1
+            updates = optimizer.steps  # this step's update is applied once this grows
             try:
                 t0 = time.perf_counter()
                 lr = lr_at(cfg.optim, step, total)
@@ -322,7 +323,6 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
                 loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
                                        checks=checks.at(step)).loss
-                committed = step  # this step's update is applied on this rank
                 stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
                 stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
                 dt = time.perf_counter() - t0
@@ -352,6 +352,7 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             except Exception as e:  # noqa: BLE001 - only a lost rank is repaired; the rest re-raised
                 if lasting is None or not lasting.repairable(e):
                     raise
+                committed = step if optimizer.steps > updates else step - 1  # applied here or not
                 rep = lasting.repair(e, world, comm, committed, step, flat, optimizer, strategy, t0)
                 world, comm = lasting.world, rep.comm
                 writer_rank = world.rank == 0
@@ -362,7 +363,7 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 if writer_rank:
                     writer.write({"repair": lasting.record(rep, step)})
                     writer.log(lasting.line(rep, step))
-                step = committed = rep.step
+                step = rep.step
                 continue
             if stop:
                 break

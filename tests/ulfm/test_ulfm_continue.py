@@ -49,13 +49,20 @@ def test_a_killed_rank_is_repaired_around_and_training_goes_on(tmp_path):
     assert "injected fault (HPCDP_FAULT: kill on rank 2 at step 5)" in out, out[-3000:]
     lines = [ln for ln in out.splitlines() if ln.startswith("repair:")]
     assert len(lines) == 1, out[-6000:]
-    assert re.match(r"repair: rank 2 lost at step 5; 3 -> 2 ranks; last committed step 4, redoing step 5 "
-                    r"with the same global batch; detected in [\d.]+s, repaired in [\d.]+s; replicas equal", lines[0]), lines[0]
+    # Step 5's gradient may have completed on the survivors before the kill was seen (rank 2's
+    # part was on its way): then its update is committed (found by the replica check after
+    # it) and step 6 is next; else step 5 is redone.
+    m = re.match(r"repair: rank 2 lost at step 5; 3 -> 2 ranks; last committed step ([45]), redoing step (\d+) "
+                 r"with the same global batch; detected in [\d.]+s, repaired in [\d.]+s; replicas equal", lines[0])
+    assert m and int(m.group(2)) == int(m.group(1)) + 1, lines[0]
+    committed = int(m.group(1))
     repairs = [r["repair"] for r in recs if "repair" in r]
-    assert len(repairs) == 1 and repairs[0]["lost_ranks"] == [2] and repairs[0]["committed_step"] == 4
+    assert len(repairs) == 1 and repairs[0]["lost_ranks"] == [2] and repairs[0]["committed_step"] == committed
     assert (repairs[0]["world_before"], repairs[0]["world_after"]) == (3, 2)
     steps = [r for r in recs if "step" in r and "loss" in r]
-    assert [r["step"] for r in steps] == list(range(1, STEPS + 1)), [r["step"] for r in steps]
+    # every step once (a step committed during the failure has no metrics record: its gather failed)
+    expected = [s for s in range(1, STEPS + 1) if s != 5 or committed == 4]
+    assert [r["step"] for r in steps] == expected, [r["step"] for r in steps]
     assert all(r["global_batch"] == 30 for r in steps)  # the same global batch after the repair
     # the same training: a job that lost nothing has the same loss curve (float sums in
     # another order on 2 ranks: equal to rounding)
