@@ -337,7 +337,8 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 stop = ckpt.after_step(step)  # saves when due; True on SIGTERM/SIGUSR1 (saved)
                 evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
                 if (step == start + 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop
-                        or gather.due() or lasting is not None):  # due: every few seconds, or a full block (hpcdp.metrics)
+                        or gather.due() or lasting is not None):
+                    # due: every few seconds, or a full block (hpcdp.metrics); continue mode: every step
                     # Every rank flushes after the same steps; only the writer waits.
                     for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
                         last_loss = loss_sum

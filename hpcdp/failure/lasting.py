@@ -15,7 +15,19 @@ from __future__ import annotations
 import time
 
 
+from hpcdp.comm import CommError
+
 from .ranks import fmt_ranks
+
+
+class RankLossEnds(CommError):
+    """A lost rank that the repair cannot train around (the writer rank lost, fewer ranks
+    than failure.min_world): raised on every survivor; the lowest of them reports it
+    (``arrived``, hpcdp.failure.policy.reporter), the job ends as with "stop"."""
+
+    def __init__(self, message: str, survivors):
+        super().__init__(message)
+        self.arrived = sorted(survivors)
 
 
 class Lasting:
@@ -79,11 +91,12 @@ class Lasting:
         rep.detect_s = detect_s
         self.repairs += 1
         if 0 in lost_launch:
-            raise RuntimeError(f"rank 0 (the writer of metrics.jsonl and train.log) was lost at step "
-                               f"{step}: failure.on_rank_loss = 'continue' needs it to live; the job ends")
+            raise RankLossEnds(f"rank 0 (the writer of metrics.jsonl and train.log) was lost at step "
+                               f"{step}: failure.on_rank_loss = 'continue' needs it to live; the job ends",
+                               self.world_ranks)
         if new.Get_size() < self.min_world:
-            raise RuntimeError(f"{fmt_ranks(lost_launch)} lost at step {step}: {new.Get_size()} rank(s) "
-                               f"left, below failure.min_world = {self.min_world}; the job ends")
+            raise RankLossEnds(f"{fmt_ranks(lost_launch)} lost at step {step}: {new.Get_size()} rank(s) "
+                               f"left, below failure.min_world = {self.min_world}; the job ends", self.world_ranks)
         strategy.rejoin(self.world)
         finish_with(new)
         return rep
@@ -102,5 +115,5 @@ class Lasting:
                 f"{rep.repair_s:.2f}s; replicas equal (hash {rep.weights_hash[:12]})")
 
 
-__all__ = ["Lasting"]
+__all__ = ["Lasting", "RankLossEnds"]
 

@@ -33,8 +33,8 @@ def _run(tmp_path, name, sets, ranks=3, **env):
             str(VENV / "bin" / "python"), "-m", "hpcdp.cli", "train"]
     for s in sets + [f'run.out_dir="{out}"']:
         argv += ["--set", s]
-    full = {**{k: v for k, v in os.environ.items() if k != "HPCDP_FAULT"}, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    full = {**{k: v for k, v in os.environ.items() if k != "HPCDP_FAULT"}, "PYTHONPATH": str(ROOT),
+            "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **env}
     proc = subprocess.run(argv, cwd=tmp_path, env=full, capture_output=True, text=True, timeout=240)
     records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()] \
@@ -72,3 +72,14 @@ def test_a_killed_rank_is_repaired_around_and_training_goes_on(tmp_path):
     assert not [ln for ln in out0.splitlines() if ln.startswith("repair:")]
     for r in steps:
         assert r["loss"] == pytest.approx(base[r["step"]], rel=1e-5, abs=1e-6), (r["step"], r["loss"], base[r["step"]])
+
+
+def test_fewer_ranks_than_min_world_end_the_job_with_one_line(tmp_path):
+    proc, out, _ = _run(tmp_path, "min", SETS + ['failure.on_rank_loss="continue"', "failure.min_world=3"],
+                        HPCDP_FAULT="2:3:kill")
+    assert proc.returncode not in (0, None), out[-6000:]
+    said = [ln for ln in out.splitlines() if ln.startswith("hpcdp: error: rank ")]
+    assert said == ["hpcdp: error: rank 0 of 3 at step 3: rank 2 lost at step 3: 2 rank(s) left, below "
+                    "failure.min_world = 3; the job ends"], out[-6000:]
+    assert "Traceback" not in out, out[-6000:]
+    assert not [ln for ln in out.splitlines() if ln.startswith("repair:")]
