@@ -120,6 +120,8 @@ def _watch_the_rank() -> None:
 def _main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _one_thread_per_rank_under_a_launcher()
+    from hpcdp.failure.transport import leave_peer_loss_to_hpcdp
+    leave_peer_loss_to_hpcdp()  # before MPI starts: hpcdp's deadline finds a lost peer
     if argv[:1] in (["-V"], ["--version"]):
         from hpcdp import __version__
         print(f"hpcdp {__version__}")

@@ -561,10 +561,29 @@ class CheckpointConfig:
         return self.every > 0 or bool(self.dir)
 
 
+@dataclass
+class FailureConfig:
+    """``[failure]``: what a job does when a rank dies (docs/fault-tolerance.md).
+    ``on_rank_loss = "stop"`` (default): every rank ends within seconds with one line, the
+    job resumes from its last checkpoint. ``"continue"``: the survivors repair the job
+    with MPI's fault-tolerance interface (ULFM: Open MPI 5 under ``mpirun --with-ft ulfm``)
+    and keep training with the same global batch; DDP only (every rank holds the whole
+    state)."""
+    SECTION: ClassVar[str] = "failure"
+    APPLIES: ClassVar[dict] = {"min_world": ("failure.on_rank_loss", ("continue",))}
+    on_rank_loss: str = "stop"  # "stop" | "continue"
+    min_world: int = 1          # continue: fewer ranks left than this ends the job
+
+    def __post_init__(self):
+        s = self.SECTION
+        _choice(s, "on_rank_loss", self.on_rank_loss, ("stop", "continue"))
+        _range(s, "min_world", self.min_world, 1)
+
+
 SECTIONS: dict[str, type] = {
     "run": RunConfig, "model": ModelConfig, "data": DataConfig, "train": TrainConfig,
     "optim": OptimConfig, "parallel": ParallelConfig, "comm": CommConfig, "sample": SampleConfig,
-    "checkpoint": CheckpointConfig,
+    "checkpoint": CheckpointConfig, "failure": FailureConfig,
 }
 
 
@@ -579,6 +598,7 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    failure: FailureConfig = field(default_factory=FailureConfig)
 
     def __post_init__(self):
         self.warnings: list[str] = []  # load_config's lines about keys not read (config_applies)
@@ -597,6 +617,8 @@ class Config:
             raise ConfigError(f"data.kind: {self.data.kind!r} needs model.kind = 'gpt'")
         if self.train.reproducible == "exact":
             _check_exact_config(self)
+        if self.failure.on_rank_loss == "continue":
+            _check_continue_config(self)
         wire = getattr(self.parallel.sub(), "comm_dtype", "float32")
         if wire != "float32" and self.run.dtype != "float32":
             raise ConfigError(f"parallel.{self.parallel.strategy}.comm_dtype: {wire!r} carries float32 "
@@ -605,6 +627,25 @@ class Config:
 
     def to_dict(self) -> dict:
         return {name: _section_to_dict(getattr(self, name)) for name in SECTIONS}
+
+
+def _check_continue_config(cfg) -> None:
+    """``failure.on_rank_loss = "continue"``: what the repair supports today, else one line."""
+    why = "failure.on_rank_loss: 'continue'"
+    if cfg.parallel.strategy != "ddp":
+        raise ConfigError(f"{why} keeps training only with parallel.strategy = 'ddp' (every rank holds "
+                          f"the whole state, so any rank can be lost); {cfg.parallel.strategy!r} holds "
+                          "parts of the state once: set failure.on_rank_loss = 'stop' (a lost rank ends "
+                          "the job; resume it from its checkpoint with --resume latest)")
+    others = [(cfg.checkpoint.enabled, "checkpoints (checkpoint.every / checkpoint.dir)"),
+              (cfg.train.reproducible == "exact", "train.reproducible = 'exact'"),
+              (cfg.run.device != "cpu", f"run.device = {cfg.run.device!r}"),
+              (getattr(cfg.parallel.sub(), "comm_dtype", "float32") != "float32",
+               "parallel.ddp.comm_dtype other than 'float32'")]
+    for on, what in others:
+        if on:
+            raise ConfigError(f"{why} does not yet combine with {what}: remove it, or set "
+                              "failure.on_rank_loss = 'stop'")
 
 
 def _section_to_dict(obj) -> dict:

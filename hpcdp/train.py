@@ -27,6 +27,7 @@ from hpcdp.config import Config, dump_toml
 from hpcdp.config_error import ConfigError
 from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
+from hpcdp.failure.lasting import Lasting
 from hpcdp.exact.digest import weights_sha256
 from hpcdp.generate import sample_at_end
 from hpcdp.io.checkpointer import Checkpointer
@@ -208,6 +209,11 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             exact = ExactMode(cfg.train, strategy, world, flat)
         batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank)
         total = batches.total
+        if cfg.failure.on_rank_loss == "continue" and world.size > 1:  # ULFM there? one line if not
+            from mpi4py import MPI
+
+            from hpcdp.failure.ulfm import check_available
+            check_available(MPI)
         accum = cfg.train.grad_accum
         if cfg.train.global_batch < strategy.dp_size * accum:
             raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
@@ -311,45 +317,68 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         start = ckpt.restore(writer.log if writer_rank else None)
         writer.first_step = start + 1
         notice = FirstStepNotice(writer.log) if writer_rank and start + 1 <= total else None
-        for step in range(start + 1, total + 1):
-            t0 = time.perf_counter()
-            lr = lr_at(cfg.optim, step, total)
-            optimizer.lr = lr
-            batch = batches.get(step - 1)  # this rank's samples of the step, read (prefetched)
-            global_n = batch.n_global
-            if ignore is not None:  # padding: each micro-batch weighs its counted tokens (hpcdp.nn.padding)
-                y_global = read_pairs(ds, batches.sampler.global_indices(step - 1))[1]
-                batch.local.weights = [slice_weight(batch.fetch(idx)[1], y_global, ignore)
-                                       for idx in batch.local.micro]
-            # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
-            loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
-                                   checks=checks.at(step)).loss
-            stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
-            stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
-            dt = time.perf_counter() - t0
-            if notice is not None:  # the first step is over: no "still compiling" line
-                notice.cancel()
-                notice = None
-            gather.add(loss_part, batch.n_local, dt, {**stats, "data_wait_s": batch.wait_s})
-            if writer_rank:
-                epoch, _ = batches.position(step - 1)
-                pending.append({"step": step, "epoch": epoch, "lr": lr, "global_batch": global_n,
-                                "samples_per_s": global_n / dt, "step_time_s": dt})
-            stop = ckpt.after_step(step)  # saves when due; True on SIGTERM/SIGUSR1 (saved)
-            evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
-            if (step == start + 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop
-                    or gather.due()):  # due: every few seconds, or a full block (hpcdp.metrics)
-                # Every rank flushes after the same steps; only the writer waits.
-                for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
-                    last_loss = loss_sum
-                    writer.step({"step": rec["step"], "epoch": rec["epoch"], "loss": loss_sum,
-                                 **{k: rec[k] for k in ("lr", "global_batch", "samples_per_s", "step_time_s")},
-                                 "ranks": ranks})
-                    if rec["step"] in (start + 1, total):
-                        writer.log(memory_line(rec["step"], ranks, world.size - comm.Get_size()))
+        # failure.on_rank_loss = "continue": a lost rank is repaired around (hpcdp.failure.ulfm)
+        lasting = Lasting(cfg, world, [comm]) if cfg.failure.on_rank_loss == "continue" and world.size > 1 else None
+        step = start
+        while step < total:
+            step += 1
+            updates = optimizer.steps  # this step's update is applied once this grows
+            try:
+                t0 = time.perf_counter()
+                lr = lr_at(cfg.optim, step, total)
+                optimizer.lr = lr
+                batch = batches.get(step - 1)  # this rank's samples of the step, read (prefetched)
+                global_n = batch.n_global
+                if ignore is not None:  # padding: each micro-batch weighs its counted tokens (hpcdp.nn.padding)
+                    y_global = read_pairs(ds, batches.sampler.global_indices(step - 1))[1]
+                    batch.local.weights = [slice_weight(batch.fetch(idx)[1], y_global, ignore)
+                                           for idx in batch.local.micro]
+                # checks: the non-finite loss check and the HPCDP_FAULT hook (hpcdp.failure.steps)
+                loss_part = train_step(model, strategy, batch.local, lambda idx: fetch(batch, idx),
+                                       checks=checks.at(step)).loss
+                stats = {**strategy.step_stats(), **checks.stats(), **(exact.step_stats() if exact else {})}
+                stats.update(be.memory.figures())  # model state per rank, by tag (backend/memory.py)
+                dt = time.perf_counter() - t0
+                if notice is not None:  # the first step is over: no "still compiling" line
+                    notice.cancel()
+                    notice = None
+                gather.add(loss_part, batch.n_local, dt, {**stats, "data_wait_s": batch.wait_s})
+                if writer_rank:
+                    epoch, _ = batches.position(step - 1)
+                    pending.append({"step": step, "epoch": epoch, "lr": lr, "global_batch": global_n,
+                                    "samples_per_s": global_n / dt, "step_time_s": dt})
+                stop = ckpt.after_step(step)  # saves when due; True on SIGTERM/SIGUSR1 (saved)
+                evals_now = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != total
+                if (step == start + 1 or step % cfg.run.log_every == 0 or step == total or evals_now or stop
+                        or gather.due() or lasting is not None):
+                    # due: every few seconds, or a full block (hpcdp.metrics); continue mode: every step
+                    # Every rank flushes after the same steps; only the writer waits.
+                    for rec, (loss_sum, ranks) in zip(pending, gather.flush()):
+                        last_loss = loss_sum
+                        writer.step({"step": rec["step"], "epoch": rec["epoch"], "loss": loss_sum,
+                                     **{k: rec[k] for k in ("lr", "global_batch", "samples_per_s", "step_time_s")},
+                                     "ranks": ranks})
+                        if rec["step"] in (start + 1, total):
+                            writer.log(memory_line(rec["step"], ranks, world.size - comm.Get_size()))
+                    pending.clear()
+                if evals_now:
+                    last_eval = run_eval(step)
+            except Exception as e:  # noqa: BLE001 - only a lost rank is repaired; the rest re-raised
+                if lasting is None or not lasting.repairable(e):
+                    raise
+                committed = step if optimizer.steps > updates else step - 1  # applied here or not
+                rep = lasting.repair(e, world, comm, committed, step, flat, optimizer, strategy, t0)
+                world, comm = lasting.world, rep.comm
+                writer_rank = world.rank == 0
+                gather = StepGather(comm, timeout=cfg.comm.timeout, flush_every_s=cfg.run.metrics_flush_s)
                 pending.clear()
-            if evals_now:
-                last_eval = run_eval(step)
+                batches.close()
+                batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank)
+                if writer_rank:
+                    writer.write({"repair": lasting.record(rep, step)})
+                    writer.log(lasting.line(rep, step))
+                step = rep.step
+                continue
             if stop:
                 break
         ckpt.close()

@@ -18,6 +18,9 @@
 #   7. transformers - hpcdp's GPT against transformers' GPT2LMHeadModel both ways
 #                    (export, model.init_from, a BPE tokenizer) with PyTorch CPU in a third
 #                    venv, test-only (tests/hf/setup_venv_hf.sh: .venv-hf, ~5 min the first time)
+#   8. ULFM continue - failure.on_rank_loss = "continue": a rank killed with SIGKILL and the
+#                    survivors training on, under Open MPI 5's `mpirun --with-ft ulfm` in a
+#                    fourth venv (tests/ulfm/setup_venv_ulfm.sh: .venv-ulfm, ~1 min the first time)
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +67,10 @@ bash .ci/parallel-hdf5.sh --test || failed+=(parallel-hdf5)
 echo "== transformers interop (PyTorch CPU + transformers in .venv-hf)"
 { bash tests/hf/setup_venv_hf.sh &&
   HPCDP_HF_PYTHON=.venv-hf/bin/python timeout 900 "$PY" -m pytest tests/hf -q -p no:cacheprovider; } || failed+=(transformers)
+
+echo "== ULFM continue (Open MPI 5 --with-ft ulfm in .venv-ulfm: a rank killed, the survivors go on)"
+{ bash tests/ulfm/setup_venv_ulfm.sh &&
+  HPCDP_ULFM_VENV=.venv-ulfm timeout 600 "$PY" -m pytest tests/ulfm -q -p no:cacheprovider; } || failed+=(ulfm)
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED groups: ${failed[*]}"

@@ -180,6 +180,17 @@ class DDP(ReplicatedCheckpoint, Strategy):
         if self.engine is not None:
             self.engine.abandon()
 
+    def rejoin(self, world) -> None:
+        """After a repair (failure.on_rank_loss = "continue", hpcdp.failure.ulfm): the
+        survivors' world replaces the old one; the requests in flight are dropped and
+        the bucket engine starts afresh on the new communicator. The caller has already
+        made every replica equal."""
+        self.abandon()
+        self.world, self.comm = world, world.comm
+        self.dp_rank, self.dp_size = world.rank, world.size
+        self.engine = BucketEngine(self.plan, self._launch, name="DDP")
+        self.engine.attach(self.flat)
+
     def _broadcast_params(self) -> None:
         """Copy rank 0's parameters to every rank (hpcdp.comm.broadcast: MPI's Ibcast with
         a deadline; one call at setup, not a per-step cost). The ledger records the bytes

@@ -1,0 +1,136 @@
+"""``failure.on_rank_loss = "continue"``: the survivors of a lost rank repair the job with
+MPI's fault-tolerance interface (ULFM) and keep training (docs/fault-tolerance.md).
+
+One repair, on every survivor (:func:`repair`), once a step's collective failed
+(``MPIError``: ``MPI_ERR_PROC_FAILED`` on a rank that waited on the dead one,
+``MPI_ERR_REVOKED`` on the others, or hpcdp's deadline):
+
+1. **revoke**: hpcdp's duplicates of every communicator in use (hpcdp.comm.abort with
+   ``revoke``) and the communicators themselves (``MPI_Comm_revoke``), so no survivor
+   stays blocked in a collective that can no longer complete;
+2. **shrink**: ``MPI_Comm_shrink`` of the world communicator: the survivors, in their
+   old order; the lost world ranks are read off the two groups;
+3. **agree** on the last committed step: a rank applies a step's update once its
+   gradient allreduce completed, so survivors may stand one step apart; every survivor
+   takes the highest committed step, the lowest rank that holds it is the source;
+4. **heal**: that rank's parameters, optimizer state and step count go to every
+   survivor (broadcast), and an allgathered hash checks that the replicas are
+   bit-identical; the caller then rebuilds the communicator state and the data split
+   and redoes the next step.
+
+A failure during the repair itself (a second rank lost mid-repair) raises an MPI error:
+the job then ends as with ``"stop"``.
+
+ULFM is there only where the MPI library implements it at run time:
+:func:`check_available` accepts Open MPI 5 started with ``mpirun --with-ft ulfm``
+(it exports ``OMPI_MCA_mpi_ft_enable=1`` to the ranks) and refuses anything else
+with one line (MPICH 5.0.2 exports the MPIX_ symbols, but its implementation
+failed assertions when tried).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcdp.config_error import ConfigError
+
+
+def check_available(mpi) -> None:
+    """Raise a ConfigError (one line) unless this MPI runs with ULFM enabled."""
+    lib = mpi.Get_library_version().strip().splitlines()[0].split(",")[0].strip()
+    has_calls = all(hasattr(mpi.Comm, n) for n in ("Revoke", "Shrink", "Agree"))
+    enabled = lib.startswith("Open MPI") and os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true")
+    if not (has_calls and enabled):
+        raise ConfigError(
+            f"failure.on_rank_loss: 'continue' needs MPI's fault-tolerance interface (ULFM) at run "
+            f"time; this job runs {lib}{' without it enabled' if lib.startswith('Open MPI') else ''}. "
+            "Launch with Open MPI 5 as `mpirun --with-ft ulfm ...` (docs/fault-tolerance.md), "
+            "or set failure.on_rank_loss = 'stop'")
+
+
+@dataclass
+class Repaired:
+    comm: object          # the survivors' world communicator (errors returned)
+    lost: list            # world ranks (of the communicator before) that were lost
+    size_before: int
+    step: int             # the agreed last committed step: training goes on after it
+    source: int           # the rank (of ``comm``) whose state every survivor took
+    repair_s: float       # from the start of the repair to the replicas checked
+    weights_hash: str     # the hash every replica holds afterwards (hex)
+
+
+def _lost_ranks(old, new) -> list[int]:
+    from mpi4py import MPI
+
+    kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), old.Get_group())
+    return sorted(set(range(old.Get_size())) - set(kept))
+
+
+def replica_hash(arrays) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).view(np.uint8).tobytes())
+    return h.hexdigest()
+
+
+def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, reason: str,
+           timeout: float = 300.0) -> Repaired:
+    """The repair of the module docstring, on every survivor. ``others``: further
+    communicators in use (revoked, then left to the caller to forget); ``arrays``: the
+    state every replica must hold (numpy, written in place on the receivers);
+    ``scalars``: name -> int (e.g. the optimizer's step count), the source's values
+    returned in place of the dict's. Returns what the caller rebuilds from.
+
+    The shrink waits for every rank that is alive: one that is stuck (alive, never
+    answering) would hold it forever, so it runs under a timer: after ``timeout``
+    seconds this rank prints why and ends itself (status 1)."""
+    from mpi4py import MPI
+
+    from hpcdp import comm as hcomm
+
+    t0 = time.monotonic()
+    for c in [world_comm, *others]:
+        hcomm.abort(c, reason, revoke=True)  # hpcdp's duplicates: peers in its collectives fail too
+        try:
+            c.Revoke()
+        except MPI.Exception:
+            pass  # already revoked by a peer
+    from .ranks import exit_unless_done
+
+    with exit_unless_done(timeout, f"hpcdp: error: rank {world_comm.Get_rank()}: the repair after a lost "
+                          f"rank did not complete within {timeout:g}s (comm.timeout): a rank is alive but "
+                          "not answering; ending this rank with status 1", 1):
+        new = world_comm.Shrink()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    lost = _lost_ranks(world_comm, new)
+    rank = new.Get_rank()
+    top = np.array([committed], dtype=np.int64)
+    new.Allreduce(MPI.IN_PLACE, top, op=MPI.MAX)
+    step = int(top[0])
+    src = np.array([rank if committed == step else new.Get_size()], dtype=np.int64)
+    new.Allreduce(MPI.IN_PLACE, src, op=MPI.MIN)
+    source = int(src[0])
+    for a in arrays:
+        new.Bcast(a, root=source)
+    names = sorted(scalars)
+    vals = np.array([int(scalars[n]) for n in names], dtype=np.int64)
+    if names:
+        new.Bcast(vals, root=source)
+        scalars.update({n: int(v) for n, v in zip(names, vals)})
+    digest = replica_hash(arrays)
+    every = new.allgather(digest)
+    if len(set(every)) != 1:
+        groups: dict = {}
+        for r, d in enumerate(every):
+            groups.setdefault(d, []).append(r)
+        raise RuntimeError("after the repair the replicas differ (weights hashes by rank: "
+                           + "; ".join(f"ranks {rs}: {d[:12]}" for d, rs in groups.items()) + ")")
+    return Repaired(new, lost, world_comm.Get_size(), step, source, time.monotonic() - t0, digest)
+
+
+__all__ = ["check_available", "repair", "Repaired", "replica_hash"]

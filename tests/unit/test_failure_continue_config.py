@@ -1,0 +1,41 @@
+"""failure.on_rank_loss: "stop" (default) or "continue"; "continue" is refused with one
+line for what it does not support, and where the MPI library has no ULFM at run time
+(the MPICH of this venv: hpcdp.failure.ulfm.check_available on the real mpi4py)."""
+
+import pytest
+
+from hpcdp.config import load_config
+from hpcdp.config_error import ConfigError
+
+DDP = ["parallel.strategy=ddp", 'failure.on_rank_loss="continue"']
+
+
+def test_default_is_stop_and_continue_is_taken_for_ddp():
+    assert load_config(None, []).failure.on_rank_loss == "stop"
+    cfg = load_config(None, DDP + ["failure.min_world=2"])
+    assert (cfg.failure.on_rank_loss, cfg.failure.min_world) == ("continue", 2)
+
+
+@pytest.mark.parametrize("sets, words", [
+    (['failure.on_rank_loss="keep"'], "failure.on_rank_loss: 'keep' is not allowed"),
+    (["parallel.strategy=zero", 'failure.on_rank_loss="continue"'], "only with parallel.strategy = 'ddp'"),
+    (DDP + ["checkpoint.every=5"], "does not yet combine with checkpoints"),
+    (DDP + ["failure.min_world=0"], "failure.min_world"),
+    (["failure.min_world=2"], "failure.min_world"),  # read only with "continue"
+])
+def test_what_continue_does_not_support_is_one_line(sets, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, sets)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_an_mpi_without_ulfm_is_refused_in_one_line():
+    from mpi4py import MPI
+
+    from hpcdp.failure.ulfm import check_available
+
+    with pytest.raises(ConfigError) as e:
+        check_available(MPI)
+    msg = str(e.value)
+    assert "needs MPI's fault-tolerance interface (ULFM)" in msg and "mpirun --with-ft ulfm" in msg, msg
+    assert MPI.Get_library_version().split(",")[0].splitlines()[0].strip() in msg, msg
