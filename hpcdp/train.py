@@ -319,6 +319,9 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         notice = FirstStepNotice(writer.log) if writer_rank and start + 1 <= total else None
         # failure.on_rank_loss = "continue": a lost rank is repaired around (hpcdp.failure.ulfm)
         lasting = Lasting(cfg, world, [comm]) if cfg.failure.on_rank_loss == "continue" and world.size > 1 else None
+        if lasting is not None:
+            from hpcdp.failure.watch import note_survivors_go_on
+            note_survivors_go_on()
         step = start
         while step < total:
             step += 1

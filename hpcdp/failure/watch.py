@@ -7,11 +7,13 @@ happened: the job ended with the launcher's block (``BAD TERMINATION ... EXIT CO
 9``) and nothing from hpcdp. So ``hpcdp train`` under a launcher with several ranks
 runs as two processes per rank (:func:`watch`, called by the ``hpcdp`` command before
 anything is imported): the process the launcher started forks the rank's real process
-and only waits for it. The rank writes its current step into an 8-byte shared page
+and only waits for it. The rank writes its current step into a 16-byte shared page
 (:func:`note_step`, from the training loop's per-step checks). When the rank exits,
 the watcher exits with its status; when a signal kills it, the watcher prints one line
 naming the rank, the step and the signal, and then ends itself by the same signal, so
-the launcher sees what it saw before and ends the other ranks.
+the launcher sees what it saw before and ends the other ranks (with
+``failure.on_rank_loss = "continue"`` the line says the others go on instead:
+:func:`note_survivors_go_on`).
 
 - The watcher forwards the signals a launcher or a user sends to the rank's pid
   (SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP) to the rank.
@@ -42,6 +44,13 @@ def note_step(step: int) -> None:
         struct.pack_into("q", _cell, 0, int(step))
 
 
+def note_survivors_go_on() -> None:
+    """This job repairs around a lost rank (``failure.on_rank_loss = "continue"``): the
+    watcher's line then says the survivors go on, not that the launcher ends them."""
+    if _cell is not None:
+        struct.pack_into("q", _cell, 8, 1)
+
+
 def job_pid() -> int:
     """The watcher's pid in a watched rank (it outlives the rank's process by nothing:
     what a lock holder should record), else this process's."""
@@ -62,11 +71,14 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def lost_line(rank: int, size: int, step: int, sig: int) -> str:
+def lost_line(rank: int, size: int, step: int, sig: int, survivors_go_on: bool = False) -> str:
     name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
     when = f"at step {step}" if step > 0 else "before its first step"
     why = ("the kernel's out-of-memory killer (see dmesg), a kill -9 or a cleanup of its node"
            if sig == signal.SIGKILL else "a crash or a signal sent to it")
+    if survivors_go_on:  # not the job's error: the survivors repair and say so
+        return (f"hpcdp: rank {rank} of {size} lost {when}: its process was killed by {name} ({why}); "
+                f'the other ranks repair the job and go on (failure.on_rank_loss = "continue")')
     return (f"hpcdp: error: rank {rank} of {size} lost {when}: its process was killed by {name} ({why}); "
             f"the launcher ends the other ranks")
 
@@ -76,7 +88,7 @@ def watch(rank: int, size: int) -> None:
     in the watcher, waits for the rank and exits as it did (never returns)."""
     import mmap
 
-    cell = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: both processes see it
+    cell = mmap.mmap(-1, 16)  # the step, the continue flag; MAP_SHARED | MAP_ANONYMOUS: both processes see it
     parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -102,7 +114,8 @@ def watch(rank: int, size: int) -> None:
         os._exit(os.WEXITSTATUS(status))
     sig = os.WTERMSIG(status)
     from .ranks import drain_output, say
-    say(lost_line(rank, size, struct.unpack_from("q", cell, 0)[0], sig))
+    step, go_on = struct.unpack_from("qq", cell, 0)
+    say(lost_line(rank, size, step, sig, survivors_go_on=bool(go_on)))
     drain_output()
     for name in FORWARD:
         if getattr(signal, name, None) is not None:
@@ -122,4 +135,4 @@ def _forward(pid: int, sig: int) -> None:
         pass
 
 
-__all__ = ["watch", "note_step", "job_pid", "enabled", "lost_line", "ENV"]
+__all__ = ["watch", "note_step", "note_survivors_go_on", "job_pid", "enabled", "lost_line", "ENV"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("HPCDP_ULFM_VENV", str(ROOT / ".venv-ulfm")))
+VENV = ROOT / os.environ.get("HPCDP_ULFM_VENV", ".venv-ulfm")  # relative: to the repository root
 STEPS = 12
 SETS = ["data.kind=synthetic_classification", "data.n_samples=512", "data.n_features=16",
         "data.n_classes=4", "model.sizes=[16, 32, 4]", "train.global_batch=30", f"train.steps={STEPS}",
@@ -49,6 +49,10 @@ def test_a_killed_rank_is_repaired_around_and_training_goes_on(tmp_path):
     assert "injected fault (HPCDP_FAULT: kill on rank 2 at step 5)" in out, out[-3000:]
     lines = [ln for ln in out.splitlines() if ln.startswith("repair:")]
     assert len(lines) == 1, out[-6000:]
+    # the killed rank's watcher names it, and says the job goes on (no error line)
+    assert not [ln for ln in out.splitlines() if ln.startswith("hpcdp: error:")], out[-6000:]
+    assert "hpcdp: rank 2 of 3 lost at step 5: its process was killed by SIGKILL" in out and \
+        'the other ranks repair the job and go on (failure.on_rank_loss = "continue")' in out, out[-6000:]
     # Step 5's gradient may have completed on the survivors before the kill was seen (rank 2's
     # part was on its way): then its update is committed (found by the replica check after
     # it) and step 6 is next; else step 5 is redone.
