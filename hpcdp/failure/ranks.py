@@ -70,16 +70,20 @@ def drain_output(limit: float = 2.0) -> None:
 
 
 @contextlib.contextmanager
-def exit_unless_done(limit: float, message: str, status: int):
+def exit_unless_done(limit: float, message: str, status: int, *, end_job: bool = False):
     """Bound a blocking C call: if the block has not finished after ``limit`` seconds, a
     timer thread prints ``message``, drains the output and ends this process with
     ``status`` (``os._exit``: no exit handlers, no MPI_Finalize that could hang too).
+    ``end_job``: first ask the launcher to end every rank (:func:`abort_from_timer`),
+    for a call after which the launcher may not count this rank's exit as a failure.
     The call must release the GIL (a ctypes call does) for the timer to run."""
     import threading
 
     def give_up():
         say(message)
         drain_output()
+        if end_job:
+            abort_from_timer(status)
         os._exit(status)
 
     timer = threading.Timer(limit, give_up)
@@ -102,6 +106,35 @@ def c_function(name: str):
         return getattr(ctypes.CDLL(mpi.__file__), name)
     except (OSError, AttributeError, TypeError):
         return None
+
+
+def abort_from_timer(status: int) -> None:
+    """From a timer thread while the main thread is stuck inside MPI (MPI_Finalize): ask
+    the launcher to end every rank (the C ``MPI_Abort``: MPICH sends its PMI abort) and
+    end this process. Hydra ends the others when a rank's exit breaks its PMI connection,
+    but not when the rank got past its PMI finalize: then a rank stuck outside MPI would
+    hold the job until the launcher's own limit. If the abort does not end this process
+    within ``ABORT_S`` seconds (the call can wait on the stuck main thread), it ends
+    itself with ``status``."""
+    import ctypes
+    import threading
+
+    from mpi4py import MPI
+
+    fallback = threading.Timer(ABORT_S, os._exit, args=(status,))
+    fallback.daemon = True
+    fallback.start()
+    # this rank has said why (and drained it); what MPI says of an abort from inside its
+    # finalize ("Invalid communicator": the abort still ends the job) is noise
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    c_abort = c_function("MPI_Abort")
+    handle = getattr(MPI.COMM_WORLD, "handle", None)
+    if c_abort is not None and handle is not None:
+        comm_t = ctypes.c_int if MPI._sizeof(MPI.Comm) == ctypes.sizeof(ctypes.c_int) else ctypes.c_void_p
+        c_abort(comm_t(handle), ctypes.c_int(status))
+    os._exit(status)
 
 
 def abort_job(status: int) -> None:

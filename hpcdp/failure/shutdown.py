@@ -73,15 +73,16 @@ def finish() -> None:
     limit = min(FINALIZE_S, _timeout)
     _finalize(mpi, limit, f"hpcdp: error: rank {rank}: MPI_Finalize did not return within {limit:g}s "
               "although every rank had finished the run (the MPI library or its launcher is "
-              "stuck); ending this rank with status 1. The run itself completed: its files "
-              "are written.")
+              "stuck); ending the job through MPI_Abort (a non-zero status). The run itself "
+              "completed: its files are written.")
 
 
 def _finalize(mpi, limit: float, message: str, status: int = 1) -> None:
     """``MPI_Finalize`` through ctypes, which releases the GIL during the call (mpi4py's
     ``Finalize`` holds it), so a timer thread can end the rank if the call hangs."""
     c_finalize = c_function("MPI_Finalize")
-    with exit_unless_done(limit, message, status):
+    # status 1: the job is stuck, and the launcher may not count this exit as a failure
+    with exit_unless_done(limit, message, status, end_job=status != 0):
         if c_finalize is None:
             mpi.Finalize()  # holds the GIL: a hang here is bounded by the launcher only
         elif c_finalize() != 0:
