@@ -42,7 +42,9 @@ echo "== CUDA kernel tests"
 if [ "${HPCDP_REAL_GPU:-0}" = 1 ]; then
   timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider || failed+=(cuda)
 else
-  NUMBA_ENABLE_CUDASIM=1 timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider || failed+=(cuda-sim)
+  # The simulator runs every kernel thread in Python, one core per process: two workers
+  # (pytest-xdist) use both cores of a 2-core CI machine (7.3 -> ~4 min there).
+  NUMBA_ENABLE_CUDASIM=1 timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider -n 2 || failed+=(cuda-sim)
 fi
 
 echo "== MPI tests (1, 2, 3, 4 ranks)"
