@@ -58,7 +58,10 @@ def job_pid() -> int:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0" and hasattr(os, "fork")
+    """A watcher for this rank: not under Slurm's srun (``SLURM_PROCID`` set), whose
+    own lines name a killed task, and where a second process holding the task's PMI2
+    connection was seen to garble its requests once in two runs."""
+    return os.environ.get(ENV, "1") != "0" and hasattr(os, "fork") and "SLURM_PROCID" not in os.environ
 
 
 def _die_with_parent(parent: int) -> None:
