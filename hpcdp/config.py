@@ -637,9 +637,7 @@ def _check_continue_config(cfg) -> None:
                           f"the whole state, so any rank can be lost); {cfg.parallel.strategy!r} holds "
                           "parts of the state once: set failure.on_rank_loss = 'stop' (a lost rank ends "
                           "the job; resume it from its checkpoint with --resume latest)")
-    others = [(cfg.checkpoint.enabled, "checkpoints (checkpoint.every / checkpoint.dir)"),
-              (cfg.train.reproducible == "exact", "train.reproducible = 'exact'"),
-              (cfg.run.device != "cpu", f"run.device = {cfg.run.device!r}"),
+    others = [(cfg.run.device != "cpu", f"run.device = {cfg.run.device!r}"),
               (getattr(cfg.parallel.sub(), "comm_dtype", "float32") != "float32",
                "parallel.ddp.comm_dtype other than 'float32'")]
     for on, what in others:

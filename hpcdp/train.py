@@ -318,7 +318,8 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
         writer.first_step = start + 1
         notice = FirstStepNotice(writer.log) if writer_rank and start + 1 <= total else None
         # failure.on_rank_loss = "continue": a lost rank is repaired around (hpcdp.failure.ulfm)
-        lasting = Lasting(cfg, world, [comm]) if cfg.failure.on_rank_loss == "continue" and world.size > 1 else None
+        lasting = (Lasting(cfg, world, [comm, *exact_comms(exact), *ckpt.comms()])
+                   if cfg.failure.on_rank_loss == "continue" and world.size > 1 else None)
         if lasting is not None:
             from hpcdp.failure.watch import note_survivors_go_on
             note_survivors_go_on()
@@ -370,16 +371,27 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 if lasting is None or not lasting.repairable(e):
                     raise
                 committed = step if optimizer.steps > updates else step - 1  # applied here or not
-                rep = lasting.repair(e, world, comm, committed, step, flat, optimizer, strategy, t0)
+                rep = lasting.repair(e, world, comm, committed, step, flat, optimizer, strategy, t0,
+                                     extra=exact_comms(exact) + ckpt.comms())
                 world, comm = lasting.world, rep.comm
+                if exact is not None:  # its codec agrees on the survivors' communicator from here on
+                    from hpcdp.exact.mode import ExactMode
+                    exact.abandon()
+                    exact = ExactMode(cfg.train, strategy, world, flat)
                 writer_rank = world.rank == 0
                 gather = StepGather(comm, timeout=cfg.comm.timeout, flush_every_s=cfg.run.metrics_flush_s)
                 pending.clear()
                 batches.close()
                 batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank)
+                redo_save = ckpt.rejoin(world) is not None  # a save in flight failed with the lost rank
+                record = lasting.record(rep, step)
+                if redo_save:
+                    record["checkpoint_saved_again"] = rep.step
                 if writer_rank:
-                    writer.write({"repair": lasting.record(rep, step)})
+                    writer.write({"repair": record})
                     writer.log(lasting.line(rep, step))
+                if redo_save:  # the agreed step's checkpoint, complete on the survivors
+                    ckpt.save(rep.step, wait=True)
                 step = rep.step
                 continue
             if stop:
@@ -427,6 +439,11 @@ def open_metrics(cfg, run_dir, total: int, ds, out) -> MetricsWriter:
                          log_path=Path(run_dir) / "train.log" if run_dir is not None else None,
                          tokens_per_sample=cfg.model.block_size if ds.task == "sequence" else None,
                          rank_lists=(cfg.run.rank_lists_up_to, cfg.run.rank_lists_every), events=events)
+
+
+def exact_comms(exact) -> list:
+    """Exact mode's own communicator (its codec's agreements), when it has one."""
+    return [exact.worker_comm] if exact is not None and exact.worker_comm is not None else []
 
 
 def write_failure(writer, pending: list, gather, e: BaseException, step) -> None:

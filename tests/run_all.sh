@@ -19,7 +19,8 @@
 #                    (export, model.init_from, a BPE tokenizer) with PyTorch CPU in a third
 #                    venv, test-only (tests/hf/setup_venv_hf.sh: .venv-hf, ~5 min the first time)
 #   8. ULFM continue - failure.on_rank_loss = "continue": a rank killed with SIGKILL and the
-#                    survivors training on, under Open MPI 5's `mpirun --with-ft ulfm` in a
+#                    survivors training on (the jobs/ scripts, exact mode against a resumed
+#                    smaller run, a kill mid-save), under Open MPI 5's `mpirun --with-ft ulfm` in a
 #                    fourth venv (tests/ulfm/setup_venv_ulfm.sh: .venv-ulfm, ~1 min the first time)
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail

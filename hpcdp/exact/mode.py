@@ -81,5 +81,14 @@ class ExactMode:
             self.worker_comm = None
             self._own_comm = False
 
+    def abandon(self) -> None:
+        """A rank was lost and the workers' communicator revoked (failure.on_rank_loss =
+        "continue"): forget it without freeing it (a free could wait on the lost rank);
+        the caller builds a new ExactMode on the survivors. close() is then a no-op."""
+        if self._own_comm and self.worker_comm is not None:
+            from hpcdp.comm import forget
+            forget(self.worker_comm, free=False)
+        self._own_comm = False
+
 
 __all__ = ["ExactMode"]

@@ -58,13 +58,21 @@ class Lasting:
 
         from hpcdp.comm import MPIError
 
-        return isinstance(e, (MPIError, MPI.Exception))
+        seen = set()
+        while e is not None and id(e) not in seen:  # a save's failure carries the MPI error as its cause
+            if isinstance(e, (MPIError, MPI.Exception)):
+                return True
+            seen.add(id(e))
+            e = e.__cause__ or e.__context__
+        return False
 
     def repair(self, e, world, metrics_comm, committed: int, step: int, flat, optimizer, strategy,
-               step_started: float):
+               step_started: float, extra=()):
         """Repair around the lost ranks; rebinds ``self.world``; returns the Repaired.
         ``step_started``: ``time.perf_counter()`` at the start of the failed step (its
-        detection time is counted from there)."""
+        detection time is counted from there); ``extra``: further communicators in use
+        (e.g. exact mode's), revoked and forgotten with the others (the caller rebuilds
+        what used them)."""
         from hpcdp import comm as hcomm
         from hpcdp.world import World
 
@@ -75,6 +83,7 @@ class Lasting:
         detect_s = time.perf_counter() - step_started
         strategy.abandon()
         others = [] if metrics_comm is world.comm else [metrics_comm]
+        others += [c for c in extra if c is not None and all(c is not o for o in [world.comm, *others])]
         state = [flat.data, *[a for _, a in sorted(optimizer.state_arrays().items())]]
         scalars = {"optimizer_steps": int(optimizer.steps)}
         rep = repair(world.comm, others, committed, state, scalars, timeout=self.timeout,

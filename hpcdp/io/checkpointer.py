@@ -37,6 +37,7 @@ class Checkpointer:
         from .format.checksum import hash_threads
         self.threads = hash_threads(getattr(world, "local_size", 1))  # this rank's share of the node
         self.last_saved = -1
+        self.saving = None  # the step of a save started and not yet complete (continue mode's repair)
         # who writes: this job (a fresh id) and its training run's lineage (the id of the
         # job that started it; a --resume carries it on). A save never replaces, and a
         # job never writes beside, a complete checkpoint of another lineage (format.commit).
@@ -265,7 +266,7 @@ class Checkpointer:
             threads = max(1, self.threads - 1) if asynchronous else self.threads
             return SaveJob(self.root, step, snap, self.expected(), attrs, state, arrays, layout=self.c.layout,
                            keep=self.c.keep, threads=threads, writer=writer, guard=self._guard)
-        self.last_saved = step
+        self.last_saved = self.saving = step
         if asynchronous:
             self._async_step, self._async_bytes = step, snap.nbytes
             self.background.submit(lambda: self._failed_as_save(step, lambda: save(job(), self.comm,
@@ -275,6 +276,7 @@ class Checkpointer:
                      f"{self.last_stall_s:.3f} s, writing in the background")
             return
         self.saved_path = self._failed_as_save(step, lambda: save(job(), self.comm, timeout=self.timeout))
+        self.saving = None
         self.last_stall_s = time.perf_counter() - t0
         self.log(f"checkpoint step {step}: saved {self.saved_path} ({snap.nbytes / 2**20:.1f} MiB from "
                  f"rank 0) in {self.last_stall_s:.3f} s")
@@ -309,9 +311,52 @@ class Checkpointer:
                 raise
             self._save_failed(SaveFailed(f"{e} (written in the background)"), at)
             return
-        self.saved_path = path
+        self.saved_path, self.saving = path, None
         self.log(f"checkpoint step {self._async_step}: saved {self.saved_path} in the background "
                  f"({b.finished_at - b.started_at:.3f} s after the copy)")
+
+    # -- failure.on_rank_loss = "continue" (hpcdp.failure.lasting) ------------------
+    def comms(self) -> list:
+        """The communicators this checkpointer uses (a repair revokes them)."""
+        out = [self.comm] + ([self.stop.comm, self.stop.notices] if self.stop is not None else [])
+        return list({id(c): c for c in out if c is not None}.values())
+
+    def rejoin(self, world) -> int | None:
+        """After a repair: the survivors' ``world`` replaces the old one (its
+        communicators were revoked and are forgotten, not freed). A save that was in
+        flight failed with the lost rank (its temporary folder is never listed: no
+        marker); returns its step, or None, so that the caller saves the agreed step
+        again on the survivors. Collective over the survivors."""
+        from hpcdp.comm import forget
+        from hpcdp.failure.deadline import idup
+
+        unfinished = self.saving
+        if self.background is not None and self.background.pending():
+            try:
+                self.saved_path, unfinished = self.background.wait(), None  # it completed before the loss
+            except Exception:  # noqa: BLE001 - it failed with the lost rank: saved again by the caller
+                pass
+        for c in self.comms():
+            forget(c, free=False)
+        if self.stop is not None:
+            try:
+                self.stop.close(wait=False)
+            except Exception:  # noqa: BLE001 - its requests were on the revoked communicator
+                pass
+            self.stop = None
+        self.world, self.saving = world, None
+        if self.comm is None:
+            return None
+        what = "the other survivors to set up checkpointing again"
+        self.comm = idup(world.comm, self.timeout, what)
+        if self.enabled and self.c.on_signal:
+            self.stop = self._graceful_stop(idup(world.comm, self.timeout, what))
+        import numpy as np
+
+        from hpcdp.comm import allreduce
+        seen = np.array([-1 if unfinished is None else unfinished], dtype=np.int64)
+        allreduce(seen, comm=self.comm, op="max", timeout=self.timeout)  # one rank's failed save is everyone's
+        return None if seen[0] < 0 else int(seen[0])
 
     def close(self, abandon: bool = False) -> None:
         """Wait for a background save, stop listening to signals, free communicators.

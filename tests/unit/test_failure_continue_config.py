@@ -14,12 +14,15 @@ def test_default_is_stop_and_continue_is_taken_for_ddp():
     assert load_config(None, []).failure.on_rank_loss == "stop"
     cfg = load_config(None, DDP + ["failure.min_world=2"])
     assert (cfg.failure.on_rank_loss, cfg.failure.min_world) == ("continue", 2)
+    # checkpoints and exact mode combine with it (tests/ulfm: test_ulfm_checkpoint.py, test_ulfm_exact.py)
+    cfg = load_config(None, DDP + ["checkpoint.every=5", 'train.reproducible="exact"'])
+    assert (cfg.checkpoint.every, cfg.train.reproducible) == (5, "exact")
 
 
 @pytest.mark.parametrize("sets, words", [
     (['failure.on_rank_loss="keep"'], "failure.on_rank_loss: 'keep' is not allowed"),
     (["parallel.strategy=zero", 'failure.on_rank_loss="continue"'], "only with parallel.strategy = 'ddp'"),
-    (DDP + ["checkpoint.every=5"], "does not yet combine with checkpoints"),
+    (DDP + ['run.device="cuda"'], "does not yet combine with run.device = 'cuda'"),
     (DDP + ["failure.min_world=0"], "failure.min_world"),
     (["failure.min_world=2"], "failure.min_world"),  # read only with "continue"
 ])
