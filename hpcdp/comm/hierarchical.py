@@ -88,7 +88,7 @@ class TwoLevel:
         phases = (RS, AR) if self.nodes > 1 else (RS,)  # one node: nothing to cross
         return TwoLevelRequest(self, self.ctx, None, timeout, work=buf, phases=phases,
                                op="sum", kw=dict(algorithm=algorithm, timeout=timeout, wire=wire),
-                               ledger=ledger, names=("reduce_scatter",) * 3,
+                               ledger=ledger, name="reduce_scatter",
                                result=buf[off:off + size])
 
     def iall_gather(self, buf, *, ledger=None, algorithm="auto", timeout=None, wire=None):
@@ -166,16 +166,15 @@ class TwoLevelRequest(Request):
     ``phases``: which of RS, AR, AG run, in order; ``op``: the phases' reduction (as
     given to the front); ``final``: an op whose ``finalize`` runs on the owned chunk
     after the cross-node phase (``mean``); ``kw``: the phases' other front arguments;
-    ``names``: the ledger name per phase (``<name>.intra`` / ``.inter``); ``call``:
+    ``name``: the collective it is, for the ledger (``<name>.intra`` / ``.inter``); ``call``:
     the call on ``ctx``'s communicator this request is (the hierarchical allreduce's;
     a timeout then names the ranks in that communicator's numbering), or None (a
     timeout is the running phase's own diagnosis)."""
 
     def __init__(self, lv: TwoLevel, ctx, call, timeout, *, work, phases, op, kw, ledger=None,
-                 names=("allreduce",) * 3, final=None, result=None, src=None,
-                 max_message_bytes=None):
-        super().__init__(ctx, names[phases[0]], call if call is not None else (-1, names[0]),
-                         None, timeout, max_message_bytes)
+                 name="allreduce", final=None, result=None, src=None, max_message_bytes=None):
+        super().__init__(ctx, name, call if call is not None else (-1, name), None, timeout,
+                         max_message_bytes)
         self.own_call = call is not None
         self.lv, self.work, self.phases, self.op, self.final = lv, work, phases, op, final
         self.kw, self.result = kw, result
@@ -183,7 +182,7 @@ class TwoLevelRequest(Request):
         self.ledgers = []
         for p in (RS, AR, AG):  # one call per link kind and request
             kind = "inter" if p == AR else "intra"
-            self.ledgers.append(_kind(ledger, f"{names[p]}.{kind}", kind == "inter" or intra_calls))
+            self.ledgers.append(_kind(ledger, f"{name}.{kind}", kind == "inter" or intra_calls))
             if kind == "intra" and p in phases:
                 intra_calls = False
         self.off, self.size = lv.chunk(work.size)
