@@ -34,7 +34,7 @@ class World:
         world = cls(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(),
                     local_rank=local_rank, local_size=local_size, device=device)
         try:
-            from hpcdp.comm.core.ledger import Ledger
+            from hpcdp.comm import Ledger
             world.ledger = Ledger()
         except ImportError:  # comm package not built yet
             world.ledger = None

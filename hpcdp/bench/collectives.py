@@ -233,8 +233,7 @@ def run(args) -> list[dict]:
     N, rank = comm.Get_size(), comm.Get_rank()
     get_context(comm)
     from hpcdp.comm import set_timeout
-    from hpcdp.comm.core.context import default_timeout
-    from hpcdp.comm.core.diagnose import grace_s
+    from hpcdp.comm import default_timeout, grace_s
     from hpcdp.failure.deadline import BlockingWatch
 
     timeout = float(args.timeout) if args.timeout is not None else default_timeout()
@@ -257,7 +256,7 @@ def _run(args, opts, comm, watch) -> list[dict]:
     from mpi4py import MPI
 
     N, rank = comm.Get_size(), comm.Get_rank()
-    from hpcdp.comm.engines.compiled import active_engine, set_engine
+    from hpcdp.comm import active_engine, set_engine
 
     if args.engine is not None:
         set_engine(comm, args.engine)

@@ -67,7 +67,7 @@ def _layers(comm, name, a, b, chunk):
     from mpi4py import MPI
 
     import hpcdp.comm as C
-    from hpcdp.comm.core.context import get_context
+    from hpcdp.comm import get_context
     from hpcdp.shard import shard_bounds
 
     bounds = shard_bounds(a.size if name != "all_gather" else b.size, comm.size)
@@ -93,7 +93,7 @@ def _layers(comm, name, a, b, chunk):
                 ("MPI non-blocking + Test loop",
                  lambda: spin(comm.Iallgatherv([chunk, T], [b, counts, displs, T])))]
         call = lambda comm=comm, **kw: C.all_gather(chunk, b, comm=comm, **kw)  # noqa: E731
-    from hpcdp.comm.engines.compiled.lean import set_lean_path
+    from hpcdp.comm import set_lean_path
 
     viampi4py = comm.Dup()  # the same calls through the mpi4py lean path
     set_lean_path(viampi4py, "mpi4py")
@@ -103,7 +103,7 @@ def _layers(comm, name, a, b, chunk):
     if name == "allreduce":
         rows.append(("hpcdp recursive doubling", lambda: call(algorithm="recursive")))
     rows.append(("hpcdp ring", lambda: call(algorithm="ring")))
-    from hpcdp.comm.engines.compiled import active_engine, set_engine
+    from hpcdp.comm import active_engine, set_engine
 
     compiled = comm.Dup()  # the same calls on a communicator whose ring runs compiled
     set_engine(compiled, "compiled")

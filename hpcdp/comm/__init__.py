@@ -11,8 +11,12 @@ Everything a caller needs is here (module paths inside comm/ are internal):
   section; environment variables override it), ``settings``, and per communicator
   ``set_debug``, ``set_timeout``, ``set_engine``, ``active_engine``, ``set_lean_path``;
 - failure: the errors (``CommError`` and its kinds, ``MPIError`` with MPI's error
-  class), ``abort(comm, reason)``, ``forget(comm)``;
-- ``topology(comm)``: nodes and the node / cross-node sub-communicators.
+  class), ``abort(comm, reason)``, ``forget(comm)``, ``default_timeout()`` (``[comm]
+  timeout``), ``grace_s(timeout)`` (how long a diagnosis waits for its peers' answers);
+- ``topology(comm)``: nodes and the node / cross-node sub-communicators
+  (``TopologyError`` when nodes differ in size); ``two_level(comm)``: channels of one's
+  own on them, whose ``TwoLevel.ireduce_scatter`` / ``iall_gather`` run the two-level
+  request the hierarchical allreduce runs (hybrid ZeRO's reduction).
 
 See docs/collectives.md.
 """
@@ -23,7 +27,9 @@ import importlib
 # or ``import hpcdp.comm.model.cost``, loads no collective and no mpi4py)
 _HOME = {
     **dict.fromkeys(["all_gather", "allreduce", "barrier", "broadcast", "iall_gather", "iallreduce", "ibarrier", "ibroadcast", "ireduce_scatter", "reduce_scatter"], "hpcdp.comm.collectives"),
-    **dict.fromkeys(["abort", "forget", "get_context", "set_debug", "set_timeout"], "hpcdp.comm.core.context"),
+    **dict.fromkeys(["abort", "default_timeout", "forget", "get_context", "set_debug", "set_timeout"],
+                    "hpcdp.comm.core.context"),
+    **dict.fromkeys(["grace_s"], "hpcdp.comm.core.diagnose"),
     **dict.fromkeys(["CollectiveMismatch", "CollectiveTimeout", "CommAborted", "CommError", "MPIError"], "hpcdp.comm.core.errors"),
     **dict.fromkeys(["Ledger"], "hpcdp.comm.core.ledger"),
     **dict.fromkeys(["configure", "settings"], "hpcdp.comm.core.settings"),
@@ -32,8 +38,11 @@ _HOME = {
     **dict.fromkeys(["cuda_aware", "set_cuda_aware"], "hpcdp.comm.core.device"),
     **dict.fromkeys(["DEFAULT_SEGMENT_BYTES"], "hpcdp.comm.ring"),
     **dict.fromkeys(["Plan", "plan", "prepare"], "hpcdp.comm.select"),
-    **dict.fromkeys(["Topology", "ranks_per_node", "topology"], "hpcdp.comm.nodes"),
+    **dict.fromkeys(["Topology", "TopologyError", "ranks_per_node", "topology"], "hpcdp.comm.nodes"),
+    **dict.fromkeys(["TwoLevel", "two_level"], "hpcdp.comm.hierarchical"),
 }
+# homes whose requests run their phases on the front: it is loaded first (it installs them)
+_FRONT_FIRST = {"hpcdp.comm.hierarchical"}
 
 
 __all__ = [
@@ -42,8 +51,9 @@ __all__ = [
     "broadcast", "ibroadcast", "barrier", "ibarrier",
     "Plan", "plan", "prepare", "configure", "settings",
     "Ledger", "CommError", "CollectiveTimeout", "CollectiveMismatch", "MPIError", "CommAborted",
-    "abort", "forget", "Topology", "topology", "ranks_per_node",
-    "get_context", "set_debug", "set_timeout", "set_engine", "active_engine", "set_lean_path",
+    "abort", "forget", "Topology", "TopologyError", "topology", "ranks_per_node",
+    "TwoLevel", "two_level",
+    "get_context", "set_debug", "set_timeout", "default_timeout", "grace_s", "set_engine", "active_engine", "set_lean_path",
     "cuda_aware", "set_cuda_aware", "DEFAULT_SEGMENT_BYTES",
 ]
 
@@ -58,6 +68,8 @@ def __getattr__(name: str):
                 if exc.name != f"{__name__}.{name}":
                     raise
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if home in _FRONT_FIRST:
+        importlib.import_module(f"{__name__}.collectives")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # looked up once
     return value

@@ -11,7 +11,8 @@ With ``M`` nodes of ``L`` ranks, local rank ``l`` on node ``m``:
 Nodes are the ranks that share memory (``MPI.COMM_TYPE_SHARED``), or consecutive
 blocks of ``[comm] ranks_per_node`` ranks (``HPCDP_RANKS_PER_NODE`` overrides it; e.g.
 ``2`` to emulate 2 nodes x 2 ranks on one machine). Every node must hold the same
-number of ranks (else ValueError on every rank: an allreduce of the node sizes decides).
+number of ranks (else :class:`TopologyError`, a ValueError, on every rank: an allreduce
+of the node sizes decides).
 
 Built once per communicator (collectively, on first use) and kept on its context
 (hpcdp.comm.forget drops it with everything else): every rank first sends a token to
@@ -40,6 +41,23 @@ from mpi4py import MPI
 from hpcdp.comm.core.context import get_context, tag_upper_bound
 from hpcdp.comm.core.errors import CollectiveTimeout
 from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV, settings
+
+
+class TopologyError(ValueError):
+    """The ranks do not form nodes of one size (raised on every rank: an allreduce of
+    the node sizes decided, or ``[comm] ranks_per_node`` does not divide the ranks).
+
+    Its fields let a caller word its own error: ``ranks`` (the communicator's size),
+    ``source`` (how nodes were found: the setting, or shared memory), ``smallest`` and
+    ``largest`` (ranks on the smallest and largest node; 0 when ``ranks_per_node`` does
+    not divide ``ranks``), ``ranks_per_node`` (the setting, or None), and ``reason``
+    (what is wrong, in words, without the advice)."""
+
+    def __init__(self, message: str, *, reason: str, ranks: int, source: str, smallest: int = 0,
+                 largest: int = 0, ranks_per_node: int | None = None):
+        super().__init__(message)
+        self.reason, self.ranks, self.source = reason, ranks, source
+        self.smallest, self.largest, self.ranks_per_node = smallest, largest, ranks_per_node
 
 
 @dataclass(frozen=True)
@@ -131,8 +149,10 @@ def _build(ctx, timeout: float) -> Topology:
         source = (f"{RANKS_PER_NODE_ENV}={per}" if "ranks_per_node" in settings().overridden
                   else f"[comm] ranks_per_node = {per}")
         if ctx.size % per:
-            raise ValueError(f"{source} does not divide the {ctx.size} ranks into whole nodes; the "
-                             "node layout needs the same number of ranks on every node")
+            reason = f"{source} does not divide the {ctx.size} ranks into whole nodes"
+            raise TopologyError(f"{reason}; the node layout needs the same number of ranks on "
+                                "every node", reason=reason, ranks=ctx.size, source=source,
+                                ranks_per_node=per)
         local = comm.Split(rank // per, rank)
     else:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -142,9 +162,11 @@ def _build(ctx, timeout: float) -> Topology:
     _agree(ctx, sizes, "max", timeout)
     if sizes[0] != -sizes[1]:
         local.Free()
-        raise ValueError(f"hpcdp.comm topology: nodes have between {-sizes[1]} and {sizes[0]} "
-                         f"ranks ({source}); it needs the same number on every node: place "
-                         f"ranks evenly or set [comm] ranks_per_node ({RANKS_PER_NODE_ENV})")
+        reason = f"nodes have between {-sizes[1]} and {sizes[0]} ranks ({source})"
+        raise TopologyError(f"hpcdp.comm topology: {reason}; it needs the same number on every "
+                            f"node: place ranks evenly or set [comm] ranks_per_node "
+                            f"({RANKS_PER_NODE_ENV})", reason=reason, ranks=ctx.size, source=source,
+                            smallest=int(-sizes[1]), largest=int(sizes[0]), ranks_per_node=per)
     cross = comm.Split(local.Get_rank(), rank)
     cross.Set_errhandler(MPI.ERRORS_RETURN)
     nodes, per_node = cross.Get_size(), local.Get_size()
@@ -185,5 +207,5 @@ def auto_layout(ctx, timeout=None):
     return name, t.nodes, t.per_node
 
 
-__all__ = ["Topology", "topology", "auto_layout", "ranks_per_node", "wait_for_everyone", "duplicate",
+__all__ = ["Topology", "TopologyError", "topology", "auto_layout", "ranks_per_node", "wait_for_everyone", "duplicate",
            "RANKS_PER_NODE_ENV"]

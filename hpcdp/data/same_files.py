@@ -75,7 +75,7 @@ def compare_facts(files: list[tuple[str, str]], facts: np.ndarray) -> None:
 
 
 def _timeout(timeout):
-    from hpcdp.comm.core.context import default_timeout
+    from hpcdp.comm import default_timeout
     return default_timeout() if timeout is None else float(timeout)
 
 

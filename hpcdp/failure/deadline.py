@@ -133,7 +133,7 @@ class BlockingWatch:
     def _expire(self, what: str) -> None:
         import numpy as np
 
-        from hpcdp.comm.core.diagnose import grace_s
+        from hpcdp.comm import grace_s
 
         comm = self.comm
         rank, size = comm.Get_rank(), comm.Get_size()

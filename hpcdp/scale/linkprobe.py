@@ -157,7 +157,7 @@ def run(args) -> dict:
     out["segments"] = _segments(comm, args.rounds, SEGMENT_BUFFER, SEGMENTS)
     out["segments_bytes"] = SEGMENT_BUFFER
     out["segments_small"] = _segments(comm, args.rounds, SMALL_BUFFER, SMALL_SEGMENTS)
-    from hpcdp.comm.engines.compiled import active_engine, set_engine
+    from hpcdp.comm import active_engine, set_engine
 
     if active_engine(comm) == "compiled":  # the few-step collectives' Python requests
         set_engine(comm, "python")

@@ -2,11 +2,15 @@
 formula, for every node layout the world size allows (HPCDP_RANKS_PER_NODE emulates
 nodes on one machine: at 4 ranks 2x2, 1x4 and 4x1)."""
 
+import re
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcdp.comm import Ledger, allreduce, iallreduce
+from hpcdp.comm import Ledger, TopologyError, allreduce, iallreduce
+from hpcdp.config_error import ConfigError
+from hpcdp.strategies.diloco.groups import ReplicaGroups
 from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
 from hpcdp.comm.hierarchical import expected_bytes, hierarchy
 from hpcdp.comm.core.context import get_context
@@ -175,8 +179,20 @@ def test_bad_ranks_per_node_is_a_clear_error(comm, monkeypatch):
     monkeypatch.setenv(RANKS_PER_NODE_ENV, str(bad))
     c = comm.Dup()
     try:
-        with pytest.raises(ValueError, match=f"{RANKS_PER_NODE_ENV}={bad} does not divide"):
+        with pytest.raises(TopologyError, match=f"{RANKS_PER_NODE_ENV}={bad} does not divide") as caught:
             allreduce(np.ones(4), comm=c, algorithm="hierarchical", timeout=20)
+        e = caught.value  # a ValueError whose fields let a caller word its own error
+        assert isinstance(e, ValueError)
+        assert (e.ranks, e.ranks_per_node, e.smallest, e.largest) == (N, bad, 0, 0)
+        assert e.reason == f"{RANKS_PER_NODE_ENV}={bad} does not divide the {N} ranks into whole nodes"
+        g = comm.Dup()  # DiLoCo's node groups word theirs from the fields
+        try:
+            with pytest.raises(ConfigError, match=re.escape(
+                    f'parallel.diloco.groups = "node" needs the same number of ranks on every node '
+                    f'({e.reason}): place ranks evenly')):
+                ReplicaGroups(g, "node", 20)
+        finally:
+            g.Free()
         monkeypatch.setenv(RANKS_PER_NODE_ENV, "two")
         d = comm.Dup()
         with pytest.raises(ValueError, match="whole number"):

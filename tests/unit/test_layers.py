@@ -357,3 +357,80 @@ def test_the_inner_checks_fail_on_a_circle_or_an_upward_import():
     assert "io/: circle disk <-> format:" in lines, lines
     assert sub_part_problems(split[1:], table) == []
     assert inner_part("hpcdp.io", "io") is None and folder_of("hpcdp.io", files) == "io"
+
+
+# -- comm/ from outside: its public names only -----------------------------------------
+
+# Outside comm/, the collectives are used through the package's public names
+# (``hpcdp.comm.__all__``), plus these modules of it (docs/architecture.md, "Seams"): the
+# errors, the [comm] settings, and the model (pure arithmetic, no MPI).
+COMM_OPEN_MODULES = ("hpcdp.comm.core.errors", "hpcdp.comm.core.settings", "hpcdp.comm.model")
+
+
+def comm_public_names() -> set[str]:
+    """``__all__`` of hpcdp/comm/__init__.py, read from its source."""
+    tree = ast.parse((PKG / "comm" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("hpcdp/comm/__init__.py has no __all__")
+
+
+def comm_private_uses(edge_list, public: set[str]) -> list[str]:
+    """Imports from outside comm/ of a comm module that is not open, or of a name the
+    package does not make public."""
+    bad = []
+    for me, target, names, where in edge_list:
+        if part_of(me) == "comm" or part_of(target) != "comm":
+            continue
+        if target == "hpcdp.comm":
+            hidden = [n for n in names if n not in public]
+            if hidden:
+                bad.append(f"{where}: {me} imports {', '.join(hidden)} from hpcdp.comm (not in its __all__)")
+        elif not any(target == m or target.startswith(m + ".") for m in COMM_OPEN_MODULES):
+            bad.append(f"{where}: {me} imports {target} (inside comm/: use hpcdp.comm's public names)")
+    return bad
+
+
+def comm_private_attributes(public: set[str]) -> list[str]:
+    """``import hpcdp.comm as C`` / ``from hpcdp import comm`` then ``C.x`` outside comm/:
+    ``x`` must be public."""
+    bad = []
+    for f in sorted(PKG.rglob("*.py")):
+        me = module_name(f)
+        if part_of(me) == "comm":
+            continue
+        tree = ast.parse(f.read_text(), str(f))
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                aliases |= {a.asname for a in node.names if a.name == "hpcdp.comm" and a.asname}
+            elif isinstance(node, ast.ImportFrom) and node.module == "hpcdp" and not node.level:
+                aliases |= {a.asname or a.name for a in node.names if a.name == "comm"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in aliases and node.attr not in public:
+                bad.append(f"{f.relative_to(ROOT)}:{node.lineno}: {me} uses hpcdp.comm.{node.attr}")
+    return bad
+
+
+def test_outside_comm_only_its_public_names_are_imported():
+    public = comm_public_names()
+    bad = comm_private_uses(edges(), public) + comm_private_attributes(public)
+    assert not bad, ("modules outside comm/ reaching inside it (use a name of hpcdp.comm.__all__, "
+                     "or add one there):\n" + "\n".join(bad))
+
+
+def test_the_comm_rule_fails_on_an_inner_module_or_a_hidden_name():
+    public = {"allreduce", "plan"}
+    made_up = [("hpcdp.strategies.ddp", "hpcdp.comm.engines.compiled.engine", (), "ddp.py:1"),
+               ("hpcdp.strategies.ddp", "hpcdp.comm", ("allreduce", "overlap_algorithm"), "ddp.py:2"),
+               ("hpcdp.strategies.ddp", "hpcdp.comm", ("plan",), "ddp.py:3"),
+               ("hpcdp.strategies.zero.hybrid", "hpcdp.comm.core.settings", (), "hybrid.py:4"),
+               ("hpcdp.scale.model", "hpcdp.comm.model.cost", (), "model.py:5"),
+               ("hpcdp.comm.select", "hpcdp.comm.engines.compiled.engine", (), "select.py:6")]
+    assert comm_private_uses(made_up, public) == [
+        "ddp.py:1: hpcdp.strategies.ddp imports hpcdp.comm.engines.compiled.engine (inside comm/: "
+        "use hpcdp.comm's public names)",
+        "ddp.py:2: hpcdp.strategies.ddp imports overlap_algorithm from hpcdp.comm (not in its __all__)"]
+    assert "two_level" in comm_public_names() and "TopologyError" in comm_public_names()

@@ -47,14 +47,13 @@ class ReplicaGroups:
         """The node layout of hpcdp.comm.topology, on duplicates of its sub-communicators
         (nothing else, e.g. a hierarchical collective on the world, ever matches these
         messages)."""
-        from hpcdp.comm import get_context, topology
+        from hpcdp.comm import TopologyError, get_context, topology
 
         try:
             h = topology(get_context(comm, timeout), timeout=timeout)
-        except ValueError as err:  # ranks per node that do not divide, or uneven nodes: every rank
-            detail = str(err).removeprefix("hpcdp.comm topology: ").split("; it needs")[0]
+        except TopologyError as err:  # ranks per node that do not divide, or uneven nodes: every rank
             raise ConfigError(
-                f'parallel.diloco.groups = "node" needs the same number of ranks on every node ({detail}): '
+                f'parallel.diloco.groups = "node" needs the same number of ranks on every node ({err.reason}): '
                 "place ranks evenly, set [comm] ranks_per_node (or HPCDP_RANKS_PER_NODE) to a divisor of "
                 f"{comm.Get_size()}, or set parallel.diloco.groups = K") from None
         from hpcdp.failure.deadline import watchdog

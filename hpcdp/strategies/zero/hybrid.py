@@ -3,19 +3,20 @@ ranks of one node and replicated across nodes (FSDP's HYBRID_SHARD, DeepSpeed's
 MiCS with one node per group), so the slow inter-node link carries only an
 allreduce of one node's shard.
 
-With ``M`` nodes of ``L`` ranks, local rank ``l`` on node ``m`` (nodes found as the
-hierarchical allreduce finds them, :mod:`hpcdp.comm.hierarchical`: the ranks that
-share memory, ``MPI.COMM_TYPE_SHARED``, or consecutive blocks of
+With ``M`` nodes of ``L`` ranks, local rank ``l`` on node ``m`` (nodes as
+:func:`hpcdp.comm.topology` finds them: the ranks that share memory,
+``MPI.COMM_TYPE_SHARED``, or consecutive blocks of ``[comm] ranks_per_node`` /
 ``HPCDP_RANKS_PER_NODE`` ranks):
 
 - a rank owns ``shard_range(size_g, L, l)`` of every group g (the ZeRO shard rule
   with the node as the world), so per-rank state divides by ``L`` instead of ``N``;
-- a group's gradient is reduce-scattered over the node's ``L`` ranks (ring, intra-node
-  links), then chunk ``l`` is allreduced over the ``M`` ranks with local rank ``l``,
-  one per node (one communicator per local index; the inter-node links): every
-  replica of shard ``l`` ends with the sum over all ``N`` ranks;
+- a group's gradient is reduced by comm's two-level request
+  (:meth:`hpcdp.comm.TwoLevel.ireduce_scatter`, the one the hierarchical allreduce
+  runs): reduce-scattered over the node's ``L`` ranks (intra-node links), then chunk
+  ``l`` allreduced over the ``M`` ranks with local rank ``l``, one per node (the
+  inter-node links): every replica of shard ``l`` ends with the sum over all ``N`` ranks;
 - parameter all-gathers (stages 1-2 after the update, stage 3 per unit) run over the
-  node's ranks only.
+  node's ranks only (:meth:`hpcdp.comm.TwoLevel.iall_gather`).
 
 Bytes per rank and group of ``S`` bytes: reduce-scatter ``(L-1)/L S`` intra, the
 shard's allreduce ``2(M-1)/M S/L`` inter, each all-gather ``(L-1)/L S`` intra
@@ -23,13 +24,10 @@ shard's allreduce ``2(M-1)/M S/L`` inter, each all-gather ``(L-1)/L S`` intra
 ``reduce_scatter.intra``, ``reduce_scatter.inter`` (the shard's cross-node allreduce,
 part of the gradient reduction) and ``all_gather.intra``.
 
-Several gradient reductions may be in flight (the bucket engine). Their first phase
-starts in launch order (the same on every rank), but a rank starts the cross-node
-phase when its own node reduce-scatter completes, which can happen in a different
-order on different ranks; so every reduction takes a ticket when it is created and
-starts its cross-node allreduce only when the earlier tickets have started theirs
-(driving a request drives the earlier ones first, so none waits on one nobody polls),
-as :class:`hpcdp.comm.hierarchical.Hierarchy` orders its phases.
+This module is ZeRO's policy only: which ranks the state is sharded over, and the
+configuration errors (worded from hpcdp.comm.TopologyError's fields); the requests,
+their phase order (tickets, so reductions in flight start their cross-node phase in
+the same order on every rank) and the ledger's link kinds are comm's.
 """
 
 from __future__ import annotations
@@ -58,23 +56,25 @@ def state_ranks(cfg, world) -> int:
     sharding ``HPCDP_RANKS_PER_NODE`` (else the ranks sharing this node's memory)."""
     if getattr(cfg, "shard", "world") != "node":
         return world.size
-    from hpcdp.comm.core.settings import settings
-    per = settings().ranks_per_node or None
+    from hpcdp.comm import ranks_per_node
+    per = ranks_per_node()
     return per if per is not None else max(1, int(getattr(world, "local_size", 1)))
 
 
 class NodeGroups:
-    """The node communicators of hybrid sharding (built collectively at setup):
-    ``node_comm`` (this node's ranks, by rank: reduce-scatters and all-gathers) and
-    ``cross_comm`` (the ranks with this local rank, one per node, by node)."""
+    """The node channels of hybrid sharding (built collectively at setup): ZeRO's
+    policy on hpcdp.comm's two-level channels (:func:`hpcdp.comm.two_level`, duplicates
+    of the node layout's sub-communicators, so nothing else ever matches these
+    collectives' messages): ``node_comm`` (this node's ranks, by rank: reduce-scatters
+    and all-gathers) and ``cross_comm`` (the ranks with this local rank, one per node,
+    by node)."""
 
     def __init__(self, comm, timeout: float | None):
-        from hpcdp.comm import get_context
-        from hpcdp.comm.core.settings import settings
-        from hpcdp.comm.nodes import RANKS_PER_NODE_ENV, duplicate, topology
+        from hpcdp.comm import TopologyError, get_context, ranks_per_node, two_level
+        from hpcdp.comm.core.settings import RANKS_PER_NODE_ENV
 
         size = comm.Get_size()
-        per = settings().ranks_per_node or None
+        per = ranks_per_node()
         if per is not None and size % per:
             raise ConfigError(
                 f'parallel.zero.shard = "node": {RANKS_PER_NODE_ENV}={per} does not divide the {size} '
@@ -82,124 +82,32 @@ class NodeGroups:
                 'parallel.zero.shard = "world"')
         ctx = get_context(comm, timeout)
         try:
-            h = topology(ctx, timeout=timeout)
-        except ValueError as err:  # uneven nodes: every rank raises it (an allreduce decided)
-            detail = str(err).removeprefix("hpcdp.comm topology: ").split("; it needs")[0]
+            self.lv = two_level(ctx, timeout=timeout, what='parallel.zero.shard = "node" setup')
+        except TopologyError as err:  # uneven nodes: every rank raises it (an allreduce decided)
             raise ConfigError(
-                f'parallel.zero.shard = "node" needs the same number of ranks on every node ({detail}): '
-                f'place ranks evenly, set {RANKS_PER_NODE_ENV}, or use parallel.zero.shard = "world"') from None
-        self.nodes, self.per_node = h.nodes, h.per_node
-        self.node, self.local_rank, self.source = h.node, h.local_rank, h.source
-        # Own duplicates: nothing else (a hierarchical allreduce on ZeRO's communicator)
-        # ever matches these collectives' messages.
-        limit = ctx.timeout if timeout is None else timeout
-        self.node_comm = duplicate(ctx, h.local, limit, 'parallel.zero.shard = "node" setup')
-        self.cross_comm = duplicate(ctx, h.cross, limit, 'parallel.zero.shard = "node" setup')
-        self.tickets = self.turn = 0
-        self.active: list = []
+                f'parallel.zero.shard = "node" needs the same number of ranks on every node (nodes have '
+                f"between {err.smallest} and {err.largest} ranks ({err.source})): place ranks evenly, "
+                f'set {RANKS_PER_NODE_ENV}, or use parallel.zero.shard = "world"') from None
+        lv = self.lv
+        self.nodes, self.per_node = lv.nodes, lv.per_node
+        self.node, self.local_rank, self.source = lv.node, lv.local_rank, lv.source
+        self.node_comm, self.cross_comm = lv.local, lv.cross
 
     def describe(self) -> str:
-        return f"{self.nodes} node(s) x {self.per_node} rank(s) ({self.source})"
+        return self.lv.describe()
 
     def reduce_scatter(self, buf, *, ledger, algorithm, timeout, wire=None):
-        return HybridReduce(self, buf, ledger=ledger, algorithm=algorithm, timeout=timeout, wire=wire)
+        """A group's gradient reduction: the node reduce-scatter, then this rank's chunk
+        allreduced across nodes (hpcdp.comm.TwoLevel.ireduce_scatter)."""
+        return self.lv.ireduce_scatter(buf, ledger=ledger, algorithm=algorithm, timeout=timeout,
+                                       wire=wire)
 
     def all_gather(self, buf, *, ledger, algorithm, timeout, wire=None):
-        from hpcdp.comm import iall_gather
-        return iall_gather(buf, comm=self.node_comm, ledger=_kind(ledger, "all_gather.intra"),
-                           algorithm=algorithm, timeout=timeout, wire=wire)
+        return self.lv.iall_gather(buf, ledger=ledger, algorithm=algorithm, timeout=timeout, wire=wire)
 
     def free(self) -> None:
-        for c in (self.node_comm, self.cross_comm):
-            c.Free()
+        self.lv.free()
         self.node_comm = self.cross_comm = None
-
-
-class _LinkKind:
-    """A ledger view that files every record under one link-kind name
-    (``reduce_scatter.intra``, ...), whatever the collective calls itself; any request
-    (hpcdp's rings, MPI's own through the lean path) records through it."""
-
-    def __init__(self, ledger, name: str):
-        self.ledger, self.name = ledger, name
-
-    def record(self, _name, *counts, **kw) -> None:
-        self.ledger.record(self.name, *counts, **kw)
-
-
-def _kind(ledger, name):
-    return None if ledger is None else _LinkKind(ledger, name)
-
-
-class HybridReduce:
-    """One group's gradient reduction: node reduce-scatter, then this rank's chunk
-    allreduced across nodes (in ticket order); ``test()`` drives it."""
-
-    def __init__(self, groups: NodeGroups, buf, *, ledger, algorithm, timeout, wire=None):
-        from hpcdp.comm import ireduce_scatter
-        from hpcdp.shard import shard_range
-
-        self.g, self.buf, self.ledger = groups, buf, ledger
-        self.algorithm, self.timeout_arg, self.wire = algorithm, timeout, wire
-        self.off, self.size = shard_range(int(buf.shape[0]), groups.per_node, groups.local_rank)
-        self.sub = ireduce_scatter(buf, comm=groups.node_comm, op="sum",
-                                   ledger=_kind(ledger, "reduce_scatter.intra"),
-                                   algorithm=algorithm, timeout=timeout, wire=wire)
-        self.timeout = self.sub.timeout
-        self.phase, self.finished = 0, False
-        self.ticket, groups.tickets = groups.tickets, groups.tickets + 1
-        groups.active.append(self)
-        self.result = None
-
-    def _advance(self) -> None:
-        g = self.g
-        while not self.finished:
-            if self.sub is None:  # phase 1 waits for its turn on the cross communicator
-                if g.turn != self.ticket:
-                    return
-                g.turn += 1
-                from hpcdp.comm import iallreduce
-                chunk = self.buf[self.off:self.off + self.size]
-                self.sub = iallreduce(chunk, comm=g.cross_comm, op="sum",
-                                      ledger=_kind(self.ledger, "reduce_scatter.inter"),
-                                      algorithm=self.algorithm, timeout=self.timeout_arg, wire=self.wire)
-            if not self.sub.test():
-                return
-            if self.phase == 1 or g.nodes == 1:
-                if self.phase == 0:
-                    g.turn += 1  # the cross phase of a one-node world is empty
-                self.finished = True
-                g.active.remove(self)
-                self.result = self.buf[self.off:self.off + self.size]
-            else:
-                self.phase, self.sub = 1, None
-
-    def test(self) -> bool:
-        if self.finished:
-            return True
-        for req in list(self.g.active):  # earlier tickets first, then this one
-            req._advance()
-            if req is self:
-                break
-        return self.finished
-
-    def wait(self, timeout: float | None = None):
-        import time
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while not self.test():
-            if time.monotonic() > deadline:
-                self.expire()
-        return self.result
-
-    def expire(self):
-        """The running phase's diagnosis (or the earliest unfinished reduction's)."""
-        sub = self.sub
-        if sub is None:
-            earlier = [r for r in self.g.active if r.ticket < self.ticket and r.sub is not None]
-            sub = earlier[0].sub if earlier else None
-        if sub is None:
-            raise RuntimeError("hybrid ZeRO: a gradient reduction waited for its turn with none running")
-        sub.expire()
 
 
 def link_kind_bytes(delta: dict) -> dict:
@@ -238,4 +146,5 @@ def hybrid_step_bytes(stage: int, group_sizes, nodes: int, per_node: int, node: 
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-__all__ = ["SHARD_CHOICES", "node_groups", "shard_layout", "state_ranks", "link_kind_bytes", "NodeGroups", "HybridReduce", "hybrid_step_bytes"]
+__all__ = ["SHARD_CHOICES", "node_groups", "shard_layout", "state_ranks", "link_kind_bytes", "NodeGroups",
+           "hybrid_step_bytes"]
