@@ -46,6 +46,19 @@ def softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
+def causal_softmax(x, scale):
+    """softmax(x * scale) over the last axis with x[..., i, j], j > i, left out (0)."""
+    x = f64(x)
+    t1, t2 = x.shape[-2:]
+    z = np.where(np.tril(np.ones((t1, t2), dtype=bool)), x * scale, -np.inf)
+    return softmax(z)
+
+
+def causal_softmax_backward(y, gy, scale):
+    """The gradient of causal_softmax with respect to x, y its output (0 where masked)."""
+    return scale * softmax_backward(y, gy)
+
+
 def log_softmax(x):
     x = f64(x)
     m = x.max(-1, keepdims=True)

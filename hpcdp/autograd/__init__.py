@@ -7,8 +7,8 @@ methods on :class:`Tensor` are wired to them here.
 from __future__ import annotations
 
 from . import functional, ops
-from .functional import (causal_mask_fill, causal_self_attention, cross_entropy, dropout,
-                         embedding, layer_norm, linear)
+from .functional import (causal_mask_fill, causal_self_attention, causal_self_attention_qkv,
+                         cross_entropy, dropout, embedding, layer_norm, linear)
 from .ops import (add, concatenate, div, exp, gelu, getitem, log, log_softmax, matmul, mean,
                   mul, neg, relu, reshape, softmax, sqrt, sub, tanh, transpose)
 from .tensor import Parameter, Tensor, is_grad_enabled, no_grad
@@ -53,5 +53,5 @@ __all__ = [
     "add", "sub", "mul", "div", "neg", "matmul", "sum_", "mean", "max_", "reshape",
     "transpose", "getitem", "concatenate", "exp", "log", "sqrt", "tanh", "relu", "gelu",
     "softmax", "log_softmax", "linear", "cross_entropy", "layer_norm", "embedding",
-    "dropout", "causal_mask_fill", "causal_self_attention",
+    "dropout", "causal_mask_fill", "causal_self_attention", "causal_self_attention_qkv",
 ]

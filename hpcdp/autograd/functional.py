@@ -186,15 +186,67 @@ def causal_mask_fill(x, value=float("-inf")):
                        lambda gy: (be.causal_mask_fill(gy, 0.0),))
 
 
+def _attention(be, q, k, v, scale, dropout_p, key, training):
+    """Forward on arrays (..., T, d): (out, backward(go) -> (gq, gk, gv)).
+
+    The scale, causal mask and softmax are one backend call (a fused kernel on the
+    CPU); the probabilities are the only (T, T) array kept for backward."""
+    p = be.causal_softmax(be.matmul(q, k, False, True), scale)
+    mask = None
+    if training and dropout_p:
+        mask = be.dropout_mask(p.shape, dropout_p, seed=key["seed"], step=key["step"],
+                               layer=key["layer"], samples=key["samples"])
+    pd = p if mask is None else be.mul(p, mask)
+
+    def backward(go):
+        gpd = be.matmul(go, v, False, True)
+        gv = be.matmul(pd, go, True, False)
+        gs = be.causal_softmax_backward(p, gpd if mask is None else be.mul(gpd, mask), scale)
+        return be.matmul(gs, k), be.matmul(gs, q, True, False), gv
+    return be.matmul(pd, v), backward
+
+
 @op
 def causal_self_attention(q, k, v, dropout_p=0.0, key=None, training=True):
     """softmax(q k^T / sqrt(d) masked causally) v over (B, H, T, d) tensors;
-    ``key``: the attention dropout's random stream (see :func:`dropout`)."""
+    ``key``: the attention dropout's random stream (see :func:`dropout`). One graph
+    node: the scaled causal softmax is one backend call."""
     if not (q.shape == k.shape == v.shape) or q.ndim != 4:
         raise ValueError(f"causal_self_attention: q, k, v must share one (B, H, T, d) "
                          f"shape, got {q.shape}, {k.shape}, {v.shape}")
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    att = ops.mul(ops.matmul(q, k, trans_b=True), scale)  # (B, H, T, T)
-    att = ops.softmax(causal_mask_fill(att))
-    att = dropout(att, dropout_p, key, training)
-    return ops.matmul(att, v)
+    be = q.backend
+    out, bwd = _attention(be, q.data, k.data, v.data, 1.0 / math.sqrt(q.shape[-1]),
+                          dropout_p, key, training)
+
+    def backward(go):
+        gq, gk, gv = bwd(go)
+        return (gq if q.requires_grad else None, gk if k.requires_grad else None,
+                gv if v.requires_grad else None)
+    return make_result(out, be, (q, k, v), backward)
+
+
+@op
+def causal_self_attention_qkv(qkv, n_head, dropout_p=0.0, key=None, training=True):
+    """Multi-head causal self-attention straight from the QKV projection: ``qkv``
+    (B, T, 3C) laid out [q | k | v], each C = n_head * d wide, to (B, T, C) with the
+    heads merged, as :func:`causal_self_attention` on the split heads followed by the
+    merge, in one graph node. The heads are split by one copy to (3, B, H, T, d) and
+    q, k, v are views of it; backward writes the three gradients into one buffer
+    and copies it back to (B, T, 3C) once (no per-slice zero arrays and sums)."""
+    if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
+        raise ValueError(f"causal_self_attention_qkv: qkv must be (B, T, 3C) with C divisible "
+                         f"by n_head = {n_head}, got shape {qkv.shape}")
+    be = qkv.backend
+    b, t, c3 = qkv.shape
+    c = c3 // 3
+    d = c // n_head
+    heads = be.transpose(be.reshape(qkv.data, (b, t, 3, n_head, d)), (2, 0, 3, 1, 4))
+    q, k, v = (be.getitem(heads, i) for i in range(3))
+    out, bwd = _attention(be, q, k, v, 1.0 / math.sqrt(d), dropout_p, key, training)
+    y = be.reshape(be.transpose(out, (0, 2, 1, 3)), (b, t, c))
+
+    def backward(gy):
+        go = be.transpose(be.reshape(gy, (b, t, n_head, d)), (0, 2, 1, 3))
+        g3 = be.concatenate([be.reshape(g, (1, b, n_head, t, d)) for g in bwd(go)], 0)
+        return (be.reshape(be.transpose(g3, (1, 3, 0, 2, 4)), (b, t, c3)),)
+    return make_result(y, be, (qkv,), backward)

@@ -13,9 +13,9 @@ reads one attribute per call and does nothing else while no profile records, so 
 computed values are the same bit for bit with the profile on or off.
 
 What is recorded:
-- forward: each op call, timed exclusively (an op that calls other ops, such as
-  ``causal_self_attention``, counts only its own code; its inner ops are recorded
-  with ``within`` set to the outermost op's name);
+- forward: each op call, timed exclusively (an op that calls other ops counts only
+  its own code; its inner ops are recorded with ``within`` set to the outermost op's
+  name);
 - backward: each op node's closure plus the handling of its parents' gradients
   (accumulation into parameter grads included), under the op that made the node
   (and the ``within`` its forward had);

@@ -187,6 +187,16 @@ class Backend(ABC):
     def causal_mask_fill(self, x, value):
         """x[..., i, j] = value where j > i (last two axes); returns a new array."""
 
+    def causal_softmax(self, x, scale):
+        """softmax(x * scale) over the last axis with x[..., i, j] for j > i left out
+        (probability 0): attention's scale, causal mask and softmax. This default
+        composes the primitives; a backend may fuse them."""
+        return self.softmax(self.causal_mask_fill(self.mul(x, scale), float("-inf")))
+
+    def causal_softmax_backward(self, y, gy, scale):
+        """The gradient of :meth:`causal_softmax` with respect to x, y its output."""
+        return self.mul(self.causal_mask_fill(self.softmax_backward(y, gy), 0.0), scale)
+
     @abstractmethod
     def cross_entropy(self, logits, targets, ignore_index=None):
         """Mean negative log-likelihood of int targets over rows of (N, C) logits.

@@ -1,6 +1,7 @@
 """CPU backend: NumPy/BLAS for shapes, elementwise math and matmul; numba.njit fused
-kernels (cpu_kernels.py) for GELU (around NumPy's SIMD tanh), softmax, cross-entropy,
-LayerNorm, embedding backward and the optimizer updates.
+kernels (cpu_kernels.py) for GELU (float32: one pass with the kernels' own SIMD exp;
+float64: around NumPy's tanh), softmax, attention's scaled causal softmax,
+cross-entropy, LayerNorm, embedding backward and the optimizer updates.
 
 Arrays are plain ``numpy.ndarray``. Matmul passes transposes to BLAS as flags
 (``a.swapaxes(-1, -2) @ b`` is a strided view, not a copy). Unlike the contract's
@@ -188,7 +189,11 @@ class CPUBackend(Backend):
     def gelu(self, x, mode="tanh"):
         x = np.ascontiguousarray(x)
         xf = x.reshape(-1)
-        if _gelu_mode(mode) == "exact":
+        if _gelu_mode(mode) == "tanh" and x.dtype == np.float32:
+            y = np.empty_like(xf)
+            K.gelu_f32(xf, y)  # one pass, its own SIMD exp
+            return y.reshape(x.shape)
+        if mode == "exact":
             y = np.empty_like(xf)
             K.gelu_exact(xf, y)
             return y.reshape(x.shape)
@@ -204,7 +209,10 @@ class CPUBackend(Backend):
         gy = np.ascontiguousarray(gy, dtype=x.dtype)
         xf = x.reshape(-1)
         gx = np.empty_like(xf)
-        if _gelu_mode(mode) == "exact":
+        if _gelu_mode(mode) == "tanh" and x.dtype == np.float32:
+            K.gelu_bwd_f32(xf, gy.reshape(-1), gx)
+            return gx.reshape(x.shape)
+        if mode == "exact":
             K.gelu_exact_bwd(xf, gy.reshape(-1), gx)
             return gx.reshape(x.shape)
         t = self._gelu_tanh(xf)
@@ -268,6 +276,25 @@ class CPUBackend(Backend):
         y = np.empty(x3.shape, dtype=x.dtype)
         K.causal_fill(x3, y.dtype.type(value), y)
         return y.reshape(shape)
+
+    def causal_softmax(self, x, scale):
+        if x.dtype != np.float32 or x.ndim < 2:
+            return super().causal_softmax(x, scale)
+        shape = x.shape
+        x3 = np.ascontiguousarray(x).reshape((-1,) + tuple(shape[-2:]))
+        y = np.empty(x3.shape, dtype=x.dtype)
+        K.causal_softmax_f32(x3, np.float32(scale), y)
+        return y.reshape(shape)
+
+    def causal_softmax_backward(self, y, gy, scale):
+        if y.dtype != np.float32 or y.ndim < 2:
+            return super().causal_softmax_backward(y, gy, scale)
+        shape = y.shape
+        y3 = np.ascontiguousarray(y).reshape((-1,) + tuple(shape[-2:]))
+        g3 = np.ascontiguousarray(gy, dtype=y.dtype).reshape(y3.shape)
+        gx = np.empty(y3.shape, dtype=y.dtype)
+        K.causal_softmax_bwd_f32(y3, g3, np.float32(scale), gx)
+        return gx.reshape(shape)
 
     def _check_targets(self, targets, n, c, ignore_index):
         if targets.ndim != 1 or targets.shape[0] != n:

@@ -290,7 +290,8 @@ _HPCDP_GROUP = {"matmul": "matmul", "linear": "matmul", "layer_norm": "layer nor
 
 def hpcdp_group(op: str, within: str) -> str:
     """The group of an hpcdp op (``within``: the op it ran inside, e.g. attention's matmuls)."""
-    if within == "causal_self_attention" or op in ("causal_self_attention", "softmax", "causal_mask_fill"):
+    if within.startswith("causal_self_attention") or op.startswith("causal_self_attention") or op in (
+            "softmax", "causal_mask_fill"):
         return "attention"
     return _HPCDP_GROUP.get(op, "other")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 from ..autograd import functional as F
-from ..autograd import ops
 from .module import Module
 
 
@@ -79,8 +78,8 @@ class Dropout(Module):
 
 class CausalSelfAttention(Module):
     """Multi-head self-attention with a causal mask, built from the ops:
-    one QKV projection, softmax(q k^T / sqrt(d)) with ``causal_mask_fill``, output
-    projection. ``proj_std`` scales the residual projection (GPT-2)."""
+    one QKV projection, softmax(q k^T / sqrt(d)) masked causally (one fused op from
+    the projection's output to the merged heads), output projection. ``proj_std`` scales the residual projection (GPT-2)."""
 
     def __init__(self, reg, name, n_embd, n_head, *, proj_std, dropout=0.0):
         if n_embd % n_head:
@@ -92,15 +91,11 @@ class CausalSelfAttention(Module):
         self.resid_drop = Dropout(reg, dropout)
 
     def forward(self, x):
-        b, t, c = x.shape
-        h = self.n_head
+        b, h = x.shape[0], self.n_head
         qkv = self.c_attn(x)                                      # (B, T, 3C)
-        qkv = ops.transpose(ops.reshape(qkv, (b, t, 3, h, c // h)), (2, 0, 3, 1, 4))
-        q, k, v = qkv[0], qkv[1], qkv[2]                          # (B, H, T, d) each
         p = self.attn_drop.p if self.training else 0.0
         key = self.attn_drop.key(b) if p else None
-        y = F.causal_self_attention(q, k, v, p, key, self.training)
-        y = ops.reshape(ops.transpose(y, (0, 2, 1, 3)), (b, t, c))
+        y = F.causal_self_attention_qkv(qkv, h, p, key, self.training)  # (B, T, C)
         return self.resid_drop(self.c_proj(y))
 
 

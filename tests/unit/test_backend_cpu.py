@@ -212,6 +212,47 @@ def test_causal_mask_then_softmax(dtype, shape):
     assert np.all(p[..., ~keep] == 0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 6), (3, 6, 4)])
+def test_causal_softmax_fused_and_its_backward(dtype, shape):
+    # attention's scale + causal mask + softmax in one call (float32: the fused kernel
+    # with its own exp; float64: the composed primitives), against float64 NumPy
+    x = rand(*shape, seed=10, dtype=dtype) * 8
+    scale = 0.3
+    t1, t2 = shape[-2:]
+    keep = np.tril(np.ones((t1, t2), dtype=bool))
+    p = be.causal_softmax(x, scale)
+    assert p.dtype == dtype and p.shape == x.shape
+    z = np.where(keep, x.astype(np.float64) * scale, -np.inf)
+    e = np.exp(z - z.max(-1, keepdims=True))
+    want = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(p, want, **tol(dtype))
+    assert np.all(p[..., ~keep] == 0)
+    gy = rand(*shape, seed=11, dtype=dtype)
+    g = be.causal_softmax_backward(p, gy, scale)
+    gy64 = gy.astype(np.float64)
+    gwant = scale * want * (gy64 - (gy64 * want).sum(-1, keepdims=True))
+    np.testing.assert_allclose(g, gwant, **tol(dtype))
+    assert np.all(g[..., ~keep] == 0)
+
+
+def test_float32_exp_and_gelu_kernels_stay_close_to_float64():
+    # the float32 kernels' own exp (Cephes expf + a bit cast): within 2 ulp over its
+    # range, NaN stays NaN; GELU through it within a few float32 ulp of float64's
+    from hpcdp.backend import cpu_kernels as K
+    x = np.linspace(-30, 30, 20001).astype(np.float32)
+    x = np.concatenate([x, np.array([np.nan, -1e30, 1e30, 0.0], np.float32)])
+    y = be.gelu(x)
+    x64 = x.astype(np.float64)
+    ref = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    assert np.isnan(y[-4]) and y[-1] == 0.0 and y[-2] == np.float32(1e30)
+    np.testing.assert_allclose(y[:-4], ref[:-4], rtol=2e-6, atol=1e-7)
+    z = np.linspace(-80, 80, 4001).astype(np.float32)
+    e = np.array([K.exp_f32(v) for v in z], np.float32)
+    np.testing.assert_allclose(e, np.exp(z.astype(np.float64)), rtol=2.5e-7)
+    assert np.isnan(K.exp_f32(np.float32(np.nan)))
+
+
 def test_row_kernels_propagate_nan_to_their_row_only():
     # the fast-math kernels reorder sums but must not assume NaN-free inputs
     x = rand(4, 33, seed=12, dtype=np.float32)

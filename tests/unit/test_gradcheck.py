@@ -142,6 +142,17 @@ def test_causal_mask_and_attention():
     assert gradcheck(lambda: ops.softmax(F.causal_mask_fill(s)), [s]) < TOL
 
 
+def test_attention_from_qkv_projection():
+    # the fused op from (B, T, 3C) to merged heads (B, T, C), and that it is the split
+    # heads' attention
+    qkv = leaf(2, 4, 12, seed=25)
+    assert gradcheck(lambda: F.causal_self_attention_qkv(qkv, 2), [qkv]) < TOL
+    heads = ops.transpose(ops.reshape(qkv, (2, 4, 3, 2, 2)), (2, 0, 3, 1, 4))
+    y = F.causal_self_attention(heads[0], heads[1], heads[2])
+    y = ops.reshape(ops.transpose(y, (0, 2, 1, 3)), (2, 4, 4))
+    np.testing.assert_allclose(F.causal_self_attention_qkv(qkv, 2).data, y.data, rtol=1e-13)
+
+
 def test_whole_mlp():
     m = MLP([6, 8, 7, 3], "relu", seed=0, dtype="float64")
     x = np.random.default_rng(1).standard_normal((5, 6))
