@@ -26,13 +26,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.auto import generation, native_below
-from hpcdp.comm.core.settings import settings
+from hpcdp.comm.core.settings import generation
+from hpcdp.comm.select import lean_bound
 from hpcdp.comm.engines.compiled import lean
 from hpcdp.comm.core.context import KNOWN, known_context
 from hpcdp.comm.core.diagnose import diagnose
 from hpcdp.comm.core.errors import mpi_error
-from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES
 from hpcdp.comm.engines.mpi import _TYPES, FastRequest, _bounds, _chunk, _mean, spin
 from hpcdp.shard import shard_range
 
@@ -48,30 +47,6 @@ _SPECS = {"sum": (MPI.SUM, False), "mean": (MPI.SUM, True), "max": (MPI.MAX, Fal
           "min": (MPI.MIN, False)}
 _REFUSED = (BufferError, ValueError, TypeError)
 IN_PLACE = MPI.IN_PLACE
-
-
-def _bound(ctx, collective, algorithm) -> int:
-    """Largest byte size + 1 the lean path takes for ``algorithm`` (cached on ctx until
-    hpcdp.comm.auto.forget: a bound cached before HPCDP_PROFILE was set must not send
-    one rank to MPI's own collective while another follows the cost model)."""
-    bounds = ctx.lean_bounds
-    gen = generation()
-    if bounds.get("generation") != gen:
-        bounds.clear()
-        bounds["generation"] = gen
-    key = (collective, algorithm)
-    bound = bounds.get(key)
-    if bound is None:
-        if algorithm == "auto":  # what [comm] says "auto" runs (hpcdp.comm.select.configured)
-            algorithm = settings().algorithm(collective)
-        if algorithm == "native":
-            bound = MAX_MESSAGE_BYTES
-        elif algorithm == "auto":
-            bound = native_below(collective, ctx.size)
-        else:
-            bound = 0
-        ctx.lean_bounds[key] = bound
-    return bound
 
 
 def signature(ctx, collective, op, algorithm, dtype):
@@ -98,7 +73,7 @@ def signature(ctx, collective, op, algorithm, dtype):
     if collective == "all_gather":
         spec = _SPECS["sum"]  # no op: the datatype alone matters
     T = _TYPES.get(dtype.char) if dtype.isnative else None  # MPI reads native byte order
-    bound = _bound(ctx, collective, algorithm)
+    bound = lean_bound(ctx, collective, algorithm)  # the chooser's (hpcdp.comm.select)
     hit = None
     if spec is not None and T is not None and bound != 0:
         # the blocking calls' compiled call (hpcdp.comm.engines.compiled.lean), or None: mpi4py

@@ -123,8 +123,8 @@ def test_lean_path_follows_the_crossover(comm):
     N = comm.Get_size()
     if N == 1:
         pytest.skip("one rank: every call is done at once")
-    from hpcdp.comm.auto import native_below
-    bound = native_below("allreduce", N)
+    from hpcdp.comm.select import lean_bound
+    bound = lean_bound(get_context(comm), "allreduce", "auto")
     big = np.ones(bound // 4, dtype=np.float32)
     req = iallreduce(big, comm=comm)
     assert not isinstance(req, fast.FastRequest)

@@ -103,7 +103,9 @@ class CommContext:
         self.pool = BufferPool()
         self.shard_cache: dict = {}  # n -> counts/displacements for MPI's v-collectives
         self.ctrl_reqs: list = []    # control requests in flight (their buffers stay alive)
-        self.lean_bounds: dict = {}  # (collective, algorithm) -> bytes bound of hpcdp.comm.fast
+        # hpcdp.comm.select: the chooser's decisions (call signature -> Plan, ("lean",
+        # collective, algorithm) -> the small-message bound), for the settings' "generation"
+        self.plans: dict = {}
         # hpcdp.comm.fast.signature: (collective, op, algorithm, dtype) -> the lean decision,
         # valid for hpcdp.comm.auto.generation() == lean_gen
         self.lean_sigs: dict = {}
@@ -297,7 +299,7 @@ def forget(comm, *, free: bool = True) -> None:
                 except Exception:  # noqa: BLE001 - already freed or unusable: dropped anyway
                     pass
         c.derived, c.topology, c.extra = [], None, {}
-        c.compiled_plans, c.blocking_plans, c.lean_sigs, c.lean_bounds = {}, {}, {}, {}
+        c.compiled_plans, c.blocking_plans, c.lean_sigs, c.plans = {}, {}, {}, {}
         c.lean_calls = ({}, {}, {})
 
 
