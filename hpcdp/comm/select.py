@@ -30,7 +30,7 @@ from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.auto import TABLE, choose
 from hpcdp.comm.core.context import get_context
 from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES
-from hpcdp.comm.core.settings import generation, settings
+from hpcdp.comm.core.settings import generation, once, settings
 
 log = logging.getLogger("hpcdp.comm")
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
@@ -65,17 +65,16 @@ def configured(collective: str, algorithm: str) -> str:
     return settings().algorithm(collective)
 
 
-def _plans(ctx) -> dict:
-    """``ctx``'s cached decisions (``CommContext.plans``), dropped when the settings
-    change (hpcdp.comm.core.settings.generation) and by hpcdp.comm.forget."""
+def plans_of(ctx) -> dict:
+    """``ctx``'s cached decisions (``CommContext.plans``: call signature -> Plan, the
+    small-message bound, hpcdp.comm.fast's per-signature MPI datatype and op), dropped
+    when the settings change (``CommContext.plans_gen`` against
+    hpcdp.comm.core.settings.generation), past 4096 entries, and by hpcdp.comm.forget."""
     plans = ctx.plans
     gen = generation()
-    if plans.get("generation") != gen:
+    if ctx.plans_gen != gen or len(plans) > _MAX_PLANS:
         plans.clear()
-        plans["generation"] = gen
-    elif len(plans) > _MAX_PLANS:
-        plans.clear()
-        plans["generation"] = gen
+        ctx.plans_gen = gen
     return plans
 
 
@@ -125,7 +124,7 @@ def lean_bound(ctx, collective: str, algorithm: str) -> int:
     path's one test (hpcdp.comm.fast). A bound cached before the settings changed is
     dropped with them (one rank must not take MPI's collective while another follows
     the cost model)."""
-    plans = _plans(ctx)
+    plans = plans_of(ctx)
     key = ("lean", collective, algorithm)
     bound = plans.get(key)
     if bound is not None:
@@ -151,11 +150,12 @@ def lean_bound(ctx, collective: str, algorithm: str) -> int:
 
 
 def decide(ctx, collective: str, algorithm: str, nbytes: int, dtype, op=None, *, wire=None,
-           overlap: bool = False, host: bool = True, max_message_bytes=None,
+           overlap: bool = False, host: int = 2, max_message_bytes=None,
            timeout=None) -> Plan:
     """The plan of one call on ``ctx`` (module docstring), cached per signature on the
-    context. ``op``: a hpcdp.comm.core.ops.Op or None (all-gather); ``host``: numpy
-    buffers (device arrays run on the Python schedules or MPI's own). Raises what the
+    context. ``op``: a hpcdp.comm.core.ops.Op or None (all-gather); ``host``: 2 plain
+    numpy buffers, 1 numpy subclasses (not the compiled ring), 0 device arrays (the
+    Python schedules or MPI's own, no 16-bit wire). Raises what the
     call asks for that cannot run (a wire on another algorithm, MPI's own on a
     byte-swapped dtype). Collective the first time a machine profile needs the
     communicator's topology."""
@@ -163,7 +163,7 @@ def decide(ctx, collective: str, algorithm: str, nbytes: int, dtype, op=None, *,
     op_key = None if op is None else (op.name if op.builtin else op)
     key = (collective, algorithm, nbytes, dtype.str, dtype.char, op_key, wire, overlap, host,
            max_message_bytes)
-    plans = _plans(ctx)
+    plans = plans_of(ctx)
     try:
         hit = plans.get(key)
     except TypeError:  # an unhashable user op: decided each call
@@ -225,19 +225,14 @@ def _ring_compiled(ctx, w, dtype, op, host) -> bool:
     if engine_name(ctx) != "compiled":
         return False
     if w is not None:
-        told = _TOLD
-        if not told:
-            told.append(True)
+        if once(("select", "wire on the Python ring")):
             log.info("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
                      "collectives run on the Python ring", w.name)
         return False
     if compiled_engine() is None:
         return False
-    return (host and dtype.char in _COMPILED_KINDS and dtype.isnative
+    return (host == 2 and dtype.char in _COMPILED_KINDS and dtype.isnative
             and (op is None or (op.builtin and op.name in _COMPILED_OPS)))
-
-
-_TOLD: list = []  # the 16-bit wire's info line, once per process
 
 
 def plan(collective: str, nbytes: int, *, comm, dtype="float32", op="sum", algorithm="auto",
@@ -283,5 +278,5 @@ def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
     return formula(n, N, rank, itemsize)
 
 
-__all__ = ["Plan", "plan", "decide", "prepare", "lean_bound", "overlap_algorithm", "wire_algorithm",
+__all__ = ["Plan", "plan", "decide", "prepare", "lean_bound", "plans_of", "overlap_algorithm", "wire_algorithm",
            "byte_order", "configured", "collective_bytes"]

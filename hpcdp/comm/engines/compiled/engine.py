@@ -1,19 +1,18 @@
-"""Engine selection: which code runs hpcdp's ring, the Python one or the compiled one.
+"""The engine asked for per communicator, the process's compiled engine, and the
+ring's launch on the engine a plan names.
 
-``HPCDP_COMM_ENGINE`` (``compiled``, the default, or ``python``, read when a
-communicator's context is first used) or :func:`set_engine` per communicator. ``compiled`` runs
-the ring collectives (reduce-scatter, all-gather, allreduce) through
-hpcdp.comm.engines.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
-It takes host numpy buffers of native byte order with a built-in op (sum, mean,
-max, min) and a dtype compiled code handles (8- to 64-bit integers, float16,
-float32, float64); any other call (a callable op, long double, a device array) runs on the
-Python ring, as does everything when the MPI library cannot be bound
-(hpcdp.comm.engines.compiled.binding): then one line in the log says why, once per process.
-A 16-bit wire (hpcdp.comm.engines.wire) runs on the Python ring too (its per-segment
-conversion is not in the compiled state machine): one info line, once per process.
+``[comm] engine`` (``HPCDP_COMM_ENGINE`` overrides it: ``compiled``, the default, or
+``python``; read when a communicator's context is first used) or :func:`set_engine` per
+communicator says who should run hpcdp's ring. ``compiled`` runs the ring collectives
+(reduce-scatter, all-gather, allreduce) through hpcdp.comm.engines.compiled: bit-for-bit
+the Python ring's results, ledger and timeouts. Which calls it takes (host numpy buffers
+of native byte order, a built-in op, a dtype compiled code handles, no 16-bit wire) is
+the chooser's rule (hpcdp.comm.select); everything runs on the Python ring when the MPI
+library cannot be bound (hpcdp.comm.engines.compiled.binding): then one line in the log
+says why, once per process.
 
-:func:`ring_request` launches the ring on the engine the chooser's plan names
-(hpcdp.comm.select decides, per call signature, which calls run compiled).
+:func:`ring_request` launches the ring on the engine the chooser's plan names; it makes
+no choice of its own.
 """
 
 from __future__ import annotations

@@ -324,7 +324,7 @@ def set_lean_path(comm, name: str) -> None:
         raise ValueError(f"lean path must be one of {PATHS}, got {name!r}")
     ctx = get_context(comm)
     ctx.lean_path = name
-    ctx.lean_sigs.clear()  # (hpcdp.comm.fast.signature decides again)
+    ctx.plans.clear()  # (hpcdp.comm.fast.signature decides again)
     for calls in ctx.lean_calls:  # (and its ready calls were made for the old path)
         calls.clear()
 
