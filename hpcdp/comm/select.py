@@ -153,17 +153,20 @@ def decide(ctx, collective: str, algorithm: str, nbytes: int, dtype, op=None, *,
            overlap: bool = False, host: int = 2, max_message_bytes=None,
            timeout=None) -> Plan:
     """The plan of one call on ``ctx`` (module docstring), cached per signature on the
-    context. ``op``: a hpcdp.comm.core.ops.Op or None (all-gather); ``host``: 2 plain
-    numpy buffers, 1 numpy subclasses (not the compiled ring), 0 device arrays (the
-    Python schedules or MPI's own, no 16-bit wire). Raises what the
-    call asks for that cannot run (a wire on another algorithm, MPI's own on a
+    context. ``dtype``: a numpy dtype object; ``op``: a hpcdp.comm.core.ops.Op or None
+    (all-gather); ``host``: 2 plain numpy buffers, 1 numpy subclasses (not the compiled
+    ring), 0 device arrays (the Python schedules or MPI's own, no 16-bit wire). Raises
+    what the call asks for that cannot run (a wire on another algorithm, MPI's own on a
     byte-swapped dtype). Collective the first time a machine profile needs the
     communicator's topology."""
-    dtype = np.dtype(dtype)
     op_key = None if op is None else (op.name if op.builtin else op)
-    key = (collective, algorithm, nbytes, dtype.str, dtype.char, op_key, wire, overlap, host,
+    # (the dtype object: byte order counts; the type code too: numpy's uint64 'L' and 'Q'
+    # compare equal)
+    key = (collective, algorithm, nbytes, dtype, dtype.char, op_key, wire, overlap, host,
            max_message_bytes)
-    plans = plans_of(ctx)
+    plans = ctx.plans
+    if ctx.plans_gen != generation():
+        plans = plans_of(ctx)
     try:
         hit = plans.get(key)
     except TypeError:  # an unhashable user op: decided each call
@@ -173,7 +176,7 @@ def decide(ctx, collective: str, algorithm: str, nbytes: int, dtype, op=None, *,
     hit = _decide(ctx, collective, algorithm, nbytes, dtype, op, wire, overlap, host,
                   max_message_bytes, timeout)
     if key is not None:
-        plans[key] = hit
+        plans_of(ctx)[key] = hit  # (dropped past its size: plans_of)
     return hit
 
 
@@ -246,7 +249,7 @@ def plan(collective: str, nbytes: int, *, comm, dtype="float32", op="sum", algor
         raise ValueError(f"plan: collective must be allreduce, reduce_scatter or all_gather, "
                          f"got {collective!r}")
     ctx = get_context(comm, timeout)
-    return decide(ctx, collective, algorithm, int(nbytes), dtype,
+    return decide(ctx, collective, algorithm, int(nbytes), np.dtype(dtype),
                   None if collective == "all_gather" else resolve(op), wire=wire,
                   overlap=overlap, timeout=timeout)
 
