@@ -5,8 +5,9 @@ hierarchical.py) and one :class:`Algorithm` line in :func:`_builtin` below, whic
 
 - ``start(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes,
   max_message_bytes) -> Request``: launch it (hpcdp.comm.collectives calls it once the
-  arguments are checked and the ranks arrived); ``None`` where collectives.py still
-  launches it itself (reduce-scatter and all-gather, ring and native only). A
+  arguments are checked and the ranks arrived); ``None`` for the ring and MPI's own
+  reduce-scatter / all-gather, which the front launches on the engine its plan names
+  (hpcdp.comm.select: the Python or compiled ring, MPI's own). A
   reduce-scatter's start takes ``src, out, in_place, result, op`` (``out``: this rank's
   ring chunk, a view of ``src`` in place), an all-gather's ``full, result`` (``full``
   holds this rank's chunk in position), each with ``segment_bytes`` and
@@ -81,7 +82,6 @@ def _builtin() -> None:
     """hpcdp's own algorithms (imported on first use), their prices and which ones the
     model may pick from hpcdp.comm.model.cost.PRICES."""
     from hpcdp.comm import hier_shard, hierarchical, native
-    from hpcdp.comm.engines.compiled import engine
     from hpcdp.comm.model import volume as V
     from hpcdp.comm.schedules import bruck, halving, recursive
 
@@ -90,7 +90,7 @@ def _builtin() -> None:
         return Algorithm(collective, name, start, formula, cost, picks)
 
     for a in (
-        alg("allreduce", "ring", engine.start_ring_allreduce, V.ring_allreduce_bytes),
+        alg("allreduce", "ring", None, V.ring_allreduce_bytes),
         alg("allreduce", "recursive", recursive.start_allreduce, V.recursive_allreduce_bytes),
         alg("allreduce", "native", native.start_allreduce, V.native_allreduce_bytes),
         alg("allreduce", "hierarchical", hierarchical.start_allreduce, None),

@@ -24,21 +24,23 @@ algorithms are refused). hpcdp.comm.engines.wire says where rounding happens.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm import fast, hierarchical
 from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.algorithms import get as get_algorithm
-from hpcdp.comm.auto import choose, choose_allreduce
 from hpcdp.comm.core.context import get_context, get_context_if_any
 from hpcdp.comm.core.errors import mpi_error
 from hpcdp.comm.native import native_all_gather, native_reduce_scatter
 from hpcdp.comm.core.ops import resolve
-from hpcdp.comm.select import configured, overlap_algorithm
-from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES, DoneRequest, GenRequest
+from hpcdp.comm.select import decide, overlap_algorithm
+from hpcdp.comm.core.requests import DoneRequest, GenRequest
 from hpcdp.comm.engines.compiled import blocking
-from hpcdp.comm.engines.compiled.engine import blocking_call, ring_request
+from hpcdp.comm.engines.compiled.engine import ring_request
+from hpcdp.comm.engines.wire import wire_format
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 from hpcdp.shard import shard_range
 
@@ -105,46 +107,62 @@ def _host(sendbuf, recvbuf) -> bool:
     return isinstance(sendbuf, np.ndarray) and (recvbuf is None or isinstance(recvbuf, np.ndarray))
 
 
+def _kind(*bufs) -> int:
+    """What the chooser needs to know of the buffers (hpcdp.comm.select.decide's
+    ``host``): 2 plain numpy arrays, 1 numpy arrays of a subclass, 0 device arrays."""
+    kind = 2
+    for b in bufs:
+        if b.__class__ is not np.ndarray:
+            if not isinstance(b, np.ndarray):
+                return 0
+            kind = 1
+    return kind
+
+
 def _staged(fn, sendbuf, recvbuf, comm, kwargs):
     from hpcdp.comm.core.device import maybe_stage
     return maybe_stage(fn, sendbuf, recvbuf, comm, kwargs)
 
 
-def _byte_order(algo, algorithm, dtype, what):
-    """MPI's own collectives read native byte order only: "auto" takes the ring for a
-    byte-swapped dtype (NumPy adds it correctly), an explicit "native" is refused."""
-    if algo != "native" or np.dtype(dtype).isnative:
-        return algo
-    if algorithm == "native":
-        raise ValueError(f"{what}: algorithm='native' (MPI's own) needs native byte order, got "
-                         f"dtype {np.dtype(dtype).str}; convert with .astype({np.dtype(dtype).name!r}) "
-                         "or use algorithm='ring'")
-    return "ring"
+def _device_scratch(ctx, like):
+    from hpcdp.comm.core.device import device_scratch
+    return device_scratch(ctx, like.size, like.dtype)
 
 
-def _wire(wire, buf, algorithm, what):
-    """(the 16-bit hpcdp.comm.engines.wire.Wire or None, the algorithm that carries it)."""
-    if wire is None or wire == "float32":
-        return None, algorithm
-    from hpcdp.comm.engines.wire import wire_algorithm, wire_format
-    w = wire_format(wire, getattr(buf, "dtype", None), what)
-    return w, wire_algorithm(w, algorithm, what)
+# A blocking front's start (the request is waited on at once): the compiled ring then
+# runs in the caller's thread, not the progress thread's (hpcdp.comm.engines.compiled.engine
+# .ring_request). Thread-local, so that a collective the start runs inside (a staged
+# device call, the hierarchical allreduce's first phase) knows it too.
+_LOCAL = threading.local()
 
 
-def _staged_wire(staged, w, what):
-    if staged is None and w is not None:
-        raise ValueError(f"{what}: a {w.name} wire converts on the host; with CUDA-aware MPI the "
-                         "device buffers go to MPI directly: use wire='float32' or set "
-                         "HPCDP_CUDA_AWARE=0 (host staging)")
-    return staged
+def blocking_call(start, *args, **kwargs):
+    """``start(*args, **kwargs)`` (an ``i*`` collective) for a blocking call."""
+    _LOCAL.blocking = True
+    try:
+        return start(*args, **kwargs)
+    finally:
+        _LOCAL.blocking = False
 
 
-def _lean(algo, op, max_message_bytes, nbytes, buf) -> bool:
-    """MPI's own collective through hpcdp.comm.fast: host buffer, built-in op,
-    one message (the general native path cuts messages and runs user ops)."""
-    return (algo == "native" and op.builtin and max_message_bytes is None
-            and nbytes < MAX_MESSAGE_BYTES and isinstance(buf, np.ndarray))
+def _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes, **bufs):
+    """Run ``plan`` (hpcdp.comm.select.Plan) on checked buffers: the ring on the plan's
+    engine, or the algorithm's registered start (hpcdp.comm.algorithms)."""
+    if plan.algorithm == "ring":
+        return ring_request(ctx, plan.collective, call, ledger, timeout,
+                            segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+                            wire=wire_format(plan.wire, np.float32), engine=plan.engine,
+                            blocking=getattr(_LOCAL, "blocking", False), **bufs)
+    return get_algorithm(plan.collective, plan.algorithm).start(
+        ctx, call, ledger, timeout, segment_bytes=segment_bytes,
+        max_message_bytes=max_message_bytes, **bufs)
 
+
+# Each collective: a ready call for a repeated plain blocking call (hpcdp.comm.fast,
+# hpcdp.comm.engines.compiled.blocking: their signatures were checked and chosen by the
+# general front before), MPI's own small-message call (hpcdp.comm.fast: the chooser's
+# bound, hpcdp.comm.select.lean_bound), else the general front: check the arguments,
+# ask the chooser (hpcdp.comm.select.decide, cached per signature), launch.
 
 # -- allreduce -----------------------------------------------------------------
 
@@ -155,19 +173,16 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
     caller computes while it runs and polls it only now and then (DDP's buckets): "auto"
     then prefers an algorithm that progresses on its own (hpcdp.comm.select)."""
     try:
-        if algorithm == "auto":  # what [comm] says "auto" runs
-            algorithm = configured("allreduce", algorithm)
-            if overlap:
-                algorithm = overlap_algorithm(comm, algorithm)
-        w, algorithm = _wire(wire, sendbuf, algorithm, "allreduce")
-        if max_message_bytes is None and w is None:
+        if overlap:  # the chooser's algorithm for a call that progresses while the caller computes
+            algorithm = overlap_algorithm(comm, algorithm)
+        if max_message_bytes is None and (wire is None or wire == "float32"):
             req = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
             if req is not None:
                 return req
         if not _host(sendbuf, recvbuf):
             kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
                           timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
-            staged = _staged_wire(_staged(iallreduce, sendbuf, recvbuf, comm, kwargs), w, "allreduce")
+            staged = _staged(iallreduce, sendbuf, recvbuf, comm, kwargs)
             if staged is not None:
                 return staged
         ctx = get_context(comm)
@@ -176,38 +191,23 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
         if work.size != src.size:
             raise ValueError(f"allreduce: recvbuf has {work.size} elements, sendbuf {src.size}; they must match")
         nbytes = work.nbytes if isinstance(work, np.ndarray) else work.size * work.dtype.itemsize
-        layout = None
-        if algorithm == "auto" and ctx.size > 1:
-            from hpcdp.comm.nodes import auto_layout
-            layout = auto_layout(ctx, timeout)  # None unless HPCDP_PROFILE names a profile
-        if layout is not None:  # (profile, nodes, ranks per node): the cost model decides
-            from hpcdp.comm.model.cost import fastest_allreduce
-            algo = fastest_allreduce(nbytes, *layout)
-        else:
-            algo = choose_allreduce(nbytes, ctx.size, algorithm)
-        algo = _byte_order(algo, algorithm, work.dtype, "allreduce")
-        call = ctx.arrive("allreduce", work.dtype, work.size, -1, algo, op.name, timeout)
+        plan = decide(ctx, "allreduce", algorithm, nbytes, work.dtype, op, wire=wire,
+                      host=_kind(src, work), max_message_bytes=max_message_bytes,
+                      timeout=timeout)
+        call = ctx.arrive("allreduce", work.dtype, work.size, -1, plan.algorithm, op.name, timeout)
         if ctx.size == 1 or work.size == 0:
             if src is not work:
                 work[...] = src
             return DoneRequest(ctx, "allreduce", call, ledger, result)
-        if _lean(algo, op, max_message_bytes, nbytes, work):
+        if plan.lean:
             return mpi_engine.allreduce(ctx, call, src, work, result, op, ledger, timeout)
-        if w is not None:  # the ring with 16-bit messages (hpcdp.comm.engines.wire)
-            return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
-                                phases=("rs", "ag"), segment_bytes=segment_bytes,
-                                max_message_bytes=max_message_bytes, result=result, wire=w)
-        # the algorithm's registered start (hpcdp.comm.algorithms: one line per algorithm)
-        return get_algorithm("allreduce", algo).start(ctx, call, ledger, timeout, src=src, work=work,
-                                                      result=result, op=op, segment_bytes=segment_bytes,
-                                                      max_message_bytes=max_message_bytes)
+        if plan.algorithm == "ring":
+            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
+                           src=src, work=work, result=result, op=op, phases=("rs", "ag"))
+        return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
+                       src=src, work=work, result=result, op=op)
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'allreduce', exc) from None
-
-
-def _device_scratch(ctx, like):
-    from hpcdp.comm.core.device import device_scratch
-    return device_scratch(ctx, like.size, like.dtype)
 
 
 def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
@@ -222,54 +222,33 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
             if out is not None:
                 return out
         return blocking_call(iallreduce, sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm,
-                             ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
-                             max_message_bytes=max_message_bytes, wire=wire).wait()
+                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
+                         max_message_bytes=max_message_bytes, wire=wire).wait()
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'allreduce', exc) from None
 
 
 # -- reduce-scatter ------------------------------------------------------------
 
-def _scatter_gather_algo(ctx, collective, nbytes, algorithm, timeout):
-    """The reduce-scatter / all-gather algorithm: an explicit name as given; "auto" the
-    cost model's pick for the node layout when ``HPCDP_PROFILE`` names a profile
-    (hpcdp.comm.model.cost.fastest), else the measured size rule (hpcdp.comm.auto.choose)."""
-    if algorithm == "auto" and ctx.size > 1:
-        from hpcdp.comm.nodes import auto_layout
-        layout = auto_layout(ctx, timeout)
-        if layout is not None:
-            from hpcdp.comm.model.cost import fastest
-            return fastest(collective, nbytes, *layout)
-    return choose(collective, nbytes, ctx.size, algorithm)
-
-
-
 def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger=None,
                     segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None,
                     wire=None):
     """Start a reduce-scatter; ``wait()`` returns this rank's reduced chunk."""
     try:
-        if algorithm == "auto":  # what [comm] says "auto" runs
-            algorithm = configured("reduce_scatter", algorithm)
-        w, algorithm = _wire(wire, sendbuf, algorithm, "reduce_scatter")
-        if max_message_bytes is None and w is None:
+        if max_message_bytes is None and (wire is None or wire == "float32"):
             req = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
             if req is not None:
                 return req
         if not _host(sendbuf, recvbuf):
             kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
                           timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
-            staged = _staged_wire(_staged(ireduce_scatter, sendbuf, recvbuf, comm, kwargs), w,
-                                  "reduce_scatter")
+            staged = _staged(ireduce_scatter, sendbuf, recvbuf, comm, kwargs)
             if staged is not None:
                 return staged
         ctx = get_context(comm)
         op = resolve(op)
         src = flat_view(sendbuf, "sendbuf")
         n = src.size
-        nbytes = n * src.dtype.itemsize
-        algo = _byte_order(_scatter_gather_algo(ctx, "reduce_scatter", nbytes, algorithm, timeout),
-                           algorithm, src.dtype, "reduce_scatter")
         off, size = shard_range(n, ctx.size, ctx.rank)
         in_place = recvbuf is None or recvbuf is sendbuf
         if in_place:
@@ -284,14 +263,17 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
                 raise ValueError(f"reduce_scatter: recvbuf must hold this rank's chunk, "
                                  f"shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; got {out.size}")
             result = recvbuf
-        call = ctx.arrive("reduce_scatter", src.dtype, n, -1, algo, op.name, timeout)
+        plan = decide(ctx, "reduce_scatter", algorithm, n * src.dtype.itemsize, src.dtype, op,
+                      wire=wire, host=_kind(src, out), max_message_bytes=max_message_bytes,
+                      timeout=timeout)
+        call = ctx.arrive("reduce_scatter", src.dtype, n, -1, plan.algorithm, op.name, timeout)
         if ctx.size == 1 or n == 0:
             if not in_place:
                 out[...] = src
             return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
-        if _lean(algo, op, max_message_bytes, nbytes, src):
+        if plan.lean:
             return mpi_engine.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger, timeout)
-        if algo == "native":
+        if plan.algorithm == "native":
             if in_place:
                 tmp_out = np.empty(size, dtype=src.dtype) if isinstance(src, np.ndarray) else \
                     _device_scratch(ctx, out)
@@ -304,18 +286,15 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
             req = GenRequest(ctx, "reduce_scatter", call, ledger, timeout, body, max_message_bytes)
             req.result = result
             return req
-        if algo != "ring":  # its registered start (hpcdp.comm.algorithms)
-            return get_algorithm("reduce_scatter", algo).start(
-                ctx, call, ledger, timeout, src=src, out=out, in_place=in_place, result=result, op=op,
-                segment_bytes=segment_bytes, max_message_bytes=max_message_bytes)
+        if plan.algorithm != "ring":
+            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
+                           src=src, out=out, in_place=in_place, result=result, op=op)
         if in_place:
-            return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=src, src=src,
-                                op=op, phases=("rs",), segment_bytes=segment_bytes,
-                                max_message_bytes=max_message_bytes, result=result, wire=w)
-        return ring_request(ctx, "reduce_scatter", call, ledger, timeout, work=None,
-                            src=src, op=op, phases=("rs",), segment_bytes=segment_bytes,
-                            max_message_bytes=max_message_bytes, result=result,
-                            final_out=(out, off, size), wire=w)
+            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
+                           work=src, src=src, op=op, phases=("rs",), result=result)
+        return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
+                       work=None, src=src, op=op, phases=("rs",), result=result,
+                       final_out=(out, off, size))
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'reduce_scatter', exc) from None
 
@@ -335,8 +314,8 @@ def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", l
             if out is not None:
                 return out
         return blocking_call(ireduce_scatter, sendbuf, recvbuf, comm=comm, op=op,
-                             algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                             timeout=timeout, max_message_bytes=max_message_bytes, wire=wire).wait()
+                         algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
+                         timeout=timeout, max_message_bytes=max_message_bytes, wire=wire).wait()
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'reduce_scatter', exc) from None
 
@@ -347,17 +326,14 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                 segment_bytes=DEFAULT_SEGMENT_BYTES, timeout=None, max_message_bytes=None, wire=None):
     """Start an all-gather; ``wait()`` returns the full buffer."""
     try:
-        if algorithm == "auto":  # what [comm] says "auto" runs
-            algorithm = configured("all_gather", algorithm)
-        w, algorithm = _wire(wire, sendbuf, algorithm, "all_gather")
-        if max_message_bytes is None and w is None:
+        if max_message_bytes is None and (wire is None or wire == "float32"):
             req = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout)
             if req is not None:
                 return req
         if not _host(sendbuf, recvbuf):
             kwargs = dict(algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
                           timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
-            staged = _staged_wire(_staged(iall_gather, sendbuf, recvbuf, comm, kwargs), w, "all_gather")
+            staged = _staged(iall_gather, sendbuf, recvbuf, comm, kwargs)
             if staged is not None:
                 return staged
         ctx = get_context(comm)
@@ -379,14 +355,13 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
             raise ValueError(f"all_gather: sendbuf must hold this rank's chunk of the {n}-element "
                              f"result, shard_range({n}, {ctx.size}, {ctx.rank}) = {size} elements; "
                              f"got {chunk.size}")
-        nbytes = n * full.dtype.itemsize
-        algo = _byte_order(_scatter_gather_algo(ctx, "all_gather", nbytes, algorithm, timeout),
-                           algorithm, full.dtype, "all_gather")
-        call = ctx.arrive("all_gather", full.dtype, n, -1, algo, "", timeout)
-        if algo == "native" and ctx.size > 1 and n > 0 and max_message_bytes is None \
-                and nbytes < MAX_MESSAGE_BYTES and isinstance(full, np.ndarray):
-            return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
-        if algo == "native" and ctx.size > 1 and n > 0:
+        plan = decide(ctx, "all_gather", algorithm, n * full.dtype.itemsize, full.dtype, None,
+                      wire=wire, host=_kind(full) if chunk is None else _kind(chunk, full),
+                      max_message_bytes=max_message_bytes, timeout=timeout)
+        call = ctx.arrive("all_gather", full.dtype, n, -1, plan.algorithm, "", timeout)
+        if plan.algorithm == "native" and ctx.size > 1 and n > 0:
+            if plan.lean:
+                return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
             body = lambda req: native_all_gather(req, chunk, full, in_place)  # noqa: E731
             req = GenRequest(ctx, "all_gather", call, ledger, timeout, body, max_message_bytes)
             req.result = result
@@ -395,13 +370,11 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
             full[off:off + size] = chunk
         if ctx.size == 1 or n == 0:
             return DoneRequest(ctx, "all_gather", call, ledger, result)
-        if algo != "ring":
-            return get_algorithm("all_gather", algo).start(
-                ctx, call, ledger, timeout, full=full, result=result, segment_bytes=segment_bytes,
-                max_message_bytes=max_message_bytes)
-        return ring_request(ctx, "all_gather", call, ledger, timeout, work=full, src=full,
-                            op=None, phases=("ag",), segment_bytes=segment_bytes,
-                            max_message_bytes=max_message_bytes, result=result, wire=w)
+        if plan.algorithm != "ring":
+            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
+                           full=full, result=result)
+        return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
+                       work=full, src=full, op=None, phases=("ag",), result=result)
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'all_gather', exc) from None
 
@@ -418,12 +391,10 @@ def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
             if out is not None:
                 return out
         return blocking_call(iall_gather, sendbuf, recvbuf, comm=comm, algorithm=algorithm,
-                             ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
-                             max_message_bytes=max_message_bytes, wire=wire).wait()
+                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
+                         max_message_bytes=max_message_bytes, wire=wire).wait()
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'all_gather', exc) from None
-
-
 
 
 # -- broadcast, barrier ----------------------------------------------------------

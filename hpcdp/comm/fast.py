@@ -26,13 +26,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcdp.comm.auto import generation, native_below
-from hpcdp.comm.core.settings import settings
+from hpcdp.comm.core.settings import generation
+from hpcdp.comm.select import lean_bound, plans_of
 from hpcdp.comm.engines.compiled import lean
 from hpcdp.comm.core.context import KNOWN, known_context
 from hpcdp.comm.core.diagnose import diagnose
 from hpcdp.comm.core.errors import mpi_error
-from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES
 from hpcdp.comm.engines.mpi import _TYPES, FastRequest, _bounds, _chunk, _mean, spin
 from hpcdp.shard import shard_range
 
@@ -50,44 +49,18 @@ _REFUSED = (BufferError, ValueError, TypeError)
 IN_PLACE = MPI.IN_PLACE
 
 
-def _bound(ctx, collective, algorithm) -> int:
-    """Largest byte size + 1 the lean path takes for ``algorithm`` (cached on ctx until
-    hpcdp.comm.auto.forget: a bound cached before HPCDP_PROFILE was set must not send
-    one rank to MPI's own collective while another follows the cost model)."""
-    bounds = ctx.lean_bounds
-    gen = generation()
-    if bounds.get("generation") != gen:
-        bounds.clear()
-        bounds["generation"] = gen
-    key = (collective, algorithm)
-    bound = bounds.get(key)
-    if bound is None:
-        if algorithm == "auto":  # what [comm] says "auto" runs (hpcdp.comm.select.configured)
-            algorithm = settings().algorithm(collective)
-        if algorithm == "native":
-            bound = MAX_MESSAGE_BYTES
-        elif algorithm == "auto":
-            bound = native_below(collective, ctx.size)
-        else:
-            bound = 0
-        ctx.lean_bounds[key] = bound
-    return bound
-
-
 def signature(ctx, collective, op, algorithm, dtype):
     """The lean path's cached decision for one call signature: ``(MPI datatype, MPI op,
-    mean?, byte bound, compiled entry or None)``, or None when the lean path never takes it (a user op, a
-    byte-swapped or unknown dtype, an algorithm other than "auto"/"native", "auto"
-    with no native rows). Checked once per (collective, op, algorithm, dtype, type code) and
-    kept on the context (``CommContext.lean_sigs``) until hpcdp.comm.auto.forget."""
-    sigs = ctx.lean_sigs
-    gen = generation()
-    if ctx.lean_gen != gen:
-        sigs.clear()
-        ctx.lean_gen = gen
+    mean?, byte bound, compiled entry or None, raw)``, or None when the lean path never
+    takes it (a user op, a byte-swapped or unknown dtype, an algorithm other than
+    "auto"/"native", "auto" with no native rows). Checked once per (collective, op,
+    algorithm, dtype, type code) and kept with the chooser's decisions on the context
+    (``CommContext.plans``, key ``("sig", collective, op, algorithm, dtype, type code)``)
+    until the settings change (hpcdp.comm.select.plans_of)."""
+    sigs = plans_of(ctx)
     # (the type code too: numpy's uint64 'L' and 'Q' compare equal, but they are two MPI
     # datatypes, and Open MPI 4.1's MPI_UNSIGNED_LONG max/min compare signed)
-    key = (collective, op, algorithm, dtype, dtype.char)
+    key = ("sig", collective, op, algorithm, dtype, dtype.char)
     try:
         return sigs[key]
     except KeyError:
@@ -98,7 +71,7 @@ def signature(ctx, collective, op, algorithm, dtype):
     if collective == "all_gather":
         spec = _SPECS["sum"]  # no op: the datatype alone matters
     T = _TYPES.get(dtype.char) if dtype.isnative else None  # MPI reads native byte order
-    bound = _bound(ctx, collective, algorithm)
+    bound = lean_bound(ctx, collective, algorithm)  # the chooser's (hpcdp.comm.select)
     hit = None
     if spec is not None and T is not None and bound != 0:
         # the blocking calls' compiled call (hpcdp.comm.engines.compiled.lean), or None: mpi4py
@@ -106,21 +79,8 @@ def signature(ctx, collective, op, algorithm, dtype):
         raw = T == MPI.Datatype.fromcode(dtype.char)
         hit = (T, spec[0], spec[1], bound, lean.entry(ctx, collective, T, spec[0], spec[1], dtype),
                raw)
-    if len(sigs) > 4096:
-        sigs.clear()
     sigs[key] = hit
     return hit
-
-
-def _finish(ctx, req, seq, name, dtype, n, op, ledger, nbytes, timeout, after):
-    """A blocking lean call's end: wait under the deadline (the call tuple built only
-    then), the mean's division or the in-place copy, the ledger."""
-    if not req.Test():
-        spin(ctx, req, (seq, name, dtype, n, -1, "native", op), timeout)
-    if after is not None:
-        after()
-    if ledger is not None:
-        ledger.count_call(name, nbytes[0], nbytes[1], 1, 1)
 
 
 # -- ready compiled calls: a repeated blocking call's checks done once ---------------
@@ -128,21 +88,27 @@ def _finish(ctx, req, seq, name, dtype, n, op, ledger, nbytes, timeout, after):
 # algorithm) keeps a LeanCall on the context (CommContext.lean_calls, one dict per
 # collective keyed by length). A repeated call then checks only what can change between
 # calls: the buffers (1-D ndarrays whose flags say C-contiguous, aligned, writeable, of
-# the record's very dtype object), the context (debug mode, failed) and auto's
+# the record's very dtype object), the context (debug mode, failed) and the settings'
 # generation; and calls the kernel's compiled entry point (lean.Entry.direct) with
 # exactly the argument types it was compiled for. What the record fixes (the byte
 # bound, the MPI datatype and op, this rank's shard, the ledger's figures) was decided
 # by the full front. Anything else takes the full front below.
+#
+# Each collective is one row of the same job, in three tiers written once: the ready
+# call (:func:`ready`), the first compiled call of a signature (:func:`_compiled`), MPI's
+# call through mpi4py (the collective's own post, then :func:`_started`). ``which``
+# (AR, RS, AG) names the row.
 
 AR, RS, AG = 0, 1, 2
+NAMES = ("allreduce", "reduce_scatter", "all_gather")
 _MAX_CALLS = 4096
 
 
 class LeanCall:
     """One signature's ready blocking call: the context, the kernel's entry point, the
     lean entry (its ``I`` / ``H`` arrays and scratch), what the signature is (dtype
-    object, op, algorithm, auto's generation) and its fixed figures (this rank's shard
-    ``off`` / ``size``, the ledger's sent / received bytes)."""
+    object, op, algorithm, the settings' generation) and its fixed figures (this rank's
+    shard ``off`` / ``size``, the ledger's sent / received bytes)."""
 
     __slots__ = ("ctx", "call", "e", "I", "H", "dtype", "op", "algorithm", "gen", "off", "size",
                  "sent", "recv")
@@ -169,8 +135,8 @@ def _remember(ctx, which, n, e, dtype, op, algorithm, off, size, sent, recv):
 
 
 def _ready(comm, which, buf, op, algorithm):
-    """The LeanCall for ``buf`` (a 1-D ndarray) and this signature on ``comm``, or None
-    (:func:`known_context` inline: one call fewer)."""
+    """The LeanCall for ``buf`` (a 1-D ndarray: the full-length buffer) and this
+    signature on ``comm``, or None (tests look here; :func:`ready` does it inline)."""
     hit = KNOWN.get(id(comm))
     if hit is None or hit[0] is not comm:
         return None
@@ -183,94 +149,109 @@ def _ready(comm, which, buf, op, algorithm):
     return r
 
 
-def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
-    if blocking and sendbuf.__class__ is np.ndarray and sendbuf.ndim == 1:
-        r = _ready(comm, AR, sendbuf, op, algorithm)
-        if r is not None:
-            if recvbuf is None:
-                recvbuf = sendbuf
-            elif recvbuf is not sendbuf and (recvbuf.__class__ is not np.ndarray
-                                             or recvbuf.ndim != 1 or recvbuf.dtype is not r.dtype
-                                             or not recvbuf.flags.carray):
-                r = None
-            if r is not None:
-                ctx = r.ctx
-                seq = ctx.seq
-                ctx.seq = seq + 1
-                limit = ctx.timeout if timeout is None else float(timeout)
-                code = r.call(r.I, r.H, sendbuf, recvbuf, limit)
-                if code == 0:
-                    if ledger is not None:
-                        ledger.count_call("allreduce", r.sent, r.sent, 1, 1)
-                    return recvbuf
-                # refused (nothing posted: a length mismatch) falls to the full front
-                _compiled_failed(ctx, r.e, code, seq, "allreduce", sendbuf, op, limit)
-    if op.__class__ is not str or sendbuf.__class__ is not np.ndarray \
-            or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
-        return None  # (a strided 1-D buffer: mpi4py refuses it below)
-    ctx = known_context(comm)
-    if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
-        return None
-    dtype = sendbuf.dtype
-    sig = ctx.lean_sigs.get(("allreduce", op, algorithm, dtype, dtype.char), False) \
-        if ctx.lean_gen == generation() else False
-    if sig is False:
-        sig = signature(ctx, "allreduce", op, algorithm, dtype)
-    nbytes = sendbuf.nbytes
-    if sig is None or nbytes >= sig[3] or nbytes == 0:
-        return None
-    e = sig[4]
-    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
-        if recvbuf is None:
-            recvbuf = sendbuf
-        elif recvbuf.__class__ is not np.ndarray or recvbuf.size != sendbuf.size \
-                or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous):
-            return None
-        seq = ctx.seq
-        ctx.seq = seq + 1
-        limit = ctx.timeout if timeout is None else float(timeout)
-        if e.half or sendbuf.ndim != 1 or recvbuf.ndim != 1:
-            code = e.kernel(e.I, e.H, e.views(sendbuf), e.views(recvbuf), limit)
-        else:
-            code = e.kernel(e.I, e.H, sendbuf, recvbuf, limit)
-        if code != 0:
-            return _compiled_failed(ctx, e, code, seq, "allreduce", sendbuf, op, limit)
-        if e.mean_after:
-            _mean(recvbuf.reshape(-1), ctx.size)
-        elif sendbuf.ndim == 1 and recvbuf.ndim == 1:
-            _remember(ctx, AR, sendbuf.size, e, dtype, op, algorithm, 0, 0, nbytes, nbytes)
-        if ledger is not None:
-            ledger.count_call("allreduce", nbytes, nbytes, 1, 1)
-        return recvbuf
-    # the arrays themselves as MPI buffers where mpi4py maps their (native) format code to
-    # the same datatype as sig[0] (sig[5]), without a [buf, T] list; else with one (uint64:
-    # hpcdp.comm.core.ops.mpi_datatype)
-    if recvbuf is None or recvbuf is sendbuf:
-        s, result = IN_PLACE, sendbuf
-    elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
-          or (recvbuf.dtype is not dtype and recvbuf.dtype != dtype)
-          or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous)):
-        return None
+def ready(which, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout):
+    """A repeated plain blocking call of collective ``which`` run on its LeanCall: the
+    result, or None when it has none or the buffers do not fit it (then the lean call or
+    the general front takes it). ``op``: "" for an all-gather."""
+    in_place = recvbuf is None or recvbuf is sendbuf
+    if which == AG:
+        full, other = (sendbuf, None) if in_place else (recvbuf, sendbuf)
     else:
-        s, result = sendbuf, recvbuf
-    try:
-        req = ctx.data.Iallreduce(s, result, sig[1]) if sig[5] else \
-            ctx.data.Iallreduce(s if s is IN_PLACE else [s, sig[0]], [result, sig[0]], sig[1])
-    except _REFUSED:
+        full, other = sendbuf, (None if in_place else recvbuf)
+    if full.__class__ is not np.ndarray or full.ndim != 1:
         return None
+    hit = KNOWN.get(id(comm))  # (known_context inline: one call fewer)
+    if hit is None or hit[0] is not comm:
+        return None
+    ctx = hit[1]
+    r = ctx.lean_calls[which].get(full.size)
+    if r is None or r.dtype is not full.dtype or r.op != op or r.algorithm != algorithm \
+            or r.gen != generation() or ctx.debug or ctx.failed is not None \
+            or not full.flags.carray:
+        return None
+    if other is not None and (other.__class__ is not np.ndarray or other.ndim != 1
+                              or other.dtype is not r.dtype or not other.flags.carray):
+        return None
+    dst = full if which == AG or in_place else recvbuf
     seq = ctx.seq
     ctx.seq = seq + 1
-    after = None
-    if sig[2]:
-        def after():
-            _mean(result.reshape(-1), ctx.size)
+    limit = ctx.timeout if timeout is None else float(timeout)
+    if which == RS:
+        e = r.e
+        code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
+        if code == lean.NEED_SCRATCH:
+            e.grow(r.size)
+            code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
+    else:
+        code = r.call(r.I, r.H, sendbuf, dst, limit)
+    if code == 0:
+        if ledger is not None:
+            ledger.count_call(NAMES[which], r.sent, r.recv, 1, 1)
+        return sendbuf[r.off:r.off + r.size] if which == RS and in_place else dst
+    # refused (nothing posted: a length mismatch) falls to the full front
+    return _compiled_failed(ctx, r.e, code, seq, NAMES[which], full, op, limit)
+
+
+def _compiled(ctx, e, which, src, dst, op, algorithm, ledger, timeout):
+    """A blocking lean call of collective ``which`` as one compiled call (the first of its
+    signature, or one a ready call does not take), its ready call kept: the result, or
+    None when the kernel refused it (nothing posted). ``dst``: the allreduce's result,
+    the reduce-scatter's destination (``src`` in place), the all-gather's full buffer."""
+    name = NAMES[which]
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    limit = ctx.timeout if timeout is None else float(timeout)
+    if e.half or src.ndim != 1 or dst.ndim != 1:
+        a, b = e.views(src), e.views(dst)
+    else:
+        a, b = src, dst
+    if which == RS:
+        code = e.kernel(e.I, e.H, a, b, e.scratch, limit)
+        if code == lean.NEED_SCRATCH:
+            e.grow(shard_range(src.size, ctx.size, ctx.rank)[1])
+            code = e.kernel(e.I, e.H, a, b, e.scratch, limit)
+    else:
+        code = e.kernel(e.I, e.H, a, b, limit)
+    buf = dst if which == AG else src  # the full-length buffer
+    if code != 0:
+        return _compiled_failed(ctx, e, code, seq, name, buf, op, limit)
+    n, item = buf.size, buf.itemsize
+    if which == AR:
+        result, off, size, sent, recv = dst, 0, 0, buf.nbytes, buf.nbytes
+    elif which == RS:
+        off, size = shard_range(n, ctx.size, ctx.rank)
+        result = src[off:off + size] if dst is src else dst
+        sent, recv = buf.nbytes, result.size * item
+    else:
+        off, size = 0, shard_range(n, ctx.size, ctx.rank)[1]
+        result, sent, recv = dst, size * item, buf.nbytes
+    if e.mean_after:
+        _mean(result.reshape(-1), ctx.size)
+    elif src.ndim == 1 and dst.ndim == 1:
+        _remember(ctx, which, n, e, buf.dtype, op, algorithm, off, size, sent, recv)
+    if ledger is not None:
+        ledger.count_call(name, sent, recv, 1, 1)
+    return result
+
+
+def _started(ctx, req, which, dtype, n, op, ledger, nbytes, timeout, result, after, blocking):
+    """MPI's call ``req`` just posted through mpi4py: its sequence number; a FastRequest,
+    or for a blocking call its end (wait under the deadline, the call tuple built only
+    then; the mean's division or the in-place copy; the ledger)."""
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    name = NAMES[which]
     if not blocking:
-        return FastRequest(ctx, req, (seq, "allreduce", dtype, sendbuf.size, -1, "native", op),
-                           ledger, (nbytes, nbytes), timeout, result, after)
+        return FastRequest(ctx, req, (seq, name, dtype, n, -1, "native", op), ledger, nbytes,
+                           timeout, result, after)
     if after is None and ledger is None and req.Test():
         return result  # the common small case: done at the first test
-    _finish(ctx, req, seq, "allreduce", dtype, sendbuf.size, op, ledger, (nbytes, nbytes),
-            timeout, after)
+    if not req.Test():
+        spin(ctx, req, (seq, name, dtype, n, -1, "native", op), timeout)
+    if after is not None:
+        after()
+    if ledger is not None:
+        ledger.count_call(name, nbytes[0], nbytes[1], 1, 1)
     return result
 
 
@@ -295,14 +276,14 @@ def _compiled_failed(ctx, e, code, seq, name, buf, op, limit):
 
 
 def _lean_ctx(comm, collective, op, algorithm, buf):
-    """(context, signature) of a lean reduce-scatter / all-gather on ``buf`` (the
-    full-length buffer), or (None, None)."""
+    """(context, signature) of a lean call on ``buf`` (the full-length buffer), or
+    (None, None)."""
     ctx = known_context(comm)
     if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
         return None, None
     dtype = buf.dtype
-    sig = ctx.lean_sigs.get((collective, op, algorithm, dtype, dtype.char), False) \
-        if ctx.lean_gen == generation() else False
+    sig = ctx.plans.get(("sig", collective, op, algorithm, dtype, dtype.char), False) \
+        if ctx.plans_gen == generation() else False
     if sig is False:
         sig = signature(ctx, collective, op, algorithm, dtype)
     nbytes = buf.nbytes
@@ -311,75 +292,82 @@ def _lean_ctx(comm, collective, op, algorithm, buf):
     return ctx, sig
 
 
+# -- the three rows: what differs is the buffers' checks and MPI's call ----------------
+
+def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
+    if blocking:
+        out = ready(AR, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
+        if out is not None:
+            return out
+    if op.__class__ is not str or sendbuf.__class__ is not np.ndarray \
+            or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
+        return None  # (a strided 1-D buffer: mpi4py refuses it below)
+    ctx = known_context(comm)  # (_lean_ctx inline: the most frequent call, one call fewer)
+    if ctx is None or ctx.debug or ctx.failed is not None or ctx.size == 1:
+        return None
+    dtype = sendbuf.dtype
+    sig = ctx.plans.get(("sig", "allreduce", op, algorithm, dtype, dtype.char), False) \
+        if ctx.plans_gen == generation() else False
+    if sig is False:
+        sig = signature(ctx, "allreduce", op, algorithm, dtype)
+    nbytes = sendbuf.nbytes
+    if sig is None or nbytes >= sig[3] or nbytes == 0:
+        return None
+    e = sig[4]
+    if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
+        if recvbuf is None:
+            recvbuf = sendbuf
+        elif recvbuf.__class__ is not np.ndarray or recvbuf.size != sendbuf.size \
+                or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous):
+            return None
+        return _compiled(ctx, e, AR, sendbuf, recvbuf, op, algorithm, ledger, timeout)
+    # the arrays themselves as MPI buffers where mpi4py maps their (native) format code to
+    # the same datatype as sig[0] (sig[5]), without a [buf, T] list; else with one (uint64:
+    # hpcdp.comm.core.ops.mpi_datatype)
+    if recvbuf is None or recvbuf is sendbuf:
+        s, result = IN_PLACE, sendbuf
+    elif (recvbuf.__class__ is not np.ndarray or recvbuf.nbytes != nbytes
+          or (recvbuf.dtype is not dtype and recvbuf.dtype != dtype)
+          or (recvbuf.ndim != 1 and not recvbuf.flags.c_contiguous)):
+        return None
+    else:
+        s, result = sendbuf, recvbuf
+    try:
+        req = ctx.data.Iallreduce(s, result, sig[1]) if sig[5] else \
+            ctx.data.Iallreduce(s if s is IN_PLACE else [s, sig[0]], [result, sig[0]], sig[1])
+    except _REFUSED:
+        return None
+    after = None
+    if sig[2]:
+        def after():
+            _mean(result.reshape(-1), ctx.size)
+    return _started(ctx, req, AR, dtype, sendbuf.size, op, ledger, (nbytes, nbytes), timeout,
+                    result, after, blocking)
+
+
 def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
-    if blocking and sendbuf.__class__ is np.ndarray and sendbuf.ndim == 1:
-        r = _ready(comm, RS, sendbuf, op, algorithm)
-        if r is not None:
-            in_place = recvbuf is None or recvbuf is sendbuf
-            dst = sendbuf if in_place else recvbuf
-            if not in_place and (recvbuf.__class__ is not np.ndarray or recvbuf.ndim != 1
-                                 or recvbuf.dtype is not r.dtype or not recvbuf.flags.carray):
-                r = None
-            if r is not None:
-                ctx = r.ctx
-                seq = ctx.seq
-                ctx.seq = seq + 1
-                limit = ctx.timeout if timeout is None else float(timeout)
-                e = r.e
-                code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
-                if code == lean.NEED_SCRATCH:
-                    e.grow(r.size)
-                    code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
-                if code == 0:
-                    if ledger is not None:
-                        ledger.count_call("reduce_scatter", r.sent, r.recv, 1, 1)
-                    return sendbuf[r.off:r.off + r.size] if in_place else recvbuf
-                _compiled_failed(ctx, e, code, seq, "reduce_scatter", sendbuf, op, limit)
+    if blocking:
+        out = ready(RS, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
+        if out is not None:
+            return out
     if op.__class__ is not str or sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1:
         return None
     ctx, sig = _lean_ctx(comm, "reduce_scatter", op, algorithm, sendbuf)
     if ctx is None:
         return None
+    in_place = recvbuf is None or recvbuf is sendbuf
     e = sig[4]
     if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
-        in_place = recvbuf is None or recvbuf is sendbuf
         if in_place:
             recvbuf = sendbuf
         elif recvbuf.__class__ is not np.ndarray or recvbuf.ndim != 1:
             return None
-        seq = ctx.seq
-        ctx.seq = seq + 1
-        limit = ctx.timeout if timeout is None else float(timeout)
-        if e.half:
-            src, dst = e.views(sendbuf), e.views(recvbuf)
-        else:
-            src, dst = sendbuf, recvbuf
-        code = e.kernel(e.I, e.H, src, dst, e.scratch, limit)
-        if code == lean.NEED_SCRATCH:
-            e.grow(shard_range(sendbuf.size, ctx.size, ctx.rank)[1])
-            code = e.kernel(e.I, e.H, src, dst, e.scratch, limit)
-        if code != 0:
-            return _compiled_failed(ctx, e, code, seq, "reduce_scatter", sendbuf, op, limit)
-        if in_place:
-            off, size = shard_range(sendbuf.size, ctx.size, ctx.rank)
-            recvbuf = sendbuf[off:off + size]
-        else:
-            size = recvbuf.size
-        if e.mean_after:
-            _mean(recvbuf, ctx.size)
-        else:
-            _remember(ctx, RS, sendbuf.size, e, sendbuf.dtype, op, algorithm,
-                      *shard_range(sendbuf.size, ctx.size, ctx.rank), sendbuf.nbytes,
-                      size * sendbuf.itemsize)
-        if ledger is not None:
-            ledger.count_call("reduce_scatter", sendbuf.nbytes, size * sendbuf.itemsize, 1, 1)
-        return recvbuf
+        return _compiled(ctx, e, RS, sendbuf, recvbuf, op, algorithm, ledger, timeout)
     if not sendbuf.flags.c_contiguous:
         return None
     T, mean = sig[0], sig[2]
     n, N = sendbuf.size, ctx.size
     off, size, counts = _chunk(ctx, n)
-    in_place = recvbuf is None or recvbuf is sendbuf
     if in_place:
         result = sendbuf[off:off + size]
         raw = ctx.pool.get(size * sendbuf.itemsize)  # MPI's in-place result lands at the start
@@ -400,8 +388,6 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
         if in_place:
             ctx.pool.put(raw)
         return None
-    seq = ctx.seq
-    ctx.seq = seq + 1
     after = None
     if in_place or mean:
         def after():
@@ -410,34 +396,15 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
             if in_place:
                 result[...] = target
                 ctx.pool.put(raw)
-    nbytes = (sendbuf.nbytes, size * sendbuf.itemsize)
-    if not blocking:
-        return FastRequest(ctx, req, (seq, "reduce_scatter", sendbuf.dtype, n, -1, "native", op),
-                           ledger, nbytes, timeout, result, after)
-    if after is None and ledger is None and req.Test():
-        return result
-    _finish(ctx, req, seq, "reduce_scatter", sendbuf.dtype, n, op, ledger, nbytes, timeout,
-            after)
-    return result
+    return _started(ctx, req, RS, sendbuf.dtype, n, op, ledger,
+                    (sendbuf.nbytes, size * sendbuf.itemsize), timeout, result, after, blocking)
 
 
 def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking=False):
-    full = sendbuf if recvbuf is None else recvbuf
-    if blocking and full.__class__ is np.ndarray and full.ndim == 1:
-        r = _ready(comm, AG, full, "", algorithm)
-        if r is not None and (full is sendbuf or (
-                sendbuf.__class__ is np.ndarray and sendbuf.ndim == 1
-                and sendbuf.dtype is r.dtype and sendbuf.flags.carray)):
-            ctx = r.ctx
-            seq = ctx.seq
-            ctx.seq = seq + 1
-            limit = ctx.timeout if timeout is None else float(timeout)
-            code = r.call(r.I, r.H, sendbuf, full, limit)
-            if code == 0:
-                if ledger is not None:
-                    ledger.count_call("all_gather", r.sent, r.recv, 1, 1)
-                return full
-            _compiled_failed(ctx, r.e, code, seq, "all_gather", full, "", limit)
+    if blocking:
+        out = ready(AG, sendbuf, recvbuf, comm, "", algorithm, ledger, timeout)
+        if out is not None:
+            return out
     in_place = recvbuf is None or recvbuf is sendbuf
     full = sendbuf if in_place else recvbuf
     if full.__class__ is not np.ndarray or full.ndim != 1:
@@ -449,22 +416,7 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
     if blocking and e is not None:  # one compiled call (hpcdp.comm.engines.compiled.lean)
         if not in_place and (sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1):
             return None
-        seq = ctx.seq
-        ctx.seq = seq + 1
-        limit = ctx.timeout if timeout is None else float(timeout)
-        if e.half:
-            code = e.kernel(e.I, e.H, e.views(sendbuf), e.views(full), limit)
-        else:
-            code = e.kernel(e.I, e.H, sendbuf, full, limit)
-        if code != 0:
-            return _compiled_failed(ctx, e, code, seq, "all_gather", full, "", limit)
-        n, N = full.size, ctx.size
-        mine = n // N + (1 if ctx.rank < n % N else 0)
-        _remember(ctx, AG, n, e, full.dtype, "", algorithm, 0, mine, mine * full.itemsize,
-                  full.nbytes)
-        if ledger is not None:
-            ledger.count_call("all_gather", mine * full.itemsize, full.nbytes, 1, 1)
-        return full
+        return _compiled(ctx, e, AG, sendbuf, full, "", algorithm, ledger, timeout)
     if not full.flags.c_contiguous:
         return None
     T = sig[0]
@@ -485,15 +437,6 @@ def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking
                                        [full, counts, _bounds(ctx, n)[1], T])
     except _REFUSED:
         return None
-    seq = ctx.seq
-    ctx.seq = seq + 1
     item = full.itemsize
-    result = full if in_place else recvbuf
-    nbytes = (mine * item, n * item)
-    if not blocking:
-        return FastRequest(ctx, req, (seq, "all_gather", full.dtype, n, -1, "native", ""),
-                           ledger, nbytes, timeout, result)
-    if ledger is None and req.Test():
-        return result
-    _finish(ctx, req, seq, "all_gather", full.dtype, n, "", ledger, nbytes, timeout, None)
-    return result
+    return _started(ctx, req, AG, full.dtype, n, "", ledger, (mine * item, n * item), timeout,
+                    full if in_place else recvbuf, None, blocking)

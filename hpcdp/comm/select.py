@@ -21,26 +21,41 @@ reaching into an engine or an algorithm module:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from hpcdp.comm.algorithms import get as get_algorithm
-from hpcdp.comm.auto import choose
+from hpcdp.comm.auto import TABLE, choose
 from hpcdp.comm.core.context import get_context
-from hpcdp.comm.core.settings import settings
+from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES
+from hpcdp.comm.core.settings import generation, once, settings
+
+log = logging.getLogger("hpcdp.comm")
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+WIRE_ALGORITHMS = ("ring",)
+"""Algorithms that carry a 16-bit wire with float32 accumulation (hpcdp.comm.engines.wire)."""
+# what the compiled ring takes (hpcdp.comm.engines.compiled): native byte order of these
+# type codes, a built-in op of these names
+_COMPILED_KINDS = frozenset("bBhHiIlLqQefd")
+_COMPILED_OPS = frozenset(("sum", "mean", "max", "min"))
+_MAX_PLANS = 4096
 
 
 @dataclass(frozen=True)
 class Plan:
     """What one collective runs: ``algorithm`` (a registered name, never "auto"),
     ``engine`` ("mpi": MPI's own call; "compiled" or "python": who runs hpcdp's
-    schedule), ``wire`` ("float32" or a 16-bit wire)."""
+    schedule), ``wire`` ("float32" or a 16-bit wire). ``lean``: MPI's own collective as
+    one non-blocking call polled under the deadline (hpcdp.comm.engines.mpi); False for
+    "mpi" when messages are cut or the op is a user's (hpcdp.comm.native)."""
 
     collective: str
     algorithm: str
     engine: str
     wire: str = "float32"
+    lean: bool = False
 
 
 def configured(collective: str, algorithm: str) -> str:
@@ -48,6 +63,19 @@ def configured(collective: str, algorithm: str) -> str:
     if algorithm != "auto":
         return algorithm
     return settings().algorithm(collective)
+
+
+def plans_of(ctx) -> dict:
+    """``ctx``'s cached decisions (``CommContext.plans``: call signature -> Plan, the
+    small-message bound, hpcdp.comm.fast's per-signature MPI datatype and op), dropped
+    when the settings change (``CommContext.plans_gen`` against
+    hpcdp.comm.core.settings.generation), past 4096 entries, and by hpcdp.comm.forget."""
+    plans = ctx.plans
+    gen = generation()
+    if ctx.plans_gen != gen or len(plans) > _MAX_PLANS:
+        plans.clear()
+        ctx.plans_gen = gen
+    return plans
 
 
 def overlap_algorithm(comm, algorithm: str) -> str:
@@ -61,41 +89,169 @@ def overlap_algorithm(comm, algorithm: str) -> str:
     return "ring" if active_engine(comm) == "compiled" else algorithm
 
 
-def plan(collective: str, nbytes: int, *, comm, dtype="float32", op="sum", algorithm="auto",
-         blocking: bool = False, wire=None, overlap: bool = False, timeout=None) -> Plan:
-    """The plan of one call's signature (module docstring). Collective the first time a
-    machine profile needs the communicator's topology."""
-    from hpcdp.comm.engines.compiled.engine import active_engine
-    from hpcdp.comm.engines.wire import wire_algorithm, wire_format
+def wire_algorithm(wire, algorithm: str, what: str = "collective") -> str:
+    """The algorithm that runs a call with ``wire`` (a hpcdp.comm.engines.wire.Wire or
+    None): unchanged for no wire, the ring for "auto" or "ring"; any other is refused:
+    only the ring accumulates 16-bit messages in float32 (MPI's own would sum them in 16
+    bits; the recursive / hierarchical ones are not built for it)."""
+    if wire is None or algorithm in WIRE_ALGORITHMS:
+        return algorithm
+    if algorithm == "auto":
+        return "ring"
+    raise ValueError(f"{what}: algorithm={algorithm!r} cannot carry a {wire.name} wire (only the ring "
+                     f"accumulates 16-bit messages in float32); use algorithm='ring' or 'auto' "
+                     "(which then runs the ring), or wire='float32'")
 
-    if collective not in ("allreduce", "reduce_scatter", "all_gather"):
-        raise ValueError(f"plan: collective must be allreduce, reduce_scatter or all_gather, "
-                         f"got {collective!r}")
-    ctx = get_context(comm, timeout)
+
+def byte_order(algo: str, algorithm: str, dtype, what: str) -> str:
+    """MPI's own collectives read native byte order only: "auto" takes the ring for a
+    byte-swapped dtype (NumPy adds it correctly), an explicit "native" is refused."""
+    if algo != "native" or np.dtype(dtype).isnative:
+        return algo
+    if algorithm == "native":
+        raise ValueError(f"{what}: algorithm='native' (MPI's own) needs native byte order, got "
+                         f"dtype {np.dtype(dtype).str}; convert with .astype({np.dtype(dtype).name!r}) "
+                         "or use algorithm='ring'")
+    return "ring"
+
+
+def lean_bound(ctx, collective: str, algorithm: str) -> int:
+    """Byte sizes below this take MPI's own collective as one call for ``algorithm``
+    ("native": up to one message; "auto": the leading "native" rows of hpcdp.comm.auto's
+    table capped by the crossover, 0 with a machine profile (the cost model picks every
+    auto collective) or when the size rule does not pick "native" for small buffers at
+    this world size; any other algorithm: 0). Cached on ``ctx``: the small-message
+    path's one test (hpcdp.comm.fast). A bound cached before the settings changed is
+    dropped with them (one rank must not take MPI's collective while another follows
+    the cost model)."""
+    plans = plans_of(ctx)
+    key = ("lean", collective, algorithm)
+    bound = plans.get(key)
+    if bound is not None:
+        return bound
+    algorithm = configured(collective, algorithm)
+    if algorithm == "native":
+        bound = MAX_MESSAGE_BYTES
+    elif algorithm == "auto" and not settings().profile:
+        bound = 0
+        for below, algo in TABLE[collective]:
+            if algo != "native" or below is None:
+                break
+            bound = below
+        crossover = settings().crossover.get(collective)
+        bound = min(bound, TABLE[collective][-2][0] if crossover is None else crossover)
+        if bound and (choose(collective, 0, ctx.size) != "native"
+                      or choose(collective, bound - 1, ctx.size) != "native"):
+            bound = 0
+    else:
+        bound = 0
+    plans[key] = bound
+    return bound
+
+
+def decide(ctx, collective: str, algorithm: str, nbytes: int, dtype, op=None, *, wire=None,
+           overlap: bool = False, host: int = 2, max_message_bytes=None,
+           timeout=None) -> Plan:
+    """The plan of one call on ``ctx`` (module docstring), cached per signature on the
+    context. ``dtype``: a numpy dtype object; ``op``: a hpcdp.comm.core.ops.Op or None
+    (all-gather); ``host``: 2 plain numpy buffers, 1 numpy subclasses (not the compiled
+    ring), 0 device arrays (the Python schedules or MPI's own, no 16-bit wire). Raises
+    what the call asks for that cannot run (a wire on another algorithm, MPI's own on a
+    byte-swapped dtype). Collective the first time a machine profile needs the
+    communicator's topology."""
+    op_key = None if op is None else (op.name if op.builtin else op)
+    # (the dtype object: byte order counts; the type code too: numpy's uint64 'L' and 'Q'
+    # compare equal)
+    key = (collective, algorithm, nbytes, dtype, dtype.char, op_key, wire, overlap, host,
+           max_message_bytes)
+    plans = ctx.plans
+    if ctx.plans_gen != generation():
+        plans = plans_of(ctx)
+    try:
+        hit = plans.get(key)
+    except TypeError:  # an unhashable user op: decided each call
+        hit, key = None, None
+    if hit is not None:
+        return hit
+    hit = _decide(ctx, collective, algorithm, nbytes, dtype, op, wire, overlap, host,
+                  max_message_bytes, timeout)
+    if key is not None:
+        plans_of(ctx)[key] = hit  # (dropped past its size: plans_of)
+    return hit
+
+
+def _decide(ctx, collective, algorithm, nbytes, dtype, op, wire, overlap, host,
+            max_message_bytes, timeout) -> Plan:
+    from hpcdp.comm.engines.wire import wire_format
+
     w = wire_format(wire, dtype, collective)
+    if w is not None and not host:
+        raise ValueError(f"{collective}: a {w.name} wire converts on the host; with CUDA-aware MPI "
+                         "the device buffers go to MPI directly: use wire='float32' or set "
+                         "HPCDP_CUDA_AWARE=0 (host staging)")
     algorithm = configured(collective, algorithm)
     if w is not None:
         algorithm = wire_algorithm(w, algorithm, collective)
     elif overlap and collective == "allreduce":
-        algorithm = overlap_algorithm(comm, algorithm)
+        algorithm = overlap_algorithm(ctx.parent, algorithm)
     algo = algorithm
     if algorithm == "auto" and ctx.size > 1:
         from hpcdp.comm.nodes import auto_layout
 
-        layout = auto_layout(ctx, timeout)
-        if layout is not None:
+        layout = auto_layout(ctx, timeout)  # None unless a machine profile is set
+        if layout is not None:  # (profile, nodes, ranks per node): the cost model decides
             from hpcdp.comm.model.cost import fastest
             algo = fastest(collective, int(nbytes), *layout)
     if algo == "auto":
         algo = choose(collective, int(nbytes), ctx.size, algorithm)
     else:
         choose(collective, int(nbytes), ctx.size, algo)  # a registered name, or its error
-    if algo == "native" and not np.dtype(dtype).isnative and algorithm == "auto":
-        algo = "ring"  # MPI reads native byte order only (the front does the same)
-    engine = {"native": "mpi"}.get(algo, "python")
-    if algo == "ring" and w is None and active_engine(comm) == "compiled":
+    algo = byte_order(algo, algorithm, dtype, collective)
+    if algo == "native":
+        lean = (host and max_message_bytes is None and nbytes < MAX_MESSAGE_BYTES
+                and (op is None or op.builtin))
+        return Plan(collective, algo, "mpi", "float32", lean)
+    engine = "python"
+    if algo == "ring" and _ring_compiled(ctx, w, dtype, op, host):
         engine = "compiled"
     return Plan(collective, algo, engine, "float32" if w is None else w.name)
+
+
+def _ring_compiled(ctx, w, dtype, op, host) -> bool:
+    """Whether the ring runs compiled: the engine asked for on ``ctx`` (``set_engine`` or
+    ``[comm] engine``) is "compiled", this MPI can be bound, and the call is one compiled
+    code takes (host buffers of native byte order and a compiled type, a built-in op).
+    A 16-bit wire runs on the Python ring (its per-segment conversion is not in the
+    compiled state machine): one info line, once per process."""
+    from hpcdp.comm.engines.compiled.engine import compiled_engine, engine_name
+
+    if engine_name(ctx) != "compiled":
+        return False
+    if w is not None:
+        if once(("select", "wire on the Python ring")):
+            log.info("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
+                     "collectives run on the Python ring", w.name)
+        return False
+    if compiled_engine() is None:
+        return False
+    return (host == 2 and dtype.char in _COMPILED_KINDS and dtype.isnative
+            and (op is None or (op.builtin and op.name in _COMPILED_OPS)))
+
+
+def plan(collective: str, nbytes: int, *, comm, dtype="float32", op="sum", algorithm="auto",
+         blocking: bool = False, wire=None, overlap: bool = False, timeout=None) -> Plan:
+    """The plan of one call's signature (module docstring): what the front runs for a
+    call on host buffers with these arguments. Collective the first time a machine
+    profile needs the communicator's topology."""
+    from hpcdp.comm.core.ops import resolve
+
+    if collective not in COLLECTIVES:
+        raise ValueError(f"plan: collective must be allreduce, reduce_scatter or all_gather, "
+                         f"got {collective!r}")
+    ctx = get_context(comm, timeout)
+    return decide(ctx, collective, algorithm, int(nbytes), np.dtype(dtype),
+                  None if collective == "all_gather" else resolve(op), wire=wire,
+                  overlap=overlap, timeout=timeout)
 
 
 def prepare(comm, *, algorithm: str = "auto", timeout=None) -> None:
@@ -125,4 +281,5 @@ def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
     return formula(n, N, rank, itemsize)
 
 
-__all__ = ["Plan", "plan", "prepare", "overlap_algorithm", "configured", "collective_bytes"]
+__all__ = ["Plan", "plan", "decide", "prepare", "lean_bound", "plans_of", "overlap_algorithm", "wire_algorithm",
+           "byte_order", "configured", "collective_bytes"]

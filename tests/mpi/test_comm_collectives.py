@@ -208,3 +208,31 @@ def test_few_step_scatter_gather_bitwise_like_the_ring(comm, per_node, monkeypat
                 np.testing.assert_array_equal(got, whole, err_msg=f"{algo} n={n}")
     finally:
         sub.Free()
+
+
+def test_the_front_runs_the_choosers_plan_cached_per_signature(comm):
+    """The front asks the chooser once per call signature: the plan it ran is the one
+    hpcdp.comm.plan answers, kept on the context until set_engine (or new settings)."""
+    from hpcdp.comm import get_context, iallreduce, plan, set_engine
+
+    sub = comm.Dup()
+    N = sub.Get_size()
+    try:
+        x = np.ones(1000, np.float32)
+        for engine in ("python", "compiled"):
+            set_engine(sub, engine)
+            req = iallreduce(x.copy(), comm=sub, algorithm="ring", max_message_bytes=1 << 20)
+            assert np.array_equal(req.wait(), np.full(x.size, N, np.float32))
+            p = plan("allreduce", x.nbytes, comm=sub, algorithm="ring")
+            ran = [v for k, v in get_context(sub).plans.items()
+                   if isinstance(k, tuple) and k[:3] == ("allreduce", "ring", x.nbytes)]
+            assert ran and all(r.algorithm == "ring" for r in ran)
+            assert {r.engine for r in ran} == {p.engine}
+            if N > 1:  # (one rank: nothing to run)
+                assert (type(req).__name__ == "CompiledRingRequest") == (p.engine == "compiled")
+        set_engine(sub, "python")
+        assert not get_context(sub).plans  # the engine changed: every plan is made again
+        with pytest.raises(ValueError, match="cannot carry a float16 wire"):
+            allreduce(x.copy(), comm=sub, algorithm="native", wire="float16")
+    finally:
+        sub.Free()

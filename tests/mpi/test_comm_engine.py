@@ -17,7 +17,7 @@ import pytest
 
 from hpcdp.comm import CollectiveTimeout, Ledger, all_gather, allreduce, iallreduce, \
     iall_gather, reduce_scatter
-from hpcdp.comm.engines.compiled import active_engine, engine, set_engine
+from hpcdp.comm.engines.compiled import active_engine, binding, engine, set_engine
 from hpcdp.comm.engines.compiled.request import CompiledRingRequest
 from hpcdp.comm.core.context import get_context
 from hpcdp.shard import shard_range
@@ -83,7 +83,7 @@ def run_all(comm, eng, dtype, n, seg):
 
 def test_the_engine_binds_this_mpi(comm):
     set_engine(comm, "compiled")
-    assert active_engine(comm) == "compiled", engine._STATE["why"]
+    assert active_engine(comm) == "compiled", binding.why()
     set_engine(comm, "python")
 
 
@@ -336,6 +336,7 @@ def test_a_wait_asked_before_the_threads_first_pass_takes_the_request_over(comm)
     (PROGRESS) instead of keeping it to the end or its deadline while wait() blocks.
     Here rank 0 makes that first pass itself, with ST_STOP set, while its peers wait
     at a barrier (so the collective cannot complete within the pass)."""
+    from hpcdp.comm.collectives import blocking_call
     from hpcdp.comm.engines.compiled import kernels as K
 
     set_engine(comm, "compiled")
@@ -346,7 +347,7 @@ def test_a_wait_asked_before_the_threads_first_pass_takes_the_request_over(comm)
         code = K.PROGRESS
         if comm.Get_rank() == 0:
             # a launch whose first pass is still to come (as a warm launch's for the thread)
-            req = engine.blocking_call(iallreduce, x, comm=comm, algorithm="ring")
+            req = blocking_call(iallreduce, x, comm=comm, algorithm="ring")
             req.st[K.ST_STOP] = 1  # wait()'s request, before that pass
             with req.lock:
                 code = req.background_pass(time.monotonic() + 3.0)

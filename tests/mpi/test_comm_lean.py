@@ -123,8 +123,8 @@ def test_lean_path_follows_the_crossover(comm):
     N = comm.Get_size()
     if N == 1:
         pytest.skip("one rank: every call is done at once")
-    from hpcdp.comm.auto import native_below
-    bound = native_below("allreduce", N)
+    from hpcdp.comm.select import lean_bound
+    bound = lean_bound(get_context(comm), "allreduce", "auto")
     big = np.ones(bound // 4, dtype=np.float32)
     req = iallreduce(big, comm=comm)
     assert not isinstance(req, fast.FastRequest)
@@ -202,7 +202,7 @@ def _mean_of(x, N):  # what the lean path's mean is: numpy's division of MPI's s
 
 def _compiled(comm, collective, op, dtype):
     dtype = np.dtype(dtype)
-    sig = get_context(comm).lean_sigs.get((collective, op, "auto", dtype, dtype.char))
+    sig = get_context(comm).plans.get(("sig", collective, op, "auto", dtype, dtype.char))
     return sig is not None and sig[4] is not None
 
 
@@ -374,7 +374,7 @@ def test_an_mpi_error_in_the_compiled_lean_path_is_an_mpierror(comm):
     x = np.ones(4, np.float32)
     for _ in range(2):  # the first call sets the context up (the general path)
         allreduce(x, np.empty_like(x), comm=sub)
-    e = get_context(sub).lean_sigs[("allreduce", "sum", "auto", np.dtype(np.float32), "f")][4]
+    e = get_context(sub).plans[("sig", "allreduce", "sum", "auto", np.dtype(np.float32), "f")][4]
     good = e.H[lean.H_OP]
     e.H[lean.H_OP] = lean.binding().handle(MPI.OP_NULL)
     with pytest.raises(MPIError) as err:

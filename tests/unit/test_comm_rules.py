@@ -158,7 +158,8 @@ def test_the_config_names_exactly_the_registered_algorithms():
     zero = set(literal_values(typing.get_type_hints(ZeroConfig)["algorithm"]))
     # ZeRO names one algorithm for both of its collectives: every name both register
     assert zero == set(names("reduce_scatter")) & set(names("all_gather"))
-    from hpcdp.comm.engines.wire import WIRE_ALGORITHMS, WIRE_DTYPES
+    from hpcdp.comm.engines.wire import WIRE_DTYPES
+    from hpcdp.comm.select import WIRE_ALGORITHMS
     from hpcdp.config_parallel import WIRE_ALGORITHMS as CONFIG_WIRE_ALGORITHMS, CommDtype
 
     assert literal_values(CommDtype) == WIRE_DTYPES

@@ -5,7 +5,8 @@ exactly; float16 is NumPy's own cast."""
 import numpy as np
 import pytest
 
-from hpcdp.comm.engines.wire import wire_algorithm, wire_format
+from hpcdp.comm.engines.wire import wire_format
+from hpcdp.comm.select import wire_algorithm
 
 
 def bf16_words(x):

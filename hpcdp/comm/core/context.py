@@ -103,11 +103,11 @@ class CommContext:
         self.pool = BufferPool()
         self.shard_cache: dict = {}  # n -> counts/displacements for MPI's v-collectives
         self.ctrl_reqs: list = []    # control requests in flight (their buffers stay alive)
-        self.lean_bounds: dict = {}  # (collective, algorithm) -> bytes bound of hpcdp.comm.fast
-        # hpcdp.comm.fast.signature: (collective, op, algorithm, dtype) -> the lean decision,
-        # valid for hpcdp.comm.auto.generation() == lean_gen
-        self.lean_sigs: dict = {}
-        self.lean_gen = -1
+        # hpcdp.comm.select: the chooser's decisions (call signature -> Plan, ("lean",
+        # collective, algorithm) -> the small-message bound, ("sig", ...) -> hpcdp.comm.fast's
+        # MPI datatype and op), valid while hpcdp.comm.core.settings.generation() == plans_gen
+        self.plans: dict = {}
+        self.plans_gen = -1
         # hpcdp.comm.fast's ready compiled calls: (allreduce, reduce-scatter, all-gather),
         # each length -> its LeanCall (the last signature seen at that length)
         self.lean_calls: tuple = ({}, {}, {})
@@ -297,7 +297,7 @@ def forget(comm, *, free: bool = True) -> None:
                 except Exception:  # noqa: BLE001 - already freed or unusable: dropped anyway
                     pass
         c.derived, c.topology, c.extra = [], None, {}
-        c.compiled_plans, c.blocking_plans, c.lean_sigs, c.lean_bounds = {}, {}, {}, {}
+        c.compiled_plans, c.blocking_plans, c.plans = {}, {}, {}
         c.lean_calls = ({}, {}, {})
 
 

@@ -202,11 +202,21 @@ def invalidate(defaults: bool = False) -> None:
     _STATE["generation"] += 1
 
 
+def once(key) -> bool:
+    """True the first time ``key`` is asked for in this process: a line logged once
+    (e.g. the chooser's notes)."""
+    told = _STATE["told"]
+    if key in told:
+        return False
+    told.add(key)
+    return True
+
+
 def generation() -> int:
     """How many times the settings changed: caches of decisions compare it."""
     return _STATE["generation"]
 
 
-__all__ = ["Settings", "settings", "configure", "reload", "invalidate", "generation", "COLLECTIVES",
+__all__ = ["Settings", "settings", "configure", "reload", "invalidate", "generation", "once", "COLLECTIVES",
            "RANKS_PER_NODE_ENV",
            "ENGINES", "LEAN_PATHS", "PROGRESS_MODES"]

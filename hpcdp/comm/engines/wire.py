@@ -35,8 +35,8 @@ than the kernel.
 
 Only the ring accumulates in float32 between hops; MPI's own collectives ("native")
 would sum 16-bit values in 16 bits, and the recursive / hierarchical allreduces are
-not built for it yet: :func:`wire_algorithm` maps "auto" to the ring and refuses the
-others with one line.
+not built for it yet: the chooser (hpcdp.comm.select.wire_algorithm) maps "auto" to
+the ring and refuses the others with one line.
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ import numpy as np
 
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 """The names ``comm_dtype`` takes ("float32": no conversion, today's bytes)."""
-WIRE_ALGORITHMS = ("ring",)
-"""Algorithms that carry a 16-bit wire with float32 accumulation."""
-
-
 class Wire:
     """One 16-bit wire format: ``dtype`` is what the ring's messages hold."""
 
@@ -100,16 +96,4 @@ def wire_format(wire, dtype, what: str = "collective") -> Wire | None:
     return w
 
 
-def wire_algorithm(wire: Wire | None, algorithm: str, what: str = "collective") -> str:
-    """The algorithm that runs a call with ``wire``: unchanged for no wire, the ring for
-    "auto" or "ring"; any other is refused (module docstring)."""
-    if wire is None or algorithm in WIRE_ALGORITHMS:
-        return algorithm
-    if algorithm == "auto":
-        return "ring"
-    raise ValueError(f"{what}: algorithm={algorithm!r} cannot carry a {wire.name} wire (only the ring "
-                     f"accumulates 16-bit messages in float32); use algorithm='ring' or 'auto' "
-                     "(which then runs the ring), or wire='float32'")
-
-
-__all__ = ["Wire", "wire_format", "wire_algorithm", "WIRE_DTYPES", "WIRE_ALGORITHMS"]
+__all__ = ["Wire", "wire_format", "WIRE_DTYPES"]

@@ -6,7 +6,8 @@
 - request.py: CompiledRingRequest, the request interface over it
 - blocking.py: the blocking ring calls' fast front (a cached plan per call signature)
 - progress.py: the progress thread (sleeps, never busy-polls)
-- engine.py: choosing the engine (``HPCDP_COMM_ENGINE``, ``set_engine``), the fallback
+- engine.py: the engine asked for (``[comm] engine``, ``set_engine``), the binding's fallback;
+  ring_request launches the ring on the engine the chooser's plan names
 
 See docs/collectives.md, "The compiled engine".
 """

@@ -122,7 +122,9 @@ def load() -> Binding:
     return binding
 
 
-_LOADED: dict = {}  # "binding": this process's Binding, or the Unbindable's message
+# this process's binding: "binding" the Binding, or the Unbindable's message; "told":
+# who (the ring engine, the lean path) logged that it cannot bind
+_LOADED: dict = {"told": set()}
 
 
 def bound() -> Binding:
@@ -140,6 +142,25 @@ def bound() -> Binding:
     return hit
 
 
+def bound_or_none(who: str, log, line: str):
+    """:func:`bound`, or None when this MPI cannot be bound: then ``line`` (a format with
+    one ``%s``, the reason) goes to ``log`` once per process for ``who``."""
+    try:
+        return bound()
+    except Unbindable as exc:
+        if who not in _LOADED["told"]:
+            _LOADED["told"].add(who)
+            log.warning(line, exc)
+        return None
+
+
+def why() -> str | None:
+    """Why this MPI cannot be bound, or None (bound, or not tried yet)."""
+    hit = _LOADED.get("binding")
+    return hit if isinstance(hit, str) else None
+
+
 def forget() -> None:
     """Load again on the next :func:`bound` (tests: after changing what :func:`load` sees)."""
     _LOADED.clear()
+    _LOADED["told"] = set()

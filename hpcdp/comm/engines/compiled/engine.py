@@ -1,33 +1,28 @@
-"""Engine selection: which code runs hpcdp's ring, the Python one or the compiled one.
+"""The engine asked for per communicator, the process's compiled engine, and the
+ring's launch on the engine a plan names.
 
-``HPCDP_COMM_ENGINE`` (``compiled``, the default, or ``python``, read when a
-communicator's context is first used) or :func:`set_engine` per communicator. ``compiled`` runs
-the ring collectives (reduce-scatter, all-gather, allreduce) through
-hpcdp.comm.engines.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
-It takes host numpy buffers of native byte order with a built-in op (sum, mean,
-max, min) and a dtype compiled code handles (8- to 64-bit integers, float16,
-float32, float64); any other call (a callable op, long double, a device array) runs on the
-Python ring, as does everything when the MPI library cannot be bound
-(hpcdp.comm.engines.compiled.binding): then one line in the log says why, once per process.
-A 16-bit wire (hpcdp.comm.engines.wire) runs on the Python ring too (its per-segment
-conversion is not in the compiled state machine): one info line, once per process.
+``[comm] engine`` (``HPCDP_COMM_ENGINE`` overrides it: ``compiled``, the default, or
+``python``; read when a communicator's context is first used) or :func:`set_engine` per
+communicator says who should run hpcdp's ring. ``compiled`` runs the ring collectives
+(reduce-scatter, all-gather, allreduce) through hpcdp.comm.engines.compiled: bit-for-bit
+the Python ring's results, ledger and timeouts. Which calls it takes (host numpy buffers
+of native byte order, a built-in op, a dtype compiled code handles, no 16-bit wire) is
+the chooser's rule (hpcdp.comm.select); everything runs on the Python ring when the MPI
+library cannot be bound (hpcdp.comm.engines.compiled.binding): then one line in the log
+says why, once per process.
 
-:func:`ring_request` is the one hook the collectives call where they used to build
-hpcdp.comm.ring.RingRequest.
+:func:`ring_request` launches the ring on the engine the chooser's plan names; it makes
+no choice of its own.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 
-import numpy as np
-
-from hpcdp.comm.core.settings import settings
+from hpcdp.comm.core.settings import invalidate, settings
 from hpcdp.comm.ring import RingRequest
 
 ENGINES = ("python", "compiled")
-_COMPILED_KINDS = frozenset("bBhHiIlLqQefd")
 _OPS = {"sum": 0, "mean": 0, "max": 1, "min": 2}
 log = logging.getLogger("hpcdp.comm")
 
@@ -61,45 +56,20 @@ class CompiledEngine:
     def op_code(op) -> int:
         return _OPS[op.name]
 
-    @staticmethod
-    def takes(work, src, op) -> bool:
-        """True when this call can run compiled (module docstring)."""
-        if type(work) is not np.ndarray or type(src) is not np.ndarray:
-            return False
-        dt = work.dtype
-        if dt.char not in _COMPILED_KINDS or not dt.isnative:
-            return False
-        return op is None or (op.builtin and op.name in _OPS)
 
-
-_STATE: dict = {"engine": None, "why": None}
-_LOCAL = threading.local()  # .blocking: the request being built is waited on at once
-
-
-def blocking_call(start, *args, **kwargs):
-    """``start(*args, **kwargs)`` (an ``i*`` collective) for a blocking call, which
-    waits on the request at once: a compiled ring is then not handed to the progress
-    thread (waking it per call costs a context switch, and on an oversubscribed
-    machine a time slice)."""
-    _LOCAL.blocking = True
-    try:
-        return start(*args, **kwargs)
-    finally:
-        _LOCAL.blocking = False
+_STATE: dict = {"engine": None}  # this process's CompiledEngine (one progress thread)
 
 
 def compiled_engine():
     """The process's CompiledEngine, or None (the reason logged once) if MPI cannot
     be bound."""
-    if _STATE["engine"] is None and _STATE["why"] is None:
-        from hpcdp.comm.engines.compiled.binding import Unbindable, bound
+    if _STATE["engine"] is None:
+        from hpcdp.comm.engines.compiled.binding import bound_or_none
 
-        try:
-            _STATE["engine"] = CompiledEngine(bound())
-        except Unbindable as exc:
-            _STATE["why"] = str(exc)
-            log.warning("hpcdp.comm: the compiled engine cannot bind this MPI (%s); "
-                        "collectives run on the Python ring", exc)
+        b = bound_or_none("engine", log, "hpcdp.comm: the compiled engine cannot bind this MPI "
+                          "(%s); collectives run on the Python ring")
+        if b is not None:
+            _STATE["engine"] = CompiledEngine(b)
     return _STATE["engine"]
 
 
@@ -109,7 +79,8 @@ def forget() -> None:
     from hpcdp.comm.engines.compiled import binding
 
     binding.forget()
-    _STATE["engine"], _STATE["why"] = None, None
+    _STATE["engine"] = None
+    invalidate()  # plans that named the compiled engine are decided again
 
 
 def engine_name(ctx) -> str:
@@ -128,7 +99,9 @@ def set_engine(comm, name: str) -> None:
 
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
-    get_context(comm).engine = name
+    ctx = get_context(comm)
+    ctx.engine = name
+    ctx.plans.clear()  # (the chooser decides again: hpcdp.comm.select)
 
 
 def active_engine(comm) -> str:
@@ -143,37 +116,24 @@ def active_engine(comm) -> str:
 
 
 def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, segment_bytes,
-                 max_message_bytes=None, result=None, final_out=None, background=True, wire=None):
-    """A ring collective on the context's engine (module docstring). ``final_out``
-    ``(out, off, size)``: an out-of-place reduce-scatter's last step reduces this
-    rank's chunk ``[off, off+size)`` straight into ``out`` (the rest of the chunks pass
-    through a scratch). ``wire``: a 16-bit hpcdp.comm.engines.wire.Wire
-    (the Python ring only)."""
-    if wire is not None and engine_name(ctx) == "compiled" and not _STATE.get("wire_told"):
-        _STATE["wire_told"] = True
-        log.info("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
-                    "collectives run on the Python ring", wire.name)
-    if engine_name(ctx) == "compiled" and wire is None:
-        engine = compiled_engine()
-        if engine is not None and engine.takes(work if work is not None else src, src, op):
-            blocking = getattr(_LOCAL, "blocking", False)
-            return engine.request(
-                ctx, name, call, ledger, timeout, work=work, src=src, op=op, phases=phases,
-                engine=engine, segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
-                result=result, final_out=final_out,
-                background=background and engine.binding.multiple and not blocking,
-                defer=blocking)
-    req = RingRequest(ctx, name, call, ledger, timeout, work=work, src=src, op=op,
-                      phases=phases, segment_bytes=segment_bytes,
-                      max_message_bytes=max_message_bytes, result=result, final_out=final_out,
-                      wire=wire)
-    return req
-
-
-def start_ring_allreduce(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes,
-                         max_message_bytes):
-    """The registered start of the ring allreduce (hpcdp.comm.algorithms), on the
-    context's engine (:func:`ring_request`: hpcdp.comm.ring.RingRequest or the compiled one)."""
-    return ring_request(ctx, "allreduce", call, ledger, timeout, work=work, src=src, op=op,
-                        phases=("rs", "ag"), segment_bytes=segment_bytes,
-                        max_message_bytes=max_message_bytes, result=result)
+                 max_message_bytes=None, result=None, final_out=None, wire=None,
+                 engine="python", blocking=False):
+    """A ring collective on ``engine`` (the plan's: hpcdp.comm.select decides "compiled"
+    only for calls compiled code takes, on a bound MPI). ``final_out`` ``(out, off,
+    size)``: an out-of-place reduce-scatter's last step reduces this rank's chunk
+    ``[off, off+size)`` straight into ``out`` (the rest of the chunks pass through a
+    scratch). ``wire``: a 16-bit hpcdp.comm.engines.wire.Wire (the Python ring only).
+    ``blocking``: the caller waits on the request at once: a compiled ring is then not
+    handed to the progress thread (waking it per call costs a context switch, and on an
+    oversubscribed machine a time slice)."""
+    if engine == "compiled":
+        eng = compiled_engine()
+        return eng.request(
+            ctx, name, call, ledger, timeout, work=work, src=src, op=op, phases=phases,
+            engine=eng, segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+            result=result, final_out=final_out,
+            background=eng.binding.multiple and not blocking, defer=blocking)
+    return RingRequest(ctx, name, call, ledger, timeout, work=work, src=src, op=op,
+                       phases=phases, segment_bytes=segment_bytes,
+                       max_message_bytes=max_message_bytes, result=result, final_out=final_out,
+                       wire=wire)

@@ -71,7 +71,6 @@ L_HEAD = 24  # L_ABORT: the address of the communicator's abort flag (hpcdp.comm
 H_COMM, H_CTRL, H_TYPE, H_OP, H_REQ = range(5)
 
 log = logging.getLogger("hpcdp.comm")
-_BOUND: dict = {"binding": None, "why": None}
 
 
 # -- compile-time facts of an argument's array type -----------------------------
@@ -325,7 +324,7 @@ def set_lean_path(comm, name: str) -> None:
         raise ValueError(f"lean path must be one of {PATHS}, got {name!r}")
     ctx = get_context(comm)
     ctx.lean_path = name
-    ctx.lean_sigs.clear()  # (hpcdp.comm.fast.signature decides again)
+    ctx.plans.clear()  # (hpcdp.comm.fast.signature decides again)
     for calls in ctx.lean_calls:  # (and its ready calls were made for the old path)
         calls.clear()
 
@@ -344,24 +343,19 @@ def lean_path(ctx) -> str:
 def binding():
     """The bound MPI (hpcdp.comm.engines.compiled.binding), or None: then the reason is logged
     once per process and the mpi4py path runs."""
-    if _BOUND["binding"] is None and _BOUND["why"] is None:
-        from hpcdp.comm.engines.compiled.binding import Unbindable, bound
+    from hpcdp.comm.engines.compiled.binding import bound_or_none
 
-        try:
-            _BOUND["binding"] = bound()
-        except Unbindable as exc:
-            _BOUND["why"] = str(exc)
-            log.warning("hpcdp.comm: the compiled lean path cannot bind this MPI (%s); small "
-                        "collectives run through mpi4py", exc)
-    return _BOUND["binding"]
+    return bound_or_none("lean", log, "hpcdp.comm: the compiled lean path cannot bind this MPI "
+                         "(%s); small collectives run through mpi4py")
 
 
 def forget() -> None:
     """Bind again on next use (tests: after changing what the binding's load sees)."""
+    from hpcdp.comm.core.settings import invalidate
     from hpcdp.comm.engines.compiled import binding as compiled_binding
 
     compiled_binding.forget()
-    _BOUND["binding"], _BOUND["why"] = None, None
+    invalidate()  # cached decisions made with the old binding are made again
 
 
 class Entry:
