@@ -53,14 +53,6 @@ version=$("$mpiexec" --version 2>/dev/null | head -1)
 
 export HPCDP_MPIEXEC=$mpiexec
 ft_args="--with-ft ulfm${PYTHONPATH:+ -x PYTHONPATH}"
-# Several hosts: ULFM's heartbeat detector (off by default in Open MPI 5), without which a
-# node whose link is cut fails no MPI call and hpcdp's deadline ends the job the classic way
-# (docs/fault-tolerance.md, its link-cut section); HPCDP_FT_DETECTOR=0 leaves it off.
-detector="--mca mpi_ft_detector true --mca mpi_ft_detector_thread false --mca mpi_ft_detector_period 0.5 --mca mpi_ft_detector_timeout 2"
-if [ -z "${HPCDP_HOSTFILE:-}" ]; then
-  ft_args+=" --oversubscribe"
-elif [ "${HPCDP_FT_DETECTOR:-1}" != 0 ]; then
-  ft_args+=" $detector"
-fi
+[ -z "${HPCDP_HOSTFILE:-}" ] && ft_args+=" --oversubscribe"
 export HPCDP_MPIEXEC_ARGS="$ft_args ${HPCDP_MPIEXEC_ARGS:-}"
 exec bash "$here/train_mpirun.sh" --set 'failure.on_rank_loss="continue"' "$@"

@@ -36,7 +36,7 @@ SETS = ["data.kind=synthetic_classification", "data.n_samples=512", "data.n_feat
         "data.n_classes=4", "model.sizes=[16, 32, 4]", "train.global_batch=30", f"train.steps={STEPS}",
         "run.log_every=1", "run.eval_every=0", "parallel.strategy=ddp", "comm.timeout=10",
         'failure.on_rank_loss="continue"']
-DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "false",
+DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
             "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2"]
 
 
