@@ -9,15 +9,8 @@ step 6 on 2 ranks ends with the same weights as the repaired job."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
+from ulfm_launch import run_job
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / os.environ.get("HPCDP_ULFM_VENV", ".venv-ulfm")  # relative: to the repository root
 SETS = ["data.kind=synthetic_classification", "data.n_samples=512", "data.n_features=16",
         "data.n_classes=4", "model.sizes=[16, 32, 4]", "train.global_batch=30", "train.steps=12",
         'train.reproducible="exact"', "train.exact_micro_batch=5", "run.log_every=1", "run.eval_every=0",
@@ -25,24 +18,7 @@ SETS = ["data.kind=synthetic_classification", "data.n_samples=512", "data.n_feat
 
 
 def _job(tmp_path, name, ranks, sets, *extra, ft=True, **env):
-    mpirun = VENV / "bin" / "mpirun"
-    if not mpirun.exists():
-        pytest.skip(f"no Open MPI venv at {VENV}: run bash tests/ulfm/setup_venv_ulfm.sh (tests/run_all.sh does)")
-    out = tmp_path / name
-    argv = [str(mpirun), *(["--with-ft", "ulfm"] if ft else []), "--oversubscribe", "-n", str(ranks),
-            str(VENV / "bin" / "python"), "-m", "hpcdp.cli", "train", *extra]
-    for s in SETS + sets + [f'run.out_dir="{out}"']:
-        argv += ["--set", s]
-    full = {**{k: v for k, v in os.environ.items() if k not in ("HPCDP_FAULT", "HPCDP_CKPT_FAILPOINT")},
-            "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **env}
-    proc = subprocess.run(argv, cwd=tmp_path, env=full, capture_output=True, text=True, timeout=240)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text[-6000:]
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    final = [r["eval"]["weights_sha256"] for r in recs if "eval" in r and r["eval"]["step"] == 12]
-    assert len(final) == 1, text[-3000:]
-    return final[0], recs, text, out
+    return run_job(tmp_path, name, ranks, SETS + sets, *extra, ft=ft, **env)
 
 
 def test_a_rank_killed_during_a_save_leaves_only_complete_checkpoints(tmp_path):
