@@ -28,8 +28,8 @@ else
   log=$(mktemp)
   ok=0
   for attempt in 1 2 3; do  # a mirror hiccup should not fail CI
-    if { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-         $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    if { $sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+         $sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
            "${pkgs[@]}"; } >"$log" 2>&1; then
       ok=1; break
     fi

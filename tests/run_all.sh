@@ -35,11 +35,27 @@ export PATH="$(cd "$(dirname "$(command -v "$PY")")" && pwd):$PATH"
 export NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
 
+# The later groups' environments (apt packages for parallel HDF5 and Slurm, an h5py built
+# for MPI, the PyTorch and Open MPI 5 venvs: ~10 min on a fresh 2-core machine, mostly
+# one core compiling or downloading) are prepared in the background while the unit tests
+# run on the other core; the Slurm group waits for them and prints what they said.
+# Each group's header says how far into the run it starts (CI's time budget is per run).
+section() { echo "== $* [at $((SECONDS / 60)) min $((SECONDS % 60)) s]"; }
+prep_log=$(mktemp "${TMPDIR:-/tmp}/hpcdp-prep.XXXXXX")
+(
+  bash .ci/parallel-hdf5.sh || echo "prepare: parallel HDF5 setup failed (exit $?); its group will say why"
+  [ "$(id -u)" -ne 0 ] || bash tests/slurm/install-slurm.sh || echo "prepare: Slurm install failed; its group will say why"
+  bash tests/hf/setup_venv_hf.sh || echo "prepare: .venv-hf setup failed; its group will say why"
+  bash tests/ulfm/setup_venv_ulfm.sh || echo "prepare: .venv-ulfm setup failed; its group will say why"
+) >"$prep_log" 2>&1 </dev/null &
+prep_pid=$!
+echo "== preparing the other groups' environments in the background (pid $prep_pid, log $prep_log)"
+
 failed=()
-echo "== unit tests"
+section "unit tests"
 timeout 1500 "$PY" -m pytest tests/unit -q -p no:cacheprovider || failed+=(unit)
 
-echo "== CUDA kernel tests"
+section "CUDA kernel tests"
 if [ "${HPCDP_REAL_GPU:-0}" = 1 ]; then
   timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider || failed+=(cuda)
 else
@@ -48,15 +64,20 @@ else
   NUMBA_ENABLE_CUDASIM=1 timeout 900 "$PY" -m pytest tests/cuda -q -p no:cacheprovider -n 2 || failed+=(cuda-sim)
 fi
 
-echo "== MPI tests (1, 2, 3, 4 ranks)"
+section "MPI tests (1, 2, 3, 4 ranks)"
 PYTHON="$PY" bash tests/run_mpi.sh || failed+=(mpi)
 
-echo "== fault injection (real mpiexec jobs, one rank broken)"; timeout 900 "$PY" -m pytest tests/faults -q -p no:cacheprovider || failed+=(faults)
+section "fault injection (real mpiexec jobs, one rank broken)"
+timeout 900 "$PY" -m pytest tests/faults -q -p no:cacheprovider || failed+=(faults)
 
-echo "== Slurm job-script tests (a local one-node Slurm)"
+section "the background preparation (started before the unit tests)"
+wait "$prep_pid"
+sed 's/^/   /' "$prep_log"; rm -f "$prep_log"
+
+section "Slurm job-script tests (a local one-node Slurm)"
 PYTHON="$PY" bash tests/run_slurm.sh || failed+=(slurm)
 
-echo "== emulated cluster (network namespaces joined by veth links, real mpiexec jobs across them)"
+section "emulated cluster (network namespaces joined by veth links, real mpiexec jobs across them)"
 PYTHON="$PY" bash tests/run_cluster.sh
 case $? in
   0) ;;
@@ -64,17 +85,18 @@ case $? in
   *) failed+=(cluster) ;;
 esac
 
-echo "== parallel HDF5 checkpoints (Open MPI + h5py mpio, a second venv)"
+section "parallel HDF5 checkpoints (Open MPI + h5py mpio, a second venv)"
 bash .ci/parallel-hdf5.sh --test || failed+=(parallel-hdf5)
 
-echo "== transformers interop (PyTorch CPU + transformers in .venv-hf)"
+section "transformers interop (PyTorch CPU + transformers in .venv-hf)"
 { bash tests/hf/setup_venv_hf.sh &&
   HPCDP_HF_PYTHON=.venv-hf/bin/python timeout 900 "$PY" -m pytest tests/hf -q -p no:cacheprovider; } || failed+=(transformers)
 
-echo "== ULFM continue (Open MPI 5 --with-ft ulfm in .venv-ulfm: a rank killed, the survivors go on)"
+section "ULFM continue (Open MPI 5 --with-ft ulfm in .venv-ulfm: a rank killed, the survivors go on)"
 { bash tests/ulfm/setup_venv_ulfm.sh &&
   HPCDP_ULFM_VENV=.venv-ulfm timeout 600 "$PY" -m pytest tests/ulfm -q -p no:cacheprovider; } || failed+=(ulfm)
 
+section "end"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED groups: ${failed[*]}"
   exit 1

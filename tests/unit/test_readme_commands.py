@@ -53,6 +53,16 @@ def test_run_all_prepares_the_venv_before_any_group():
     assert text.index("bash tests/setup_venv.sh") < text.index("-m pytest")
 
 
+def test_run_all_waits_for_the_background_preparation_before_the_groups_that_need_it():
+    """The apt packages and venvs of the later groups are prepared while the unit tests
+    run; every group that uses them must start after the wait."""
+    text = (REPO / "tests" / "run_all.sh").read_text()
+    start, wait = text.index(") >\"$prep_log\" 2>&1 </dev/null &"), text.index('wait "$prep_pid"')
+    assert start < text.index("tests/unit -q") < wait
+    for later in ("tests/run_slurm.sh", ".ci/parallel-hdf5.sh --test", "tests/hf -q", "tests/ulfm -q"):
+        assert wait < text.index(later, start), later
+
+
 def test_run_all_puts_the_venv_first_on_path():
     """A test that looks mpiexec up on PATH must find the venv's (the MPI mpi4py was
     built for), not a system MPI's, without an activated venv."""
