@@ -70,10 +70,12 @@ if [ "${1:-}" = "--test" ]; then
   status=0
   for n in 2 3 4; do
     echo "=== checkpoint tests, shared layout, the compiled engine and lean path, $n ranks (Open MPI)"
+    rc=0
     NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 HPCDP_MPIEXEC="$MPIEXEC" \
       timeout 900 "$MPIEXEC" -n "$n" "$VENV/bin/python" -m pytest --with-mpi -q -p no:cacheprovider \
       --timeout=300 tests/mpi/test_ckpt_shared.py tests/mpi/test_comm_engine.py \
-      tests/mpi/test_comm_lean.py || status=1
+      tests/mpi/test_comm_lean.py || rc=$?
+    [ $rc -eq 0 ] || { echo "=== FAILED on $n ranks of Open MPI (exit $rc$( [ $rc -eq 124 ] && echo ', timed out'))"; status=1; }
   done
   exit $status
 fi

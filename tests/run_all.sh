@@ -25,6 +25,11 @@
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Everything is also kept in a log, so the end of the run can repeat what failed: a CI
+# page that shows only the last lines then still names the failing tests.
+runlog=$(mktemp "${TMPDIR:-/tmp}/hpcdp-run.XXXXXX")
+exec 3>&1 4>&2 > >(tee "$runlog") 2>&1
+teepid=$!
 echo "== test environment"
 bash tests/setup_venv.sh || { echo "FAILED: no Python environment to test with (see above)"; exit 1; }
 PY=${PYTHON:-.venv/bin/python}
@@ -97,8 +102,17 @@ section "ULFM continue (Open MPI 5 --with-ft ulfm in .venv-ulfm: a rank killed, 
   HPCDP_ULFM_VENV=.venv-ulfm timeout 600 "$PY" -m pytest tests/ulfm -q -p no:cacheprovider; } || failed+=(ulfm)
 
 section "end"
+# Back to the original output; tee gets 10 s to write the rest of the log (a daemon a
+# group left running could hold its pipe open: then it is stopped, not waited for).
+exec >&3 2>&4 3>&- 4>&-
+for _ in $(seq 50); do kill -0 "$teepid" 2>/dev/null || break; sleep 0.2; done
+kill "$teepid" 2>/dev/null
 if [ ${#failed[@]} -gt 0 ]; then
+  echo "what failed, as the groups above said it (FAILED / ERROR / timed out lines):"
+  grep -a -E "FAILED|ERROR|timed out|Timeout" "$runlog" | grep -a -v -E "^== |^   prepare" | sort | uniq -c | tail -40
   echo "FAILED groups: ${failed[*]}"
+  rm -f "$runlog"
   exit 1
 fi
+rm -f "$runlog"
 echo "all test groups passed"
