@@ -87,9 +87,15 @@ class Cluster:
     def start(self, layout: str, argv: list, *, cwd=None, env=None, marker=None):
         """Start ``tests/cluster/mpiexec -n <ranks of layout> argv`` in its own session."""
         n = sum(int(p) for p in layout.split(","))
+        return self.launch([str(MPIEXEC), "-n", str(n), *map(str, argv)], cwd=cwd,
+                           env=env or self.env(layout), marker=marker)
+
+    def launch(self, cmd: list, *, cwd=None, env: dict, marker=None):
+        """Start any launcher command line (``start``'s MPICH one, or another MPI's
+        mpirun with its own arguments) in its own session, its output read into
+        ``lines`` with the time of each line; the job is marked by ``HPCDP_CLUSTER_JOB``."""
         marker = marker or f"hpcdpjob{uuid.uuid4().hex[:10]}"
-        env = {**(env or self.env(layout)), "HPCDP_CLUSTER_JOB": marker}
-        cmd = [str(MPIEXEC), "-n", str(n), *map(str, argv)]
+        env = {**env, "HPCDP_CLUSTER_JOB": marker}
         proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         lines: list = []

@@ -19,10 +19,7 @@ import json
 import os
 import re
 import signal
-import subprocess
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -76,23 +73,16 @@ def test_a_node_losing_its_link_is_repaired_around(unlimited, tmp_path):
             str(VENV / "bin" / "python"), "-m", "hpcdp.cli", "train"]
     for s in SETS + [f'run.out_dir="{run_dir}"']:
         argv += ["--set", s]
-    marker = f"hpcdpjob{uuid.uuid4().hex[:10]}"
-    env = cluster.env("1,1,1", HPCDP_CLUSTER_JOB=marker, HPCDP_CLUSTER_SSH_HOSTNAME=1,
+    env = cluster.env("1,1,1", HPCDP_CLUSTER_SSH_HOSTNAME=1,
                       OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
     env.pop("HPCDP_FAULT", None)
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    lines: list = []
-
-    def read():
-        for line in proc.stdout:
-            lines.append((time.monotonic(), line))
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    proc, lines, reader, marker = cluster.launch(argv, cwd=tmp_path, env=env)
     metrics = run_dir / "metrics.jsonl"
 
     def records():
-        return [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()] if metrics.exists() else []
+        # complete lines only: the job may be halfway through writing the last one
+        text = metrics.read_text() if metrics.exists() else ""
+        return [json.loads(ln) for ln in text.split("\n")[:-1] if ln.strip()]
     try:
         running = _wait(lambda: proc.poll() is not None or len(records()) >= 5, 120)
         assert running and proc.poll() is None, "the job ended before step 5:\n" + "".join(t for _, t in lines)[-6000:]
