@@ -40,12 +40,13 @@ export PATH="$(cd "$(dirname "$(command -v "$PY")")" && pwd):$PATH"
 export NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
 
+# Each group's header says how far into the run it starts (CI's time budget is per run).
+section() { echo "== $* [at $((SECONDS / 60)) min $((SECONDS % 60)) s]"; }
+
 # The later groups' environments (apt packages for parallel HDF5 and Slurm, an h5py built
 # for MPI, the PyTorch and Open MPI 5 venvs: ~10 min on a fresh 2-core machine, mostly
 # one core compiling or downloading) are prepared in the background while the unit tests
 # run on the other core; the Slurm group waits for them and prints what they said.
-# Each group's header says how far into the run it starts (CI's time budget is per run).
-section() { echo "== $* [at $((SECONDS / 60)) min $((SECONDS % 60)) s]"; }
 prep_log=$(mktemp "${TMPDIR:-/tmp}/hpcdp-prep.XXXXXX")
 (
   bash .ci/parallel-hdf5.sh || echo "prepare: parallel HDF5 setup failed (exit $?); its group will say why"

@@ -13,11 +13,10 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 PACKAGES=(slurmctld slurmd slurm-client munge)
-APT="apt-get update -qq && apt-get install -y -qq --no-install-recommends ${PACKAGES[*]}"
-# What runs waits up to 10 min for another apt-get (tests/run_all.sh installs the other
-# groups' packages in the background) instead of failing on dpkg's lock.
+# It waits up to 10 min for another apt-get (tests/run_all.sh installs the other groups'
+# packages in the background) instead of failing on dpkg's lock.
 LOCK="-o DPkg::Lock::Timeout=600"
-APT_RUN="apt-get $LOCK update -qq && apt-get $LOCK install -y -qq --no-install-recommends ${PACKAGES[*]}"
+APT="apt-get update -qq $LOCK && apt-get install -y -qq --no-install-recommends ${PACKAGES[*]} $LOCK"
 dry=0
 case ${1:-} in
   --dry-run) dry=1 ;;
@@ -50,7 +49,7 @@ log=$(mktemp)
 # policy-rc.d in containers keeps the packages' services from starting; fine:
 # local-slurm.sh runs the daemons itself, without systemd.
 for attempt in 1 2 3; do  # a mirror hiccup should not fail the run: retry twice
-  if env DEBIAN_FRONTEND=noninteractive bash -c "$APT_RUN" >"$log" 2>&1; then
+  if env DEBIAN_FRONTEND=noninteractive bash -c "$APT" >"$log" 2>&1; then
     rm -f "$log"
     say "installed Slurm $(version)"
     exit 0
