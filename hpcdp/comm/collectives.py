@@ -34,10 +34,9 @@ from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.core.context import get_context, get_context_if_any
 from hpcdp.comm.core.errors import mpi_error
-from hpcdp.comm.native import native_all_gather, native_reduce_scatter
 from hpcdp.comm.core.ops import resolve
 from hpcdp.comm.select import decide, overlap_algorithm
-from hpcdp.comm.core.requests import DoneRequest, GenRequest
+from hpcdp.comm.core.requests import DoneRequest
 from hpcdp.comm.engines.compiled import blocking
 from hpcdp.comm.engines.compiled.engine import ring_request
 from hpcdp.comm.engines.wire import wire_format
@@ -199,8 +198,9 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
             if src is not work:
                 work[...] = src
             return DoneRequest(ctx, "allreduce", call, ledger, result)
-        if plan.lean:
-            return mpi_engine.allreduce(ctx, call, src, work, result, op, ledger, timeout)
+        if plan.engine == "mpi":
+            return mpi_engine.allreduce(ctx, call, src, work, result, op, ledger, timeout,
+                                        max_message_bytes)
         if plan.algorithm == "ring":
             return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
                            src=src, work=work, result=result, op=op, phases=("rs", "ag"))
@@ -271,21 +271,9 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
             if not in_place:
                 out[...] = src
             return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
-        if plan.lean:
-            return mpi_engine.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger, timeout)
-        if plan.algorithm == "native":
-            if in_place:
-                tmp_out = np.empty(size, dtype=src.dtype) if isinstance(src, np.ndarray) else \
-                    _device_scratch(ctx, out)
-
-                def body(req):
-                    yield from native_reduce_scatter(req, src, tmp_out, op)
-                    out[...] = tmp_out
-            else:
-                body = lambda req: native_reduce_scatter(req, src, out, op)  # noqa: E731
-            req = GenRequest(ctx, "reduce_scatter", call, ledger, timeout, body, max_message_bytes)
-            req.result = result
-            return req
+        if plan.engine == "mpi":
+            return mpi_engine.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger,
+                                             timeout)
         if plan.algorithm != "ring":
             return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
                            src=src, out=out, in_place=in_place, result=result, op=op)
@@ -359,13 +347,8 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                       wire=wire, host=_kind(full) if chunk is None else _kind(chunk, full),
                       max_message_bytes=max_message_bytes, timeout=timeout)
         call = ctx.arrive("all_gather", full.dtype, n, -1, plan.algorithm, "", timeout)
-        if plan.algorithm == "native" and ctx.size > 1 and n > 0:
-            if plan.lean:
-                return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
-            body = lambda req: native_all_gather(req, chunk, full, in_place)  # noqa: E731
-            req = GenRequest(ctx, "all_gather", call, ledger, timeout, body, max_message_bytes)
-            req.result = result
-            return req
+        if plan.engine == "mpi" and ctx.size > 1 and n > 0:
+            return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
         if chunk is not None:
             full[off:off + size] = chunk
         if ctx.size == 1 or n == 0:
