@@ -148,20 +148,26 @@ def _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes, 
     """Run ``plan`` (hpcdp.comm.select.Plan) on checked buffers: the ring on the plan's
     engine, or the algorithm's registered start (hpcdp.comm.algorithms)."""
     if plan.algorithm == "ring":
-        return ring_request(ctx, plan.collective, call, ledger, timeout,
-                            segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
-                            wire=wire_format(plan.wire, np.float32), engine=plan.engine,
-                            blocking=getattr(_LOCAL, "blocking", False), **bufs)
+        now = getattr(_LOCAL, "blocking", False)
+        req = ring_request(ctx, plan.collective, call, ledger, timeout,
+                           segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+                           wire=wire_format(plan.wire, np.float32), engine=plan.engine,
+                           blocking=now, **bufs)
+        if now and plan.engine == "compiled" and max_message_bytes is None:
+            op = bufs["op"]  # the blocking ring's ready entry for this signature
+            blocking.keep(ctx, plan.collective, req, "" if op is None else op.name, segment_bytes)
+        return req
     return get_algorithm(plan.collective, plan.algorithm).start(
         ctx, call, ledger, timeout, segment_bytes=segment_bytes,
         max_message_bytes=max_message_bytes, **bufs)
 
 
-# Each collective: a ready call for a repeated plain blocking call (hpcdp.comm.fast,
-# hpcdp.comm.engines.compiled.blocking: their signatures were checked and chosen by the
-# general front before), MPI's own small-message call (hpcdp.comm.fast: the chooser's
-# bound, hpcdp.comm.select.lean_bound), else the general front: check the arguments,
-# ask the chooser (hpcdp.comm.select.decide, cached per signature), launch.
+# Each collective: a ready call for a repeated plain blocking call (the ring's entries,
+# hpcdp.comm.engines.compiled.blocking, kept by _launch when the chooser's plan ran the
+# compiled ring; MPI's own, hpcdp.comm.engines.compiled.lean's LeanCall, through
+# hpcdp.comm.fast), MPI's own small-message call (hpcdp.comm.fast: the chooser's bound and
+# plan per signature, hpcdp.comm.select.lean_signature), else the general front: check
+# the arguments, ask the chooser (hpcdp.comm.select.decide, cached per signature), launch.
 
 # -- allreduce -----------------------------------------------------------------
 

@@ -66,7 +66,7 @@ def configured(collective: str, algorithm: str) -> str:
 
 def plans_of(ctx) -> dict:
     """``ctx``'s cached decisions (``CommContext.plans``: call signature -> Plan, the
-    small-message bound, hpcdp.comm.fast's per-signature MPI datatype and op), dropped
+    small-message bound, the small-message path's plan per signature: lean_signature), dropped
     when the settings change (``CommContext.plans_gen`` against
     hpcdp.comm.core.settings.generation), past 4096 entries, and by hpcdp.comm.forget."""
     plans = ctx.plans

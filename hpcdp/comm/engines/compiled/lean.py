@@ -10,7 +10,7 @@ the buffers' addresses itself (``arr.ctypes.data`` in Python costs about 1.5 us;
 array argument costs little), posts ``MPI_Iallreduce`` (``MPI_Ireduce_scatter_block``
 / ``MPI_Ireduce_scatter``, ``MPI_Iallgather`` / ``MPI_Iallgatherv`` when N does not
 divide the length) on the context's data communicator, and tests it in a loop that
-reads CLOCK_MONOTONIC every 64 polls, as hpcdp.comm.fast.spin does: past the deadline
+reads CLOCK_MONOTONIC every 64 polls, as hpcdp.comm.engines.mpi.spin does: past the deadline
 it returns TIMEOUT, once the communicator is aborted (its flag, hpcdp.comm.abort) ABORTED; after SPIN_POLLS fruitless polls it yields the core every 64
 polls and probes the control communicator for a peer's diagnosis status message
 (PEER), as hpcdp.comm.engines.compiled.kernels.advance does. A failed MPI call returns
@@ -32,7 +32,8 @@ and dtype on the loaded 2-core VM (docs/results.md, "leanc"); later processes lo
 it in about 10 ms. The first call compiles before it posts: peers wait for it
 inside their own deadline, as for the compiled ring's first call.
 
-Selection: this path runs whenever the MPI library can be bound
+Selection (the chooser's, hpcdp.comm.select.lean_tier; this module makes the entry
+its plan names and runs it): this path runs whenever the MPI library can be bound
 (hpcdp.comm.engines.compiled.binding), whatever ``HPCDP_COMM_ENGINE`` says. That variable
 chooses who runs hpcdp's own ring; here MPI runs the collective in both cases and the
 wire traffic, results and ledger are the same, and since both paths post the same MPI
@@ -42,6 +43,9 @@ first used) or :func:`set_lean_path` per communicator runs the mpi4py path inste
 (for comparison and tests). Where the MPI cannot be bound, one log line says so and
 the mpi4py path runs. Non-blocking lean calls (``iallreduce`` ...) keep the mpi4py
 path: their request is tested from Python anyway.
+
+The ready calls (:class:`LeanCall`, :func:`ready`) and a signature's first compiled call
+(:func:`run`) are here too: hpcdp.comm.fast calls them for the chooser's compiled tier.
 """
 
 from __future__ import annotations
@@ -324,7 +328,7 @@ def set_lean_path(comm, name: str) -> None:
         raise ValueError(f"lean path must be one of {PATHS}, got {name!r}")
     ctx = get_context(comm)
     ctx.lean_path = name
-    ctx.plans.clear()  # (hpcdp.comm.fast.signature decides again)
+    ctx.plans.clear()  # (hpcdp.comm.select.lean_signature decides again)
     for calls in ctx.lean_calls:  # (and its ready calls were made for the old path)
         calls.clear()
 
