@@ -197,8 +197,8 @@ def test_a_rank_that_never_arrives_is_named_from_compiled_code(comm, path):
     allreduce(np.ones(4), comm=sub, algorithm="ring")  # everyone arrives here
     if path == "repeated call":  # the missed call's signature is warm: the blocking front
         allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")  # compiles: the request path
-        allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")
-        assert [k[1] for k in get_context(sub).blocking_plans] == [1 << 16]
+        allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")  # its ready entry
+        assert (1 << 16) in [k[1] for k in get_context(sub).blocking_plans]
     if rank == N - 1:
         time.sleep(4)  # never calls the next one
     else:
