@@ -16,9 +16,10 @@ microseconds per call:
   hpcdp.comm.engines.compiled.lean);
 - ``hpcdp auto, mpi4py lean path``: the same call on a communicator whose lean path
   runs through mpi4py (``set_lean_path(comm, "mpi4py")``);
-- ``hpcdp native, general request``: MPI's collective through hpcdp's generic
-  generator-driven request (forced by ``max_message_bytes``), the path every small
-  call took before the lean path;
+- ``hpcdp native, general request``: MPI's collective through the general front
+  (forced by ``max_message_bytes``: the arguments checked, the chooser asked, the call
+  arrived), then the same engine as the lean path (hpcdp.comm.engines.mpi; before it
+  was a generator-driven request of its own);
 - ``hpcdp recursive doubling`` (allreduce only) and ``hpcdp ring``: hpcdp's own
   algorithms on point-to-point messages;
 - ``hpcdp ring, compiled engine``: the same ring run by hpcdp.comm.engines.compiled (when
@@ -73,7 +74,7 @@ def _layers(comm, name, a, b, chunk):
     bounds = shard_bounds(a.size if name != "all_gather" else b.size, comm.size)
     counts, displs = [s for _, s in bounds], [o for o, _ in bounds]
     T = MPI.Datatype.fromcode(a.dtype.char)
-    split = 1 << 30  # any max_message_bytes takes the general request path
+    split = 1 << 30  # any max_message_bytes takes the general front
 
     def spin(req):
         while not req.Test():

@@ -1,12 +1,13 @@
 """The collective algorithms, registered once.
 
-An algorithm of a collective is one module (ring.py, recursive.py, native.py,
-hierarchical.py) and one :class:`Algorithm` line in :func:`_builtin` below, which says:
+An algorithm of a collective is one module (ring.py, schedules/, hierarchical.py; MPI's
+own, "native", is an engine: hpcdp.comm.engines.mpi) and one :class:`Algorithm` line in
+:func:`_builtin` below, which says:
 
 - ``start(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes,
   max_message_bytes) -> Request``: launch it (hpcdp.comm.collectives calls it once the
   arguments are checked and the ranks arrived); ``None`` for the ring and MPI's own
-  reduce-scatter / all-gather, which the front launches on the engine its plan names
+  ("native"), which the front launches on the engine its plan names
   (hpcdp.comm.select: the Python or compiled ring, MPI's own). A
   reduce-scatter's start takes ``src, out, in_place, result, op`` (``out``: this rank's
   ring chunk, a view of ``src`` in place), an all-gather's ``full, result`` (``full``
@@ -81,7 +82,7 @@ def _table() -> dict[str, dict[str, Algorithm]]:
 def _builtin() -> None:
     """hpcdp's own algorithms (imported on first use), their prices and which ones the
     model may pick from hpcdp.comm.model.cost.PRICES."""
-    from hpcdp.comm import hier_shard, hierarchical, native
+    from hpcdp.comm import hier_shard, hierarchical
     from hpcdp.comm.model import volume as V
     from hpcdp.comm.schedules import bruck, halving, recursive
 
@@ -92,7 +93,7 @@ def _builtin() -> None:
     for a in (
         alg("allreduce", "ring", None, V.ring_allreduce_bytes),
         alg("allreduce", "recursive", recursive.start_allreduce, V.recursive_allreduce_bytes),
-        alg("allreduce", "native", native.start_allreduce, V.native_allreduce_bytes),
+        alg("allreduce", "native", None, V.native_allreduce_bytes),
         alg("allreduce", "hierarchical", hierarchical.start_allreduce, None),
         alg("reduce_scatter", "ring", None, V.reduce_scatter_bytes),
         alg("reduce_scatter", "native", None, V.native_reduce_scatter_bytes),

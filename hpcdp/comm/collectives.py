@@ -34,10 +34,9 @@ from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.core.context import get_context, get_context_if_any
 from hpcdp.comm.core.errors import mpi_error
-from hpcdp.comm.native import native_all_gather, native_reduce_scatter
 from hpcdp.comm.core.ops import resolve
 from hpcdp.comm.select import decide, overlap_algorithm
-from hpcdp.comm.core.requests import DoneRequest, GenRequest
+from hpcdp.comm.core.requests import DoneRequest
 from hpcdp.comm.engines.compiled import blocking
 from hpcdp.comm.engines.compiled.engine import ring_request
 from hpcdp.comm.engines.wire import wire_format
@@ -149,20 +148,26 @@ def _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes, 
     """Run ``plan`` (hpcdp.comm.select.Plan) on checked buffers: the ring on the plan's
     engine, or the algorithm's registered start (hpcdp.comm.algorithms)."""
     if plan.algorithm == "ring":
-        return ring_request(ctx, plan.collective, call, ledger, timeout,
-                            segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
-                            wire=wire_format(plan.wire, np.float32), engine=plan.engine,
-                            blocking=getattr(_LOCAL, "blocking", False), **bufs)
+        now = getattr(_LOCAL, "blocking", False)
+        req = ring_request(ctx, plan.collective, call, ledger, timeout,
+                           segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+                           wire=wire_format(plan.wire, np.float32), engine=plan.engine,
+                           blocking=now, **bufs)
+        if now and plan.engine == "compiled" and max_message_bytes is None:
+            op = bufs["op"]  # the blocking ring's ready entry for this signature
+            blocking.keep(ctx, plan.collective, req, "" if op is None else op.name, segment_bytes)
+        return req
     return get_algorithm(plan.collective, plan.algorithm).start(
         ctx, call, ledger, timeout, segment_bytes=segment_bytes,
         max_message_bytes=max_message_bytes, **bufs)
 
 
-# Each collective: a ready call for a repeated plain blocking call (hpcdp.comm.fast,
-# hpcdp.comm.engines.compiled.blocking: their signatures were checked and chosen by the
-# general front before), MPI's own small-message call (hpcdp.comm.fast: the chooser's
-# bound, hpcdp.comm.select.lean_bound), else the general front: check the arguments,
-# ask the chooser (hpcdp.comm.select.decide, cached per signature), launch.
+# Each collective: a ready call for a repeated plain blocking call (the ring's entries,
+# hpcdp.comm.engines.compiled.blocking, kept by _launch when the chooser's plan ran the
+# compiled ring; MPI's own, hpcdp.comm.engines.compiled.lean's LeanCall, through
+# hpcdp.comm.fast), MPI's own small-message call (hpcdp.comm.fast: the chooser's bound and
+# plan per signature, hpcdp.comm.select.lean_signature), else the general front: check
+# the arguments, ask the chooser (hpcdp.comm.select.decide, cached per signature), launch.
 
 # -- allreduce -----------------------------------------------------------------
 
@@ -199,8 +204,9 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
             if src is not work:
                 work[...] = src
             return DoneRequest(ctx, "allreduce", call, ledger, result)
-        if plan.lean:
-            return mpi_engine.allreduce(ctx, call, src, work, result, op, ledger, timeout)
+        if plan.engine == "mpi":
+            return mpi_engine.allreduce(ctx, call, src, work, result, op, ledger, timeout,
+                                        max_message_bytes)
         if plan.algorithm == "ring":
             return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
                            src=src, work=work, result=result, op=op, phases=("rs", "ag"))
@@ -271,21 +277,9 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
             if not in_place:
                 out[...] = src
             return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
-        if plan.lean:
-            return mpi_engine.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger, timeout)
-        if plan.algorithm == "native":
-            if in_place:
-                tmp_out = np.empty(size, dtype=src.dtype) if isinstance(src, np.ndarray) else \
-                    _device_scratch(ctx, out)
-
-                def body(req):
-                    yield from native_reduce_scatter(req, src, tmp_out, op)
-                    out[...] = tmp_out
-            else:
-                body = lambda req: native_reduce_scatter(req, src, out, op)  # noqa: E731
-            req = GenRequest(ctx, "reduce_scatter", call, ledger, timeout, body, max_message_bytes)
-            req.result = result
-            return req
+        if plan.engine == "mpi":
+            return mpi_engine.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger,
+                                             timeout)
         if plan.algorithm != "ring":
             return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
                            src=src, out=out, in_place=in_place, result=result, op=op)
@@ -359,13 +353,8 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                       wire=wire, host=_kind(full) if chunk is None else _kind(chunk, full),
                       max_message_bytes=max_message_bytes, timeout=timeout)
         call = ctx.arrive("all_gather", full.dtype, n, -1, plan.algorithm, "", timeout)
-        if plan.algorithm == "native" and ctx.size > 1 and n > 0:
-            if plan.lean:
-                return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
-            body = lambda req: native_all_gather(req, chunk, full, in_place)  # noqa: E731
-            req = GenRequest(ctx, "all_gather", call, ledger, timeout, body, max_message_bytes)
-            req.result = result
-            return req
+        if plan.engine == "mpi" and ctx.size > 1 and n > 0:
+            return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
         if chunk is not None:
             full[off:off + size] = chunk
         if ctx.size == 1 or n == 0:

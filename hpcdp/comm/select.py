@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.auto import TABLE, choose
@@ -47,15 +48,13 @@ _MAX_PLANS = 4096
 class Plan:
     """What one collective runs: ``algorithm`` (a registered name, never "auto"),
     ``engine`` ("mpi": MPI's own call; "compiled" or "python": who runs hpcdp's
-    schedule), ``wire`` ("float32" or a 16-bit wire). ``lean``: MPI's own collective as
-    one non-blocking call polled under the deadline (hpcdp.comm.engines.mpi); False for
-    "mpi" when messages are cut or the op is a user's (hpcdp.comm.native)."""
+    schedule; "mpi" runs on hpcdp.comm.engines.mpi, one call or an allreduce cut into
+    pieces), ``wire`` ("float32" or a 16-bit wire)."""
 
     collective: str
     algorithm: str
     engine: str
     wire: str = "float32"
-    lean: bool = False
 
 
 def configured(collective: str, algorithm: str) -> str:
@@ -67,7 +66,7 @@ def configured(collective: str, algorithm: str) -> str:
 
 def plans_of(ctx) -> dict:
     """``ctx``'s cached decisions (``CommContext.plans``: call signature -> Plan, the
-    small-message bound, hpcdp.comm.fast's per-signature MPI datatype and op), dropped
+    small-message bound, the small-message path's plan per signature: lean_signature), dropped
     when the settings change (``CommContext.plans_gen`` against
     hpcdp.comm.core.settings.generation), past 4096 entries, and by hpcdp.comm.forget."""
     plans = ctx.plans
@@ -149,6 +148,68 @@ def lean_bound(ctx, collective: str, algorithm: str) -> int:
     return bound
 
 
+# -- the small-message path's plan: MPI's one call, on the compiled or the mpi4py tier ----
+
+# a built-in op by name: (MPI op, mean?); an all-gather has no op (the datatype alone counts)
+_LEAN_OPS = {"sum": (MPI.SUM, False), "mean": (MPI.SUM, True), "max": (MPI.MAX, False),
+             "min": (MPI.MIN, False)}
+
+
+def lean_tier(ctx) -> str:
+    """Who makes MPI's one call for ``ctx``'s small blocking calls: "compiled" (one
+    compiled call, hpcdp.comm.engines.compiled.lean) when asked for (``set_lean_path``,
+    else ``[comm] lean``, which ``HPCDP_COMM_LEAN`` overrides; the default) and this MPI
+    can be bound (else one log line and "mpi4py"); "mpi4py" (mpi4py's call and a Python
+    Test loop, hpcdp.comm.engines.mpi). Per rank: both post the same MPI call."""
+    from hpcdp.comm.engines.compiled import lean
+
+    name = ctx.lean_path
+    if name is None:
+        name = ctx.lean_path = settings().lean
+    if name == "compiled" and lean.binding() is None:
+        return "mpi4py"
+    return name
+
+
+def lean_signature(ctx, collective, op, algorithm, dtype):
+    """The small-message path's plan for one call signature: ``(MPI datatype, MPI op,
+    mean?, byte bound, compiled entry or None, raw)``, or None when the path never takes
+    it (a user op, a byte-swapped or unknown dtype, an algorithm other than
+    "auto"/"native", "auto" with no native rows). The entry: the compiled tier's call
+    for a blocking call (:func:`lean_tier`), None for the mpi4py tier; raw: mpi4py maps
+    the array's type code to the same datatype (the arrays go to MPI as they are).
+    Decided once per (collective, op, algorithm, dtype, type code) and kept with the
+    chooser's decisions on the context (``CommContext.plans``, key ``("sig", collective,
+    op, algorithm, dtype, type code)``) until the settings change (:func:`plans_of`)."""
+    from hpcdp.comm.engines.compiled import lean
+    from hpcdp.comm.engines.mpi import known_type
+
+    sigs = plans_of(ctx)
+    # (the type code too: numpy's uint64 'L' and 'Q' compare equal, but they are two MPI
+    # datatypes, and Open MPI 4.1's MPI_UNSIGNED_LONG max/min compare signed)
+    key = ("sig", collective, op, algorithm, dtype, dtype.char)
+    try:
+        return sigs[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable op (a callable with state): not lean
+        return None
+    spec = _LEAN_OPS.get(op) if op.__class__ is str else None
+    if collective == "all_gather":
+        spec = _LEAN_OPS["sum"]
+    T = known_type(dtype) if dtype.isnative else None  # MPI reads native byte order
+    bound = lean_bound(ctx, collective, algorithm)
+    hit = None
+    if spec is not None and T is not None and bound != 0:
+        raw = T == MPI.Datatype.fromcode(dtype.char)
+        e = None
+        if lean_tier(ctx) == "compiled":
+            e = lean.Entry(ctx, lean.binding(), collective, T, spec[0], spec[1], dtype)
+        hit = (T, spec[0], spec[1], bound, e, raw)
+    sigs[key] = hit
+    return hit
+
+
 def decide(ctx, collective: str, algorithm: str, nbytes: int, dtype, op=None, *, wire=None,
            overlap: bool = False, host: int = 2, max_message_bytes=None,
            timeout=None) -> Plan:
@@ -208,9 +269,7 @@ def _decide(ctx, collective, algorithm, nbytes, dtype, op, wire, overlap, host,
         choose(collective, int(nbytes), ctx.size, algo)  # a registered name, or its error
     algo = byte_order(algo, algorithm, dtype, collective)
     if algo == "native":
-        lean = (host and max_message_bytes is None and nbytes < MAX_MESSAGE_BYTES
-                and (op is None or op.builtin))
-        return Plan(collective, algo, "mpi", "float32", lean)
+        return Plan(collective, algo, "mpi", "float32")
     engine = "python"
     if algo == "ring" and _ring_compiled(ctx, w, dtype, op, host):
         engine = "compiled"
@@ -281,5 +340,6 @@ def collective_bytes(collective: str, algorithm: str, n: int, N: int, rank: int,
     return formula(n, N, rank, itemsize)
 
 
-__all__ = ["Plan", "plan", "decide", "prepare", "lean_bound", "plans_of", "overlap_algorithm", "wire_algorithm",
+__all__ = ["Plan", "plan", "decide", "prepare", "lean_bound", "lean_signature", "lean_tier",
+           "plans_of", "overlap_algorithm", "wire_algorithm",
            "byte_order", "configured", "collective_bytes"]

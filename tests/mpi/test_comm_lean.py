@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcdp.comm import Ledger, all_gather, allreduce, iall_gather, iallreduce, ireduce_scatter, reduce_scatter
-from hpcdp.comm import fast
+from hpcdp.comm.engines.compiled import lean
 from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.core.context import get_context
 from hpcdp.shard import shard_range
@@ -127,11 +127,11 @@ def test_lean_path_follows_the_crossover(comm):
     bound = lean_bound(get_context(comm), "allreduce", "auto")
     big = np.ones(bound // 4, dtype=np.float32)
     req = iallreduce(big, comm=comm)
-    assert not isinstance(req, fast.FastRequest)
+    assert not isinstance(req, mpi_engine.FastRequest)
     np.testing.assert_array_equal(req.wait(), np.full(big.size, N, np.float32))
     big[...] = 1
     req = iallreduce(big, comm=comm, algorithm="native")
-    assert isinstance(req, fast.FastRequest)
+    assert isinstance(req, mpi_engine.FastRequest)
     np.testing.assert_array_equal(req.wait(), np.full(big.size, N, np.float32))
 
 
@@ -167,19 +167,19 @@ def test_a_profile_set_later_reaches_every_cached_communicator(comm, monkeypatch
     x = np.ones(N, dtype=np.uint64)
     for _ in range(2):  # the second call finds the communicator cached and caches its bound
         req = iall_gather(x[comm.Get_rank():comm.Get_rank() + 1], np.empty(N, np.uint64), comm=comm)
-        assert isinstance(req, fast.FastRequest)
+        assert isinstance(req, mpi_engine.FastRequest)
         req.wait()
     try:
         monkeypatch.setenv("HPCDP_PROFILE", "example-cluster")
         forget()
         req = iall_gather(x[comm.Get_rank():comm.Get_rank() + 1], np.empty(N, np.uint64), comm=comm)
-        assert not isinstance(req, fast.FastRequest)
+        assert not isinstance(req, mpi_engine.FastRequest)
         np.testing.assert_array_equal(req.wait(), np.ones(N, np.uint64))
     finally:
         monkeypatch.undo()
         forget()
     req = iall_gather(x[comm.Get_rank():comm.Get_rank() + 1], np.empty(N, np.uint64), comm=comm)
-    assert isinstance(req, fast.FastRequest)
+    assert isinstance(req, mpi_engine.FastRequest)
     req.wait()
 
 
@@ -206,7 +206,7 @@ def _compiled(comm, collective, op, dtype):
     return sig is not None and sig[4] is not None
 
 
-@pytest.mark.parametrize("dtype", sorted(fast._TYPES), ids=lambda c: np.dtype(c).name)
+@pytest.mark.parametrize("dtype", sorted(mpi_engine._TYPES), ids=lambda c: np.dtype(c).name)
 def test_compiled_lean_path_is_bitwise_mpi4pys_collective(comm, dtype):
     """Every dtype the lean path takes, every op, in and out of place, lengths N divides
     and not: the compiled calls give the bits of the same MPI collective called through
@@ -308,6 +308,7 @@ def test_uint64_max_and_min_above_2_63_on_every_path(comm, code):
 def test_the_mpi4py_lean_path_stays_selectable(comm, monkeypatch):
     """set_lean_path(comm, "mpi4py") runs today's mpi4py path (same results, no compiled
     entry); HPCDP_COMM_LEAN chooses the default and a wrong value says what to set."""
+    from hpcdp.comm.core.settings import settings
     from hpcdp.comm.engines.compiled import lean
 
     N, r = comm.Get_size(), comm.Get_rank()
@@ -324,9 +325,9 @@ def test_the_mpi4py_lean_path_stays_selectable(comm, monkeypatch):
         lean.set_lean_path(sub, "c")
     monkeypatch.setenv("HPCDP_COMM_LEAN", "fortran")
     with pytest.raises(ValueError, match="HPCDP_COMM_LEAN must be one of"):
-        lean.default_path()
+        settings().lean
     monkeypatch.setenv("HPCDP_COMM_LEAN", "mpi4py")
-    assert lean.default_path() == "mpi4py"
+    assert settings().lean == "mpi4py"
     sub.Free()
 
 
@@ -430,10 +431,10 @@ def test_a_rank_missing_from_a_compiled_lean_call_is_named(comm):
     comm.Barrier()
 
 
-# -- ready calls (hpcdp.comm.fast.LeanCall): a repeated blocking call's checks done once --
+# -- ready calls (hpcdp.comm.engines.compiled.lean.LeanCall): a repeated blocking call's checks done once --
 
 def _ready(comm, which, buf, op="sum"):
-    return fast._ready(comm, which, buf, op, "auto")
+    return lean._ready(comm, which, buf, op, "auto")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -453,8 +454,8 @@ def test_ready_calls_give_mpis_bits_and_the_same_ledger(comm):
             reduce_scatter(x, np.empty(size, np.float32), comm=comm, ledger=led)
             reduce_scatter(x.copy(), comm=comm, ledger=led)
             all_gather(x[off:off + size].copy(), np.empty_like(x), comm=comm, ledger=led)
-        assert _ready(comm, fast.AR, x) is not None and _ready(comm, fast.RS, x) is not None
-        assert _ready(comm, fast.AG, x, "") is not None
+        assert _ready(comm, lean.AR, x) is not None and _ready(comm, lean.RS, x) is not None
+        assert _ready(comm, lean.AG, x, "") is not None
         ref = np.empty_like(x)
         comm.Allreduce(x, ref)
         chunk = np.empty(size, np.float32)
@@ -491,14 +492,14 @@ def test_ready_calls_are_dropped_or_passed_when_they_must(comm):
     x = np.full(6, r + 1.0)
     for _ in range(2):
         allreduce(x, np.empty_like(x), comm=sub)
-    rec = _ready(sub, fast.AR, x)
+    rec = _ready(sub, lean.AR, x)
     assert rec is not None and rec.dtype is x.dtype
-    assert _ready(sub, fast.AR, x, "max") is None  # another op
+    assert _ready(sub, lean.AR, x, "max") is None  # another op
     assert allreduce(x, np.empty_like(x), comm=sub, op="max")[0] == N
     xi = np.full(6, r + 1, np.int64)  # another dtype, same length
-    assert _ready(sub, fast.AR, xi) is None
+    assert _ready(sub, lean.AR, xi) is None
     assert allreduce(xi, np.empty_like(xi), comm=sub)[0] == N * (N + 1) // 2
-    assert _ready(sub, fast.AR, x[::-1]) is None  # not contiguous: the flags say so
+    assert _ready(sub, lean.AR, x[::-1]) is None  # not contiguous: the flags say so
     ro = np.empty_like(x)
     ro.flags.writeable = False
     for _ in range(2):
@@ -515,20 +516,20 @@ def test_ready_calls_are_dropped_or_passed_when_they_must(comm):
     set_lean_path(sub, "compiled")
     for _ in range(2):
         allreduce(x, np.empty_like(x), comm=sub)
-    assert _ready(sub, fast.AR, x) is not None
+    assert _ready(sub, lean.AR, x) is not None
     auto.forget()
-    assert _ready(sub, fast.AR, x) is None  # auto decides again (every rank alike)
+    assert _ready(sub, lean.AR, x) is None  # auto decides again (every rank alike)
     for _ in range(2):
         allreduce(x, np.empty_like(x), comm=sub)
-    assert _ready(sub, fast.AR, x) is not None
+    assert _ready(sub, lean.AR, x) is not None
     set_debug(sub, True)
-    assert _ready(sub, fast.AR, x) is None
+    assert _ready(sub, lean.AR, x) is None
     assert allreduce(x, np.empty_like(x), comm=sub)[0] == N * (N + 1) / 2
     set_debug(sub, False)
-    assert _ready(sub, fast.AR, x) is not None
+    assert _ready(sub, lean.AR, x) is not None
     boom = RuntimeError("this communicator failed")
     ctx.failed = boom
-    assert _ready(sub, fast.AR, x) is None
+    assert _ready(sub, lean.AR, x) is None
     with pytest.raises(RuntimeError, match="this communicator failed"):
         allreduce(x, np.empty_like(x), comm=sub)
     ctx.failed = None

@@ -40,7 +40,7 @@ from hpcdp.comm.core.errors import CollectiveTimeout, CommAborted
 DEFAULT_TIMEOUT_S = 300.0
 _KEYVAL = None
 _LAST: dict = {}  # id(comm object) -> (comm object, context): skips Get_attr per call
-# the same dict, read (never written) by hpcdp.comm.fast's ready calls: known_context inline
+# the same dict, read (never written) by the ready calls (hpcdp.comm.engines.compiled.lean): known_context inline
 KNOWN = _LAST
 
 
@@ -104,14 +104,15 @@ class CommContext:
         self.shard_cache: dict = {}  # n -> counts/displacements for MPI's v-collectives
         self.ctrl_reqs: list = []    # control requests in flight (their buffers stay alive)
         # hpcdp.comm.select: the chooser's decisions (call signature -> Plan, ("lean",
-        # collective, algorithm) -> the small-message bound, ("sig", ...) -> hpcdp.comm.fast's
+        # collective, algorithm) -> the small-message bound, ("sig", ...) -> hpcdp.comm.select.lean_signature's
         # MPI datatype and op), valid while hpcdp.comm.core.settings.generation() == plans_gen
         self.plans: dict = {}
         self.plans_gen = -1
-        # hpcdp.comm.fast's ready compiled calls: (allreduce, reduce-scatter, all-gather),
+        # hpcdp.comm.engines.compiled.lean's ready compiled calls: (allreduce, reduce-scatter, all-gather),
         # each length -> its LeanCall (the last signature seen at that length)
         self.lean_calls: tuple = ({}, {}, {})
-        # hpcdp.comm.engines.compiled.lean: "compiled" or "mpi4py" (None: HPCDP_COMM_LEAN when needed)
+        # set_lean_path's "compiled" or "mpi4py" (None: [comm] lean when the chooser needs it,
+        # hpcdp.comm.select.lean_tier)
         self.lean_path: str | None = None
         conf = _settings.settings()
         self.debug = conf.debug

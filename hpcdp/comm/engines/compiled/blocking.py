@@ -5,21 +5,23 @@ A blocking ``allreduce`` / ``reduce_scatter`` / ``all_gather`` with
 (hpcdp.comm.engines.compiled.engine) spends most of its time, at small sizes, in Python:
 the general front's checks, the call tuple, the registered start, a request object
 and its ledger record. Here a call's signature ``(collective, length, dtype,
-op, in place, segment_bytes)`` is checked once by the general path (whose first
-call also compiles the plan's code outside any deadline); its plan
-(hpcdp.comm.engines.compiled.request.Plan) is then cached per signature on the
-communicator's context (``CommContext.blocking_plans``), and a repeated call is:
-a few buffer checks, a sequence number, a state from the plan, one compiled
-``advance`` in ``BLOCK`` mode up to the deadline, and the ledger's counters.
+op, in place, segment_bytes)`` is checked once by the general path: when the chooser's
+plan runs it as the ring on the compiled engine (hpcdp.comm.select) and the call is
+blocking, the front keeps the request's plan (hpcdp.comm.engines.compiled.request.Plan,
+its code compiled by the request's first pass, outside any deadline) as a ready entry
+per signature on the communicator's context (:func:`keep`, ``CommContext.blocking_plans``,
+emptied by ``set_engine``). A repeated call is then: a few buffer checks, a sequence
+number, a state from the plan, one compiled ``advance`` in ``BLOCK`` mode up to the
+deadline, and the ledger's counters. This module makes no choice: it runs an entry the
+chooser's plan made, or returns None.
 
 Every guarantee stays: the same plan and kernel as the request path (bit-for-bit
 results), the same ledger figures, the deadline (``comm.timeout`` or ``timeout=``)
 and the missing-rank diagnosis when it passes or a peer starts one (the call tuple
 is built only then), an MPI error from compiled code as a CommError. Anything else
-returns None and takes the general path: a first call, debug mode, a failed
-communicator, one rank, an empty or non-numpy buffer, a non-contiguous, read-only
-or byte-swapped one, a dtype or op compiled code does not take, the Python engine,
-an unbindable MPI (the general path's fallback and its log line).
+returns None and takes the general path: a signature with no entry (a first call, one
+the chooser does not run on the compiled ring), debug mode, a failed communicator, a
+non-numpy, non-contiguous or read-only buffer, one of another dtype or length.
 """
 
 from __future__ import annotations
@@ -30,19 +32,13 @@ import numpy as np
 
 from hpcdp.comm.engines.compiled import kernels as K
 from hpcdp.comm.engines.compiled.kernels import BLOCK, DONE, FRESH_SHIFT
-from hpcdp.comm.engines.compiled.engine import compiled_engine, engine_name
-from hpcdp.comm.engines.compiled.request import failure, plan_for, timed_out
+from hpcdp.comm.engines.compiled.request import failure, timed_out
 from hpcdp.comm.core.context import known_context
-from hpcdp.comm.core.ops import resolve
-from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES
 from hpcdp.shard import shard_range
 
-_OPS = frozenset(("sum", "mean", "max", "min"))
-_KINDS = frozenset("bBhHiIlLqQefd")
 _MAX_ENTRIES = 256
 _COUNTS = slice(K.ST_SENT_B, K.ST_SENT_B + 4)
 assert (K.ST_RECV_B, K.ST_SENT_M, K.ST_RECV_M) == tuple(range(K.ST_SENT_B + 1, K.ST_SENT_B + 4))
-_PHASES = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}
 
 
 class Entry:
@@ -60,7 +56,7 @@ class Entry:
     def __init__(self, plan, engine, half, off, size, op_name):
         self.plan, self.engine, self.half = plan, engine, half
         self.off, self.size, self.op_name = off, size, op_name
-        self.state = plan.take()
+        self.state = None  # (taken from the plan at the first call, then kept)
         self.call = None
         self.tag_mod, self.tag_step = plan.seq_mod, plan.step_space
 
@@ -72,33 +68,25 @@ def _ok(buf) -> bool:
     return buf.__class__ is np.ndarray and buf.ndim == 1 and buf.flags.carray
 
 
-def _entry(ctx, key, name, n, dtype, op, same, segment_bytes):
-    """The cached entry of ``key``, or a new one when the plan has run once (its code is
-    compiled), or None (the general path then runs and compiles it)."""
-    hit = ctx.blocking_plans.get(key)
-    if hit is not None:
-        return hit
-    if dtype.char not in _KINDS or not dtype.isnative or engine_name(ctx) != "compiled":
-        return None
-    engine = compiled_engine()
-    if engine is None:
-        return None
-    seg_bytes = MAX_MESSAGE_BYTES if segment_bytes is None else min(int(segment_bytes),
-                                                                    MAX_MESSAGE_BYTES)
-    if seg_bytes < 1:
-        return None  # the general path says what is wrong
-    seg = max(1, seg_bytes // dtype.itemsize)
-    op_obj = None if op is None else resolve(op)
-    own_work = name == "reduce_scatter" and not same
-    plan = plan_for(ctx, engine, n, seg, _PHASES[name], same, dtype, op_obj, own_work)
+def keep(ctx, name, req, op, segment_bytes) -> None:
+    """Keep a ready entry for the signature of ``req``, a blocking compiled ring request
+    the front just launched because the chooser's plan said so (hpcdp.comm.select: the
+    ring on the compiled engine, host buffers, a built-in op, no 16-bit wire, whole
+    messages). Its plan's code is compiled by then (the request's first pass compiles
+    it, outside any deadline). The entry takes its state from the plan at its first
+    call. ``op``: the op's name ("" for an all-gather), as the caller names it."""
+    plan = req.plan
     if not plan.warm:
-        return None
-    off, size = shard_range(n, ctx.size, ctx.rank)
+        return
+    same = req.src is req.work
+    key = (name, plan.n, plan.dtype, op or None, same, segment_bytes)
+    if key in ctx.blocking_plans:
+        return
+    off, size = shard_range(plan.n, ctx.size, ctx.rank)
     if len(ctx.blocking_plans) >= _MAX_ENTRIES:
         ctx.blocking_plans.clear()
-    hit = ctx.blocking_plans[key] = Entry(plan, engine, dtype == np.float16, off, size,
-                                          "" if op is None else op)
-    return hit
+    ctx.blocking_plans[key] = Entry(plan, req.engine, plan.dtype == np.float16, off, size,
+                                    op or "")
 
 
 def _bound(advance, args):
@@ -161,7 +149,7 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
 
 def _front(comm):
     ctx = known_context(comm)
-    if ctx is None or ctx.debug or ctx.failed is not None or ctx.engine != "compiled":
+    if ctx is None or ctx.debug or ctx.failed is not None:
         return None
     return ctx
 
@@ -180,15 +168,9 @@ def _reducing(name, sendbuf, recvbuf, comm, op, segment_bytes):
     dtype = sendbuf.dtype
     if not (same or (_ok(recvbuf) and recvbuf.dtype == dtype)):
         return None
-    n = sendbuf.size
-    key = (name, n, dtype, op, same, segment_bytes)
-    e = ctx.blocking_plans.get(key)
+    e = ctx.blocking_plans.get((name, sendbuf.size, dtype, op, same, segment_bytes))
     if e is None:
-        if n == 0 or ctx.size == 1 or op not in _OPS:
-            return None
-        e = _entry(ctx, key, name, n, dtype, op, same, segment_bytes)
-        if e is None:
-            return None
+        return None
     return ctx, e, same
 
 
@@ -224,17 +206,14 @@ def all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes):
     if not _ok(sendbuf):
         return None
     ctx = _front(comm)
-    if ctx is None or ctx.size == 1:
+    if ctx is None:
         return None
     same = recvbuf is None or recvbuf is sendbuf
     full = sendbuf if same else recvbuf
     if not same and not (_ok(recvbuf) and recvbuf.dtype == sendbuf.dtype):
         return None
     dtype, n = full.dtype, full.size
-    if n == 0:
-        return None
-    e = _entry(ctx, ("all_gather", n, dtype, None, True, segment_bytes), "all_gather", n,
-               dtype, None, True, segment_bytes)
+    e = ctx.blocking_plans.get(("all_gather", n, dtype, None, True, segment_bytes))
     if e is None or (not same and sendbuf.size != e.size):
         return None
     if not same:

@@ -100,6 +100,8 @@ def set_engine(comm, name: str) -> None:
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
     ctx = get_context(comm)
+    if ctx.engine != name:  # the blocking ring's entries were kept for the compiled engine
+        ctx.blocking_plans.clear()
     ctx.engine = name
     ctx.plans.clear()  # (the chooser decides again: hpcdp.comm.select)
 

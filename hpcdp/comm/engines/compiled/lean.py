@@ -10,7 +10,7 @@ the buffers' addresses itself (``arr.ctypes.data`` in Python costs about 1.5 us;
 array argument costs little), posts ``MPI_Iallreduce`` (``MPI_Ireduce_scatter_block``
 / ``MPI_Ireduce_scatter``, ``MPI_Iallgather`` / ``MPI_Iallgatherv`` when N does not
 divide the length) on the context's data communicator, and tests it in a loop that
-reads CLOCK_MONOTONIC every 64 polls, as hpcdp.comm.fast.spin does: past the deadline
+reads CLOCK_MONOTONIC every 64 polls, as hpcdp.comm.engines.mpi.spin does: past the deadline
 it returns TIMEOUT, once the communicator is aborted (its flag, hpcdp.comm.abort) ABORTED; after SPIN_POLLS fruitless polls it yields the core every 64
 polls and probes the control communicator for a peer's diagnosis status message
 (PEER), as hpcdp.comm.engines.compiled.kernels.advance does. A failed MPI call returns
@@ -32,7 +32,8 @@ and dtype on the loaded 2-core VM (docs/results.md, "leanc"); later processes lo
 it in about 10 ms. The first call compiles before it posts: peers wait for it
 inside their own deadline, as for the compiled ring's first call.
 
-Selection: this path runs whenever the MPI library can be bound
+Selection (the chooser's, hpcdp.comm.select.lean_tier; this module makes the entry
+its plan names and runs it): this path runs whenever the MPI library can be bound
 (hpcdp.comm.engines.compiled.binding), whatever ``HPCDP_COMM_ENGINE`` says. That variable
 chooses who runs hpcdp's own ring; here MPI runs the collective in both cases and the
 wire traffic, results and ledger are the same, and since both paths post the same MPI
@@ -42,20 +43,29 @@ first used) or :func:`set_lean_path` per communicator runs the mpi4py path inste
 (for comparison and tests). Where the MPI cannot be bound, one log line says so and
 the mpi4py path runs. Non-blocking lean calls (``iallreduce`` ...) keep the mpi4py
 path: their request is tested from Python anyway.
+
+The ready calls (:class:`LeanCall`, :func:`ready`) and a signature's first compiled call
+(:func:`run`) are here too: hpcdp.comm.fast calls them for the chooser's compiled tier.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from hpcdp.comm.engines.compiled.ccall import ccall, peek
-from hpcdp.comm.core.context import get_context
+from hpcdp.comm.core.context import KNOWN, get_context
 from hpcdp.comm.core.debug import SPIN_POLLS
+from hpcdp.comm.core.diagnose import diagnose
+from hpcdp.comm.core.errors import mpi_error
+from hpcdp.comm.core.settings import generation
+from hpcdp.comm.engines.compiled.ccall import ccall, peek
+from hpcdp.comm.engines.mpi import divide_mean
+from hpcdp.shard import shard_range
 
 PATHS = ("compiled", "mpi4py")
 DONE, TIMEOUT, PEER, FAILED, REFUSED, NEED_SCRATCH, ABORTED = 0, -1, -2, -3, -4, -5, -6
@@ -310,12 +320,6 @@ KERNELS = {"allreduce": allreduce, "reduce_scatter": reduce_scatter, "all_gather
 
 # -- the Python side: the path's choice, the binding and one entry per signature --
 
-def default_path() -> str:
-    """``[comm] lean`` (``HPCDP_COMM_LEAN`` overrides it)."""
-    from hpcdp.comm.core.settings import settings
-    return settings().lean
-
-
 def set_lean_path(comm, name: str) -> None:
     """Run ``comm``'s small blocking collectives on ``name``: ``"compiled"`` (this module)
     or ``"mpi4py"`` (mpi4py's non-blocking call and a Python Test loop). Per rank: both
@@ -324,20 +328,9 @@ def set_lean_path(comm, name: str) -> None:
         raise ValueError(f"lean path must be one of {PATHS}, got {name!r}")
     ctx = get_context(comm)
     ctx.lean_path = name
-    ctx.plans.clear()  # (hpcdp.comm.fast.signature decides again)
+    ctx.plans.clear()  # (hpcdp.comm.select.lean_signature decides again)
     for calls in ctx.lean_calls:  # (and its ready calls were made for the old path)
         calls.clear()
-
-
-def lean_path(ctx) -> str:
-    """The path ``ctx``'s small blocking calls take: "compiled" only if asked for (the
-    default) and this MPI could be bound."""
-    name = ctx.lean_path
-    if name is None:
-        name = ctx.lean_path = default_path()
-    if name == "compiled" and binding() is None:
-        return "mpi4py"
-    return name
 
 
 def binding():
@@ -421,9 +414,171 @@ class Entry:
         return int(self.I[L_T0]) * 1e-9
 
 
-def entry(ctx, collective, mpi_type, mpi_op, mean, dtype):
-    """The compiled call of one lean signature, or None when ``ctx`` takes the mpi4py path
-    (asked for, or this MPI cannot be bound)."""
-    if lean_path(ctx) != "compiled":
+# -- ready compiled calls: a repeated blocking call's checks done once ---------------
+# After a blocking call ran compiled, its signature (collective, length, dtype, op,
+# algorithm) keeps a LeanCall on the context (CommContext.lean_calls, one dict per
+# collective keyed by length). A repeated call then checks only what can change between
+# calls: the buffers (1-D ndarrays whose flags say C-contiguous, aligned, writeable, of
+# the record's very dtype object), the context (debug mode, failed) and the settings'
+# generation; and calls the kernel's compiled entry point (lean.Entry.direct) with
+# exactly the argument types it was compiled for. What the record fixes (the byte
+# bound, the MPI datatype and op, this rank's shard, the ledger's figures) was decided
+# by the full front. Anything else takes the full front below.
+#
+# Each collective is one row of the same job, in three tiers written once: the ready
+# call (:func:`ready`), the first compiled call of a signature (:func:`run`); MPI's call
+# through mpi4py is hpcdp.comm.engines.mpi's. ``which`` (AR, RS, AG) names the row.
+
+AR, RS, AG = 0, 1, 2
+NAMES = ("allreduce", "reduce_scatter", "all_gather")
+_MAX_CALLS = 4096
+
+
+class LeanCall:
+    """One signature's ready blocking call: the context, the kernel's entry point, the
+    lean entry (its ``I`` / ``H`` arrays and scratch), what the signature is (dtype
+    object, op, algorithm, the settings' generation) and its fixed figures (this rank's
+    shard ``off`` / ``size``, the ledger's sent / received bytes)."""
+
+    __slots__ = ("ctx", "call", "e", "I", "H", "dtype", "op", "algorithm", "gen", "off", "size",
+                 "sent", "recv")
+
+    def __init__(self, ctx, call, e, dtype, op, algorithm, gen, off, size, sent, recv):
+        self.ctx, self.call, self.e, self.dtype, self.op = ctx, call, e, dtype, op
+        self.I, self.H, self.algorithm = e.I, e.H, algorithm  # (the entry's own arrays)
+        self.gen, self.off, self.size, self.sent, self.recv = gen, off, size, sent, recv
+
+
+def _remember(ctx, which, n, e, dtype, op, algorithm, off, size, sent, recv):
+    """Keep the ready call of a blocking compiled call that just completed (its kernel
+    is compiled for these argument types now), when it has an entry point."""
+    calls = ctx.lean_calls[which]
+    r = calls.get(n)
+    if r is not None and r.e is e and r.dtype is dtype and r.gen == generation():
+        return  # kept already (this call missed it for its buffers' flags)
+    call = e.direct(dtype)
+    if call is None:
+        return
+    if len(calls) >= _MAX_CALLS:
+        calls.clear()
+    calls[n] = LeanCall(ctx, call, e, dtype, op, algorithm, generation(), off, size, sent, recv)
+
+
+def _ready(comm, which, buf, op, algorithm):
+    """The LeanCall for ``buf`` (a 1-D ndarray: the full-length buffer) and this
+    signature on ``comm``, or None (tests look here; :func:`ready` does it inline)."""
+    hit = KNOWN.get(id(comm))
+    if hit is None or hit[0] is not comm:
         return None
-    return Entry(ctx, binding(), collective, mpi_type, mpi_op, mean, dtype)
+    ctx = hit[1]
+    r = ctx.lean_calls[which].get(buf.size)
+    if r is None or r.dtype is not buf.dtype or r.op != op or r.algorithm != algorithm \
+            or r.gen != generation() or ctx.debug or ctx.failed is not None \
+            or not buf.flags.carray:
+        return None
+    return r
+
+
+def ready(which, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout):
+    """A repeated plain blocking call of collective ``which`` run on its LeanCall: the
+    result, or None when it has none or the buffers do not fit it (then the lean call or
+    the general front takes it). ``op``: "" for an all-gather."""
+    in_place = recvbuf is None or recvbuf is sendbuf
+    if which == AG:
+        full, other = (sendbuf, None) if in_place else (recvbuf, sendbuf)
+    else:
+        full, other = sendbuf, (None if in_place else recvbuf)
+    if full.__class__ is not np.ndarray or full.ndim != 1:
+        return None
+    hit = KNOWN.get(id(comm))  # (known_context inline: one call fewer)
+    if hit is None or hit[0] is not comm:
+        return None
+    ctx = hit[1]
+    r = ctx.lean_calls[which].get(full.size)
+    if r is None or r.dtype is not full.dtype or r.op != op or r.algorithm != algorithm \
+            or r.gen != generation() or ctx.debug or ctx.failed is not None \
+            or not full.flags.carray:
+        return None
+    if other is not None and (other.__class__ is not np.ndarray or other.ndim != 1
+                              or other.dtype is not r.dtype or not other.flags.carray):
+        return None
+    dst = full if which == AG or in_place else recvbuf
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    limit = ctx.timeout if timeout is None else float(timeout)
+    if which == RS:
+        e = r.e
+        code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
+        if code == NEED_SCRATCH:
+            e.grow(r.size)
+            code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
+    else:
+        code = r.call(r.I, r.H, sendbuf, dst, limit)
+    if code == 0:
+        if ledger is not None:
+            ledger.count_call(NAMES[which], r.sent, r.recv, 1, 1)
+        return sendbuf[r.off:r.off + r.size] if which == RS and in_place else dst
+    # refused (nothing posted: a length mismatch) falls to the full front
+    return _compiled_failed(ctx, r.e, code, seq, NAMES[which], full, op, limit)
+
+
+def run(ctx, e, which, src, dst, op, algorithm, ledger, timeout):
+    """A blocking lean call of collective ``which`` as one compiled call (the first of its
+    signature, or one a ready call does not take), its ready call kept: the result, or
+    None when the kernel refused it (nothing posted). ``dst``: the allreduce's result,
+    the reduce-scatter's destination (``src`` in place), the all-gather's full buffer."""
+    name = NAMES[which]
+    seq = ctx.seq
+    ctx.seq = seq + 1
+    limit = ctx.timeout if timeout is None else float(timeout)
+    if e.half or src.ndim != 1 or dst.ndim != 1:
+        a, b = e.views(src), e.views(dst)
+    else:
+        a, b = src, dst
+    if which == RS:
+        code = e.kernel(e.I, e.H, a, b, e.scratch, limit)
+        if code == NEED_SCRATCH:
+            e.grow(shard_range(src.size, ctx.size, ctx.rank)[1])
+            code = e.kernel(e.I, e.H, a, b, e.scratch, limit)
+    else:
+        code = e.kernel(e.I, e.H, a, b, limit)
+    buf = dst if which == AG else src  # the full-length buffer
+    if code != 0:
+        return _compiled_failed(ctx, e, code, seq, name, buf, op, limit)
+    n, item = buf.size, buf.itemsize
+    if which == AR:
+        result, off, size, sent, recv = dst, 0, 0, buf.nbytes, buf.nbytes
+    elif which == RS:
+        off, size = shard_range(n, ctx.size, ctx.rank)
+        result = src[off:off + size] if dst is src else dst
+        sent, recv = buf.nbytes, result.size * item
+    else:
+        off, size = 0, shard_range(n, ctx.size, ctx.rank)[1]
+        result, sent, recv = dst, size * item, buf.nbytes
+    if e.mean_after:
+        divide_mean(result.reshape(-1), ctx.size)
+    elif src.ndim == 1 and dst.ndim == 1:
+        _remember(ctx, which, n, e, buf.dtype, op, algorithm, off, size, sent, recv)
+    if ledger is not None:
+        ledger.count_call(name, sent, recv, 1, 1)
+    return result
+
+
+def _compiled_failed(ctx, e, code, seq, name, buf, op, limit):
+    """A compiled lean call that did not complete: None when nothing was posted (the
+    general path takes the call and explains a bad buffer); else what the mpi4py path
+    raises: mpi4py's MPI.Exception for an MPI error, the missing-rank diagnosis past the
+    deadline or when a peer started one (as :func:`spin`)."""
+    if code == REFUSED:
+        ctx.seq = seq
+        return None
+    if code == FAILED:
+        err = mpi_error(e.error_code(), collective=name, seq=seq, rank=ctx.rank)
+        if ctx.failed is None:
+            ctx.failed = err
+        raise err
+    if code == ABORTED:
+        raise ctx.failed
+    call = (seq, name, buf.dtype, buf.size, -1, "native", op)
+    raise diagnose(ctx, call, time.monotonic() - e.started(), limit, (),
+                   joined=code == PEER)
