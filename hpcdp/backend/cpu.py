@@ -1,7 +1,9 @@
 """CPU backend: NumPy/BLAS for shapes, elementwise math and matmul; numba.njit fused
 kernels (cpu_kernels.py) for GELU (float32: one pass with the kernels' own SIMD exp;
 float64: around NumPy's tanh), softmax, attention's scaled causal softmax,
-cross-entropy, LayerNorm, embedding backward and the optimizer updates.
+cross-entropy, LayerNorm (float32: its own kernels, the residual stream's gradient
+added in the backward's pass), a linear layer's bias + residual add, embedding
+backward and the optimizer updates.
 
 Arrays are plain ``numpy.ndarray``. Matmul passes transposes to BLAS as flags
 (``a.swapaxes(-1, -2) @ b`` is a strided view, not a copy). Unlike the contract's

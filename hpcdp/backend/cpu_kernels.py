@@ -2,12 +2,14 @@
 
 Each kernel does in one pass what NumPy would do in several temporaries: GELU,
 row softmax / log-softmax and their backwards, attention's scaled causal softmax and
-its backward (float32), cross-entropy, LayerNorm forward and backward, embedding
+its backward (float32), cross-entropy, LayerNorm forward and backward (a float32
+pair that also adds the residual stream's gradient), bias + residual, embedding
 backward and the SGD/AdamW flat updates. The float32 GELU and causal softmax use
 ``exp_f32``, an exp in plain float32 arithmetic that vectorizes (see its section). Row kernels take 2-D
 C-contiguous arrays (rows, cols); the wrappers in cpu.py reshape to that.
 Reductions accumulate in float64 whatever the storage dtype, so float32 results stay
-close to the float64 reference. Kernels are serial (no prange): deterministic, and
+close to the float64 reference (the float32 layer norm pair sums its short rows in
+float32 lanes: see its section). Kernels are serial (no prange): deterministic, and
 under MPI each rank runs single-threaded anyway. Compilation happens once per dtype
 signature and is cached on disk (``cache=True``).
 """
