@@ -13,6 +13,7 @@ Kernels (float32, the GPT's memory-bound chains):
 | layernorm_fwd | mean, var, normalize, affine in NumPy | `layernorm_fwd_f32` (float32 row sums in SIMD lanes) |
 | layernorm_bwd | the NumPy formula | `layernorm_bwd_f32` (weight and bias gradients in the same pass) |
 | layernorm_bwd_res | the NumPy formula, then + the residual stream's gradient | `layernorm_bwd_f32` with the add in its pass |
+| cross_entropy_fwd | max, exp, sum, divide, log in NumPy | `cross_entropy_fwd_f32` (its own SIMD exp; the float64 kernel calls a scalar exp) |
 | bias_residual | copy z; z += b; z += r: 3 passes | copy z; `bias_residual_add`: 2 passes (the backend's runs in place on the GEMM output, no copy) |
 
 Validation (every run, every variant): fresh inputs (a new seed per run unless
@@ -128,6 +129,18 @@ def _fused_layernorm_bwd_res(gy, x, w, mean, rstd, gres, gx, gw, gb):
     K.layernorm_bwd_f32(gy, x, w, mean, rstd, gres, True, gx, gw, gb)
 
 
+def _np_cross_entropy(x, t, probs, loss):
+    m = x.max(-1, keepdims=True)
+    e = np.exp(x - m)
+    s = e.sum(-1, keepdims=True)
+    np.divide(e, s, out=probs)
+    loss[0] = np.mean(np.log(s[:, 0]) + m[:, 0] - x[np.arange(len(t)), t])
+
+
+def _fused_cross_entropy(x, t, probs, loss):
+    loss[0] = K.cross_entropy_fwd_f32(x, t, probs, np.int64(0), False)
+
+
 def _np_bias_residual(z, b, r, y):
     np.copyto(y, z)
     y += b
@@ -214,6 +227,15 @@ def layernorm_bwd_res_case(rng, R, C, T):
                 ref=lambda: [gx + gres.astype(np.float64), gw, gb])
 
 
+def cross_entropy_case(rng, R, C, T):
+    c = min(C, 32)  # the GPT's vocabulary of jobs/gpt_ddp.toml
+    x, t = _f32(rng, R, c, scale=3.0), rng.integers(0, c, R)
+    loss, probs = ref.cross_entropy(x, t)
+    return dict(size=f"{R}x{c}", inputs=[x, t], outs=[(R, c), (1,)], out_dtypes=[np.float32, np.float64],
+                bytes=8 * R * c, variants={"v1_numpy": _np_cross_entropy, "v2_fused": _fused_cross_entropy},
+                ref=lambda: [probs, np.array([loss])])
+
+
 def bias_residual_case(rng, R, C, T):
     z, b, r = _f32(rng, R, C), _f32(rng, C), _f32(rng, R, C)
     return dict(size=f"{R}x{C}", inputs=[z, b, r], outs=[(R, C)], bytes=12 * R * C,
@@ -224,7 +246,8 @@ def bias_residual_case(rng, R, C, T):
 CASES = {"gelu_fwd": gelu_fwd_case, "gelu_bwd": gelu_bwd_case,
          "causal_softmax_fwd": causal_softmax_fwd_case, "causal_softmax_bwd": causal_softmax_bwd_case,
          "layernorm_fwd": layernorm_fwd_case, "layernorm_bwd": layernorm_bwd_case,
-         "layernorm_bwd_res": layernorm_bwd_res_case, "bias_residual": bias_residual_case}
+         "layernorm_bwd_res": layernorm_bwd_res_case, "bias_residual": bias_residual_case,
+         "cross_entropy_fwd": cross_entropy_case}
 
 
 def run(R, C, T, bench, rng, copy_bw, reps):

@@ -319,7 +319,8 @@ class CPUBackend(Backend):
         t = np.ascontiguousarray(targets, dtype=np.int64).reshape(-1)
         self._check_targets(t, x.shape[0], x.shape[1], ignore_index)
         probs = np.empty_like(x)
-        loss = K.cross_entropy_fwd(x, t, probs, *_ignore_args(ignore_index))
+        kernel = K.cross_entropy_fwd_f32 if x.dtype == np.float32 else K.cross_entropy_fwd
+        loss = kernel(x, t, probs, *_ignore_args(ignore_index))
         return np.asarray(loss, dtype=x.dtype), probs
 
     def cross_entropy_backward(self, probs, targets, gscale, ignore_index=None):

@@ -450,6 +450,40 @@ def causal_softmax_bwd_f32(y, gy, scale, gx):
                 gx[b, i, j] = 0.0
 
 
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _sum_f64(y, lim):
+    """sum(y[:lim]) in float64, in SIMD lanes."""
+    s = 0.0
+    for j in range(lim):
+        s += y[j]
+    return s
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def cross_entropy_fwd_f32(logits, targets, probs, ignore, use_ignore):
+    """``cross_entropy_fwd`` for float32 logits with ``exp_f32`` (vectorized; the float64
+    kernel calls a scalar exp per element): probs <- softmax(logits) (float32), returns
+    the mean of -log p[target] (float64, from the logits) over the counted rows."""
+    n, c = logits.shape
+    total = 0.0
+    counted = 0
+    for i in range(n):
+        xr = logits[i]
+        row = probs[i]
+        m = _max_f32(xr, c)
+        for j in range(c):
+            row[j] = exp_f32(xr[j] - m)
+        s = _sum_f64(row, c)
+        inv = _F(1.0 / s)
+        for j in range(c):
+            row[j] *= inv
+        if use_ignore and targets[i] == ignore:
+            continue
+        total += math.log(s) + m - xr[targets[i]]
+        counted += 1
+    return total / counted if counted else 0.0
+
+
 # -- float32 layer norm and bias + residual ---------------------------------------------
 # The generic layernorm_fwd / layernorm_bwd above accumulate in float64 whatever the
 # storage: for float32 every element is converted, and the weight and bias gradients
