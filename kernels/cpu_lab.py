@@ -10,8 +10,11 @@ Kernels (float32, the GPT's memory-bound chains):
 | gelu_bwd | tanh pass + the derivative pass | `gelu_bwd_f32`: one pass |
 | causal_softmax_fwd | x * scale; causal fill -inf; max, np.exp, sum: 5 passes | `causal_softmax_f32`: scale, mask, softmax in one pass over the kept half |
 | causal_softmax_bwd | softmax backward; causal fill 0; * scale: 3 passes | `causal_softmax_bwd_f32`: one pass |
-| layernorm_fwd | mean, var, normalize, affine in NumPy | `layernorm_fwd` |
-| layernorm_bwd | the NumPy formula | `layernorm_bwd` (weight and bias gradients in the same pass) |
+| layernorm_fwd | mean, var, normalize, affine in NumPy | `layernorm_fwd_f32` (float32 row sums in SIMD lanes) |
+| layernorm_bwd | the NumPy formula | `layernorm_bwd_f32` (weight and bias gradients in the same pass) |
+| layernorm_bwd_res | the NumPy formula, then + the residual stream's gradient | `layernorm_bwd_f32` with the add in its pass |
+| cross_entropy_fwd | max, exp, sum, divide, log in NumPy | `cross_entropy_fwd_f32` (its own SIMD exp; the float64 kernel calls a scalar exp) |
+| bias_residual | copy z; z += b; z += r: 3 passes | copy z; `bias_residual_add`: 2 passes (the backend's runs in place on the GEMM output, no copy) |
 
 Validation (every run, every variant): fresh inputs (a new seed per run unless
 ``--seed``), outputs filled with NaN before the kernel runs (an element it does not
@@ -113,6 +116,42 @@ def _np_layernorm_bwd(gy, x, w, mean, rstd, gx, gw, gb):
     gb[:] = gy.sum(0)
 
 
+def _np_layernorm_bwd_res(gy, x, w, mean, rstd, gres, gx, gw, gb):
+    _np_layernorm_bwd(gy, x, w, mean, rstd, gx, gw, gb)
+    np.add(gres, gx, out=gx)
+
+
+def _fused_layernorm_bwd(gy, x, w, mean, rstd, gx, gw, gb):
+    K.layernorm_bwd_f32(gy, x, w, mean, rstd, gy, False, gx, gw, gb)
+
+
+def _fused_layernorm_bwd_res(gy, x, w, mean, rstd, gres, gx, gw, gb):
+    K.layernorm_bwd_f32(gy, x, w, mean, rstd, gres, True, gx, gw, gb)
+
+
+def _np_cross_entropy(x, t, probs, loss):
+    m = x.max(-1, keepdims=True)
+    e = np.exp(x - m)
+    s = e.sum(-1, keepdims=True)
+    np.divide(e, s, out=probs)
+    loss[0] = np.mean(np.log(s[:, 0]) + m[:, 0] - x[np.arange(len(t)), t])
+
+
+def _fused_cross_entropy(x, t, probs, loss):
+    loss[0] = K.cross_entropy_fwd_f32(x, t, probs, np.int64(0), False)
+
+
+def _np_bias_residual(z, b, r, y):
+    np.copyto(y, z)
+    y += b
+    y += r
+
+
+def _fused_bias_residual(z, b, r, y):
+    np.copyto(y, z)
+    K.bias_residual_add(y, b, r)
+
+
 # -- cases: inputs, outputs to poison, variants, the float64 reference, bytes ----------
 
 def _f32(rng, *shape, scale=1.0):
@@ -159,30 +198,56 @@ def causal_softmax_bwd_case(rng, R, C, T):
 def layernorm_fwd_case(rng, R, C, T):
     x, w, b = _f32(rng, R, C), _f32(rng, C), _f32(rng, C)
     y, m, r = ref.layernorm(x, w, b, 1e-5)
-    return dict(size=f"{R}x{C}", inputs=[x, w, b, 1e-5], outs=[(R, C), (R,), (R,)], bytes=8 * R * C,
-                variants={"v1_numpy": _np_layernorm, "v2_fused": K.layernorm_fwd},
+    return dict(size=f"{R}x{C}", inputs=[x, w, b, np.float32(1e-5)], outs=[(R, C), (R,), (R,)],
+                bytes=8 * R * C, variants={"v1_numpy": _np_layernorm, "v2_fused": K.layernorm_fwd_f32},
                 ref=lambda: [y, m, r])
 
 
-def layernorm_bwd_case(rng, R, C, T):
-    x, w, gy = _f32(rng, R, C), _f32(rng, C), _f32(rng, R, C)
+def _layernorm_bwd_inputs(rng, R, C):
+    x, w, gy = _f32(rng, R, C, scale=2.0) + np.float32(0.5), _f32(rng, C), _f32(rng, R, C)
     _, m, r = ref.layernorm(x, w, np.zeros_like(w), 1e-5)
-    m, r = m.astype(np.float32), r.astype(np.float32)
-    gx, gw, gb = ref.layernorm_backward(gy, x, w, 1e-5)
+    return x, w, gy, m.astype(np.float32), r.astype(np.float32)
 
-    def fused(gy_, x_, w_, m_, r_, gx_, gw_, gb_):
-        gw_[:] = 0.0  # the kernel accumulates into zeroed float64 sums
-        gb_[:] = 0.0
-        K.layernorm_bwd(gy_, x_, w_, m_, r_, gx_, gw_, gb_)
-    return dict(size=f"{R}x{C}", inputs=[gy, x, w, m, r], outs=[(R, C), (C,), (C,)],
-                out_dtypes=[np.float32, np.float64, np.float64], bytes=12 * R * C,
-                variants={"v1_numpy": _np_layernorm_bwd, "v2_fused": fused},
+
+def layernorm_bwd_case(rng, R, C, T):
+    x, w, gy, m, r = _layernorm_bwd_inputs(rng, R, C)
+    gx, gw, gb = ref.layernorm_backward(gy, x, w, 1e-5)
+    return dict(size=f"{R}x{C}", inputs=[gy, x, w, m, r], outs=[(R, C), (C,), (C,)], bytes=12 * R * C,
+                variants={"v1_numpy": _np_layernorm_bwd, "v2_fused": _fused_layernorm_bwd},
                 ref=lambda: [gx, gw, gb])
+
+
+def layernorm_bwd_res_case(rng, R, C, T):
+    x, w, gy, m, r = _layernorm_bwd_inputs(rng, R, C)
+    gres = _f32(rng, R, C)
+    gx, gw, gb = ref.layernorm_backward(gy, x, w, 1e-5)
+    return dict(size=f"{R}x{C}", inputs=[gy, x, w, m, r, gres], outs=[(R, C), (C,), (C,)],
+                bytes=16 * R * C,
+                variants={"v1_numpy": _np_layernorm_bwd_res, "v2_fused": _fused_layernorm_bwd_res},
+                ref=lambda: [gx + gres.astype(np.float64), gw, gb])
+
+
+def cross_entropy_case(rng, R, C, T):
+    c = min(C, 32)  # the GPT's vocabulary of jobs/gpt_ddp.toml
+    x, t = _f32(rng, R, c, scale=3.0), rng.integers(0, c, R)
+    loss, probs = ref.cross_entropy(x, t)
+    return dict(size=f"{R}x{c}", inputs=[x, t], outs=[(R, c), (1,)], out_dtypes=[np.float32, np.float64],
+                bytes=8 * R * c, variants={"v1_numpy": _np_cross_entropy, "v2_fused": _fused_cross_entropy},
+                ref=lambda: [probs, np.array([loss])])
+
+
+def bias_residual_case(rng, R, C, T):
+    z, b, r = _f32(rng, R, C), _f32(rng, C), _f32(rng, R, C)
+    return dict(size=f"{R}x{C}", inputs=[z, b, r], outs=[(R, C)], bytes=12 * R * C,
+                variants={"v1_numpy": _np_bias_residual, "v2_fused": _fused_bias_residual},
+                ref=lambda: [z.astype(np.float64) + b + r])
 
 
 CASES = {"gelu_fwd": gelu_fwd_case, "gelu_bwd": gelu_bwd_case,
          "causal_softmax_fwd": causal_softmax_fwd_case, "causal_softmax_bwd": causal_softmax_bwd_case,
-         "layernorm_fwd": layernorm_fwd_case, "layernorm_bwd": layernorm_bwd_case}
+         "layernorm_fwd": layernorm_fwd_case, "layernorm_bwd": layernorm_bwd_case,
+         "layernorm_bwd_res": layernorm_bwd_res_case, "bias_residual": bias_residual_case,
+         "cross_entropy_fwd": cross_entropy_case}
 
 
 def run(R, C, T, bench, rng, copy_bw, reps):

@@ -26,10 +26,12 @@ def _int_ids(x, be, what):
 
 
 @op
-def linear(x, w, b=None, activation=None, gelu="tanh"):
+def linear(x, w, b=None, activation=None, gelu="tanh", residual=None):
     """act(x @ w + b) for x (..., in), w (in, out), b (out,) in one graph node.
     ``gelu``: "tanh" (the approximation, GPT-2's) or "exact" (erf), when
-    ``activation == "gelu"``.
+    ``activation == "gelu"``. ``residual`` (a tensor of the output's shape): returns
+    ``residual + act(x @ w + b)``, the residual stream's add in the same node (without
+    activation the bias and the residual go into the GEMM output in one pass).
 
     Cost: one GEMM forward; backward one GEMM per operand that needs a gradient
     (none for the input of the first layer). The bias is added in place into the
@@ -48,9 +50,16 @@ def linear(x, w, b=None, activation=None, gelu="tanh"):
     if b is not None and b.shape != (ws[1],):
         raise ValueError(f"linear: bias shape {b.shape} does not match weight shape {ws}")
     nin, nout = ws
+    out_shape = xs[:-1] + (nout,)
+    if residual is not None and residual.shape != out_shape:
+        raise ValueError(f"linear: residual shape {residual.shape} does not match the output "
+                         f"shape {out_shape}")
     x2 = x.data if len(xs) == 2 else be.reshape(x.data, (-1, nin))
     z = be.matmul(x2, w.data)
-    if b is not None:
+    r2 = None if residual is None else be.reshape(residual.data, (-1, nout))
+    if activation is None and r2 is not None:
+        be.bias_residual_add_(z, None if b is None else b.data, r2)
+    elif b is not None:
         be.add_(z, b.data)
     if activation is None:
         y = z
@@ -60,7 +69,7 @@ def linear(x, w, b=None, activation=None, gelu="tanh"):
         y = be.gelu(z, gelu)
     else:
         y = be.tanh(z)
-    out_shape = xs[:-1] + (nout,)
+    out = y if activation is None or r2 is None else be.add(y, r2)  # y kept for backward
 
     def backward(gy):
         g = gy if len(xs) == 2 else be.reshape(gy, (-1, nout))
@@ -79,10 +88,13 @@ def linear(x, w, b=None, activation=None, gelu="tanh"):
             gw = be.matmul(x2, g, True, False)
         if b is not None and b.requires_grad:
             gb = be.sum(g, axis=0)
-        return (gx, gw) if b is None else (gx, gw, gb)
+        grads = (gx, gw) if b is None else (gx, gw, gb)
+        return grads if residual is None else grads + (gy,)
 
     parents = (x, w) if b is None else (x, w, b)
-    y_out = y if len(xs) == 2 else be.reshape(y, out_shape)
+    if residual is not None:
+        parents += (residual,)
+    y_out = out if len(xs) == 2 else be.reshape(out, out_shape)
     return make_result(y_out, be, parents, backward)
 
 
@@ -138,9 +150,11 @@ def layer_norm(x, weight, bias, eps=1e-5):
                          f"shape ({c},), got {weight.shape} and {bias.shape}")
     y, mean, rstd = be.layernorm(x.data, weight.data, bias.data, eps)
 
-    def backward(gy):
-        gx, gw, gb = be.layernorm_backward(gy, x.data, weight.data, mean, rstd)
-        return gx, gw, gb
+    def backward(gy, pending=None):
+        # pending: x's gradient from its other uses so far (the residual stream in a
+        # pre-LN block), added by the backend in the backward's own pass
+        return be.layernorm_backward_add(gy, x.data, weight.data, mean, rstd, pending)
+    backward.accumulates = 0
     return make_result(y, be, (x, weight, bias), backward)
 
 

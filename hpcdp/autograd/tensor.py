@@ -22,6 +22,11 @@ Backward (``Tensor.backward``):
    (FSDP2's ``_register_pre_backward_hook(output)``): a sharded strategy gathers
    the block's parameters there. Backward closures read ``w.data`` when they run,
    not at forward time, so storage re-bound in between is what they see.
+6. A backward closure with an ``accumulates`` attribute (a parent's position i) is
+   called as ``backward(gy, pending)``: ``pending`` is the gradient already gathered
+   for non-leaf parent i (or None), taken out of the engine's dict, and the closure
+   returns parent i's gradient with it added. A fused kernel adds it in its own pass
+   (LayerNorm adds the residual stream's gradient) instead of the engine's extra add.
 The graph is freed as it is consumed (saved arrays are released early), so a second
 backward through the same graph raises, unless ``retain_graph=True``.
 """
@@ -319,8 +324,16 @@ def _backward_node(node, grads, uses, be, retain_graph):
         for fn in tuple(node._hooks):
             fn(node)
     g = grads.pop(id(node), None)
-    parents = node._parents
-    pgrads = node._backward(g) if g is not None else (None,) * len(parents)
+    bw, parents = node._backward, node._parents
+    if g is None:
+        pgrads = (None,) * len(parents)
+    else:
+        acc = getattr(bw, "accumulates", None)
+        if acc is None:
+            pgrads = bw(g)
+        else:  # the closure adds parent acc's pending gradient itself (see 6. above)
+            p = parents[acc]
+            pgrads = bw(g, grads.pop(id(p), None) if p._backward is not None else None)
     # parents in reverse: within one op (x @ w + b) the later-registered b is
     # final before w, so hooks fire in reverse registration (layout) order
     for i in range(len(parents) - 1, -1, -1):

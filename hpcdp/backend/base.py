@@ -217,6 +217,22 @@ class Backend(ABC):
     def layernorm_backward(self, gy, x, weight, mean, rstd):
         """Returns (gx, gweight, gbias)."""
 
+    def layernorm_backward_add(self, gy, x, weight, mean, rstd, gres):
+        """As :meth:`layernorm_backward`, with ``gres`` (None, or an array of x's
+        shape: the gradient that reached x by another path, e.g. the residual stream)
+        added into the input gradient. This default composes; a backend may fuse
+        the add into the backward's pass."""
+        gx, gw, gb = self.layernorm_backward(gy, x, weight, mean, rstd)
+        return (gx if gres is None else self.add(gres, gx)), gw, gb
+
+    def bias_residual_add_(self, z, bias, res):
+        """In place: z += bias (None: no bias; broadcast over rows), then z += res
+        (z's shape): a linear layer's bias and a residual stream added into its
+        output. This default composes; a backend may do it in one pass."""
+        if bias is not None:
+            self.add_(z, bias)
+        self.add_(z, res)
+
     @abstractmethod
     def embedding(self, table, ids):
         """table[ids] for int ids of any shape."""

@@ -1,7 +1,9 @@
 """CPU backend: NumPy/BLAS for shapes, elementwise math and matmul; numba.njit fused
 kernels (cpu_kernels.py) for GELU (float32: one pass with the kernels' own SIMD exp;
 float64: around NumPy's tanh), softmax, attention's scaled causal softmax,
-cross-entropy, LayerNorm, embedding backward and the optimizer updates.
+cross-entropy, LayerNorm (float32: its own kernels, the residual stream's gradient
+added in the backward's pass), a linear layer's bias + residual add, embedding
+backward and the optimizer updates.
 
 Arrays are plain ``numpy.ndarray``. Matmul passes transposes to BLAS as flags
 (``a.swapaxes(-1, -2) @ b`` is a strided view, not a copy). Unlike the contract's
@@ -76,6 +78,12 @@ def _gelu_mode(mode):
     if mode not in ("tanh", "exact"):
         raise ValueError(f"gelu: mode must be 'tanh' or 'exact', got {mode!r}")
     return mode
+
+
+def _f32(*arrays):
+    """Every array float32 (the fused float32 kernels' inputs); float64 stays on the
+    composed path, which the float64 torch-oracle tests hold to."""
+    return all(a.dtype == np.float32 for a in arrays)
 
 
 class CPUBackend(Backend):
@@ -311,7 +319,8 @@ class CPUBackend(Backend):
         t = np.ascontiguousarray(targets, dtype=np.int64).reshape(-1)
         self._check_targets(t, x.shape[0], x.shape[1], ignore_index)
         probs = np.empty_like(x)
-        loss = K.cross_entropy_fwd(x, t, probs, *_ignore_args(ignore_index))
+        kernel = K.cross_entropy_fwd_f32 if x.dtype == np.float32 else K.cross_entropy_fwd
+        loss = kernel(x, t, probs, *_ignore_args(ignore_index))
         return np.asarray(loss, dtype=x.dtype), probs
 
     def cross_entropy_backward(self, probs, targets, gscale, ignore_index=None):
@@ -326,17 +335,38 @@ class CPUBackend(Backend):
         y = np.empty_like(x2)
         mean = np.empty(n, dtype=x.dtype)
         rstd = np.empty(n, dtype=x.dtype)
-        K.layernorm_fwd(x2, weight, bias, float(eps), y, mean, rstd)
+        if _f32(x2, weight, bias):
+            K.layernorm_fwd_f32(x2, weight, bias, np.float32(eps), y, mean, rstd)
+        else:
+            K.layernorm_fwd(x2, weight, bias, float(eps), y, mean, rstd)
         return y.reshape(x.shape), mean, rstd
 
     def layernorm_backward(self, gy, x, weight, mean, rstd):
+        return self.layernorm_backward_add(gy, x, weight, mean, rstd, None)
+
+    def layernorm_backward_add(self, gy, x, weight, mean, rstd, gres):
         x2 = K.rows(x)
         c = x2.shape[1]
+        g2 = K.rows(gy.astype(x.dtype, copy=False))
         gx = np.empty_like(x2)
+        if _f32(x2, weight, mean, rstd):  # float32: one pass, the residual's add in it
+            gw = np.empty(c, dtype=np.float32)
+            gb = np.empty(c, dtype=np.float32)
+            add = gres is not None
+            r2 = K.rows(gres.astype(np.float32, copy=False)) if add else g2
+            K.layernorm_bwd_f32(g2, x2, weight, mean, rstd, r2, add, gx, gw, gb)
+            return gx.reshape(x.shape), gw, gb
         gw = np.zeros(c, dtype=np.float64)
         gb = np.zeros(c, dtype=np.float64)
-        K.layernorm_bwd(K.rows(gy.astype(x.dtype, copy=False)), x2, weight, mean, rstd, gx, gw, gb)
-        return gx.reshape(x.shape), gw.astype(x.dtype), gb.astype(x.dtype)
+        K.layernorm_bwd(g2, x2, weight, mean, rstd, gx, gw, gb)
+        gx = gx.reshape(x.shape)
+        return (gx if gres is None else np.add(gres, gx)), gw.astype(x.dtype), gb.astype(x.dtype)
+
+    def bias_residual_add_(self, z, bias, res):
+        if (bias is None or not _f32(z, bias, res) or z.shape != res.shape
+                or bias.shape != z.shape[-1:] or not z.flags.c_contiguous):
+            return super().bias_residual_add_(z, bias, res)
+        K.bias_residual_add(K.rows(z), bias, K.rows(res))
 
     def embedding(self, table, ids):
         return np.take(table, ids, axis=0)

@@ -30,8 +30,9 @@ class Linear(Module):
             self.bias = reg.constant(f"{name}.bias", (n_out,), 0.0) if bias else None
         self.activation, self.gelu = activation, gelu
 
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias, self.activation, self.gelu)
+    def forward(self, x, residual=None):
+        """``residual``: returns residual + this layer's output (one graph node)."""
+        return F.linear(x, self.weight, self.bias, self.activation, self.gelu, residual)
 
 
 class LayerNorm(Module):
@@ -90,13 +91,24 @@ class CausalSelfAttention(Module):
         self.attn_drop = Dropout(reg, dropout)
         self.resid_drop = Dropout(reg, dropout)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """``residual``: returns residual + the attention's output."""
         b, h = x.shape[0], self.n_head
         qkv = self.c_attn(x)                                      # (B, T, 3C)
         p = self.attn_drop.p if self.training else 0.0
         key = self.attn_drop.key(b) if p else None
         y = F.causal_self_attention_qkv(qkv, h, p, key, self.training)  # (B, T, C)
-        return self.resid_drop(self.c_proj(y))
+        return _residual(self.c_proj, y, self.resid_drop, residual)
+
+
+def _residual(proj, y, drop, residual):
+    """residual + drop(proj(y)): without active dropout the residual's add goes into
+    the projection's node (with its bias, one pass); with it, dropout comes first."""
+    if residual is None:
+        return drop(proj(y))
+    if not drop.training or drop.p == 0.0:
+        return proj(y, residual=residual)
+    return residual + drop(proj(y))
 
 
 class MLPBlock(Module):
@@ -108,8 +120,9 @@ class MLPBlock(Module):
         self.c_proj = Linear(reg, f"{name}.c_proj", 4 * n_embd, n_embd, std=proj_std)
         self.drop = Dropout(reg, dropout)
 
-    def forward(self, x):
-        return self.drop(self.c_proj(self.c_fc(x)))
+    def forward(self, x, residual=None):
+        """``residual``: returns residual + the MLP's output."""
+        return _residual(self.c_proj, self.c_fc(x), self.drop, residual)
 
 
 class Block(Module):
@@ -123,5 +136,5 @@ class Block(Module):
         self.mlp = MLPBlock(reg, f"{name}.mlp", n_embd, proj_std=proj_std, dropout=dropout, gelu=gelu)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = self.attn(self.ln_1(x), residual=x)
+        return self.mlp(self.ln_2(x), residual=x)

@@ -310,3 +310,39 @@ def test_adamw_update(dtype):
     np.testing.assert_allclose(p, rp, **tol(dtype))
     with pytest.raises(ValueError, match="1-based"):
         be.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_backward_add_and_weight_sums_over_many_rows(dtype):
+    # 50 rows: the float32 kernel sums the weight/bias gradients in blocks of 16 rows
+    x = rand(50, 40, seed=13, dtype=dtype) * 2 + 0.5
+    w, b = rand(40, seed=14, dtype=dtype), rand(40, seed=15, dtype=dtype)
+    gy, gres = rand(50, 40, seed=16, dtype=dtype), rand(50, 40, seed=17, dtype=dtype)
+    _, mean, rstd = be.layernorm(x, w, b, 1e-5)
+    gx, gw, gb = be.layernorm_backward(gy, x, w, mean, rstd)
+    gx2, gw2, gb2 = be.layernorm_backward_add(gy, x, w, mean, rstd, gres)
+    np.testing.assert_array_equal(gw2, gw)
+    np.testing.assert_array_equal(gb2, gb)
+    if dtype == np.float64:  # the composed path: the engine's add, bit for bit
+        np.testing.assert_array_equal(gx2, np.add(gres, gx))
+    np.testing.assert_allclose(gx2, gres + gx, **tol(dtype))
+    x64 = x.astype(np.float64)
+    xhat = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(gw, (gy * xhat).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gb, gy.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+    # the abstract default composes the same way
+    gx3, _, _ = Backend.layernorm_backward_add(be, gy, x, w, mean, rstd, gres)
+    np.testing.assert_array_equal(gx3, np.add(gres, gx))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_residual_add_is_bias_then_residual_bit_for_bit(dtype):
+    z, bias, res = rand(7, 33, seed=18, dtype=dtype), rand(33, seed=19, dtype=dtype), rand(7, 33, seed=20, dtype=dtype)
+    ref = (z + bias) + res
+    for fn in (be.bias_residual_add_, lambda *a: Backend.bias_residual_add_(be, *a)):
+        out = z.copy()
+        fn(out, bias, res)
+        np.testing.assert_array_equal(out, ref)
+    out = z.copy()
+    be.bias_residual_add_(out, None, res)
+    np.testing.assert_array_equal(out, z + res)
