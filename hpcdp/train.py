@@ -27,6 +27,7 @@ from hpcdp.config import Config, dump_toml
 from hpcdp.config_error import ConfigError
 from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
+from hpcdp.data.rescale import rescaled
 from hpcdp.failure.lasting import Lasting
 from hpcdp.exact.digest import weights_sha256
 from hpcdp.generate import sample_at_end
@@ -215,21 +216,22 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             batches.close()
             batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank, sampler=sampler)
         total = batches.total
-        if cfg.failure.on_rank_loss == "continue" and world.size > 1:  # ULFM there? one line if not
-            from mpi4py import MPI
-
-            from hpcdp.failure.ulfm import check_available
-            check_available(MPI)
-        accum, in_effect = cfg.train.grad_accum, batches.sampler.global_batch
-        if in_effect < strategy.dp_size * accum:
-            raise ConfigError(f"train.global_batch: {in_effect} samples cannot feed "
-                              f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
+        in_effect = batches.sampler.global_batch
         if cfg.failure.batch == "scale" and in_effect % strategy.dp_size:
             n = strategy.dp_size
             raise ConfigError(f"failure.batch: 'scale' keeps each rank's batch after a lost rank, so the global "
                               f"batch of {in_effect} samples must be a multiple of the {n} ranks: set "
                               f"train.global_batch = {in_effect // n * n or n} or {(in_effect // n + 1) * n}, "
                               "or failure.batch = 'keep'")
+        if cfg.failure.on_rank_loss == "continue" and world.size > 1:  # ULFM there? one line if not
+            from mpi4py import MPI
+
+            from hpcdp.failure.ulfm import check_available
+            check_available(MPI)
+        accum = cfg.train.grad_accum
+        if in_effect < strategy.dp_size * accum:
+            raise ConfigError(f"train.global_batch: {in_effect} samples cannot feed "
+                              f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
         agreed.fingerprint = schedule_text(ds, total, batches.batches_per_epoch)  # same data everywhere
         if resume and world.rank == 0:  # a checkpoint of another model: one line, status 2, no run dir
             from hpcdp.io.checkpointer import check_resume_target
@@ -398,7 +400,7 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 batches.close()
                 # the step's data re-split over the survivors: the same global batch ("keep"), or
                 # the same per-rank batch from the redone step on ("scale": hpcdp.data.rescale)
-                sampler = lasting.sampler_after(batches.sampler, rep)
+                sampler = rescaled(batches.sampler, rep.step, lasting.batch_after(rep, batches.sampler.global_batch))
                 batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank, sampler=sampler)
                 if batches.total != total:  # train.epochs: as many steps as the epochs now take
                     total = writer.total = batches.total

@@ -113,18 +113,15 @@ class Lasting:
         finish_with(new)
         return rep
 
-    def sampler_after(self, sampler, rep):
-        """The data sampler from the redone step on (``rep.step`` steps are committed), and
-        ``rep.batch_before`` / ``rep.batch_after``: the global batch before and after.
-        "keep": ``sampler`` itself; "scale": the per-rank batch kept, the rest of the epoch
-        re-split at ``batch / size_before * size_after`` (a multiple of the launch world
-        size was required at setup, hpcdp.train)."""
-        from hpcdp.data.rescale import rescaled
-
-        before = sampler.global_batch
+    def batch_after(self, rep, before: int) -> int:
+        """The global batch from the redone step on (``rep.step`` steps are committed),
+        given the one ``before``; noted as ``rep.batch_before`` / ``rep.batch_after``.
+        "keep": ``before``; "scale": the per-rank batch kept, ``before / size_before *
+        size_after`` (a multiple of the launch world size was required at setup,
+        hpcdp.train; the loop re-splits the rest of the epoch: hpcdp.data.rescale)."""
         after = before if self.batch == "keep" else before // rep.size_before * rep.comm.Get_size()
         rep.batch_before, rep.batch_after = before, after
-        return rescaled(sampler, rep.step, after)
+        return after
 
     def record(self, rep, step: int) -> dict:
         """The metrics.jsonl record of a repair."""

@@ -430,11 +430,11 @@ def check_run_state(index, path, sampler, scale: bool = False) -> None:
         if key in st and int(st[key]) != int(mine):
             raise CheckpointError(f"checkpoint {path}: {name} is {mine} in this run, {st[key]} in the "
                                   "checkpoint: the data position would not carry over; use the "
-                                  "checkpoint's value (its config is in `hpcdp ckpt info`)"
-                                  + (" or, for a checkpoint of a job whose global batch was scaled after "
-                                     "a lost rank, set failure.batch = 'scale'"
-                                     if key == "global_batch" and "batch_schedule" in st
-                                     and len(json.loads(st["batch_schedule"])) > 1 else ""))
+                                  "checkpoint's value (its config is in `hpcdp ckpt info`)")
+    if not scale and "batch_schedule" in st and len(json.loads(st["batch_schedule"])) > 1:
+        raise CheckpointError(f"checkpoint {path}: its job changed the global batch after a lost rank "
+                              f"(batch schedule {st['batch_schedule']}): resume it with failure.on_rank_loss = "
+                              "'continue' and failure.batch = 'scale', which carry that schedule over")
 
 
 def resumed_batches(resume, cfg, base, dp_size: int):
