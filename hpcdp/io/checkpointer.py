@@ -373,7 +373,7 @@ class Checkpointer:
         allreduce(seen, comm=self.comm, op="max", timeout=self.timeout)  # one rank's failed save is everyone's
         if seen[0] >= 0:
             return int(seen[0])
-        if committed is None or not self.enabled or not self._due(committed):
+        if committed is None or committed < 1 or not self.enabled or not self._due(committed):
             return None
         low = np.array([self.last_saved], dtype=np.int64)
         allreduce(low, comm=self.comm, op="min", timeout=self.timeout)
