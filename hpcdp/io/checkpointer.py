@@ -426,15 +426,15 @@ def check_run_state(index, path, sampler, scale: bool = False) -> None:
     keys = [("n_train", s.n, "the training set size"), ("data_seed", s.seed, "data.seed")]
     if not scale:
         keys.insert(0, ("global_batch", s.global_batch, "train.global_batch"))
+    if not scale and "batch_schedule" in st and len(json.loads(st["batch_schedule"])) > 1:
+        raise CheckpointError(f"checkpoint {path}: its job changed the global batch after a lost rank "
+                              f"(batch schedule {st['batch_schedule']}): resume it with failure.on_rank_loss = "
+                              "'continue' and failure.batch = 'scale', which carry that schedule over")
     for key, mine, name in keys:
         if key in st and int(st[key]) != int(mine):
             raise CheckpointError(f"checkpoint {path}: {name} is {mine} in this run, {st[key]} in the "
                                   "checkpoint: the data position would not carry over; use the "
                                   "checkpoint's value (its config is in `hpcdp ckpt info`)")
-    if not scale and "batch_schedule" in st and len(json.loads(st["batch_schedule"])) > 1:
-        raise CheckpointError(f"checkpoint {path}: its job changed the global batch after a lost rank "
-                              f"(batch schedule {st['batch_schedule']}): resume it with failure.on_rank_loss = "
-                              "'continue' and failure.batch = 'scale', which carry that schedule over")
 
 
 def resumed_batches(resume, cfg, base, dp_size: int):

@@ -10,7 +10,11 @@ hash (the eval record's sha256) equals C's, and B's (exact mode: any rank count)
 
 from __future__ import annotations
 
-from ulfm_launch import run_job
+import os
+import subprocess
+import sys
+
+from ulfm_launch import ROOT, run_job
 
 SETS = ["data.kind=synthetic_classification", "data.n_samples=512", "data.n_features=16",
         "data.n_classes=4", "model.sizes=[16, 32, 4]", "train.global_batch=30", "train.steps=12",
@@ -63,3 +67,12 @@ def test_scale_keeps_the_per_rank_batch_and_equals_a_smaller_run_resumed(tmp_pat
         c, recs_c, text_c = _job(tmp_path, f"c{frm}", 2, scale, "--resume", str(path), ft=True)
         assert {r["global_batch"] for r in recs_c if "loss" in r} == {20}, text_c[-3000:]
         assert a == c, f"scaled at step {at}: {a} (3 -> 2 ranks) != {c} (2 ranks from the checkpoint of step {frm})"
+    # resumed without failure.batch = "scale", the changed batch would not carry over: one line, status 2
+    proc = subprocess.run([sys.executable, "-m", "hpcdp.cli", "train", "--resume", str(path),
+                           *[a for s in SETS + [f'run.out_dir="{tmp_path / "k"}"'] for a in ("--set", s)]],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcdp: error:")]
+    assert proc.returncode == 2 and len(said) == 1 and "its job changed the global batch after a lost rank " \
+        f"(batch schedule [[0, 30], [{at}, 20]]): resume it with failure.on_rank_loss = 'continue' and " \
+        "failure.batch = 'scale'" in said[0], proc.stdout[-2000:] + proc.stderr[-3000:]
