@@ -567,17 +567,22 @@ class FailureConfig:
     ``on_rank_loss = "stop"`` (default): every rank ends within seconds with one line, the
     job resumes from its last checkpoint. ``"continue"``: the survivors repair the job
     with MPI's fault-tolerance interface (ULFM: Open MPI 5 under ``mpirun --with-ft ulfm``)
-    and keep training with the same global batch; DDP only (every rank holds the whole
-    state)."""
+    and keep training; DDP only (every rank holds the whole state). ``batch``: after a
+    repair, ``"keep"`` the global batch (each survivor takes more samples) or ``"scale"``
+    it with the world size (each survivor keeps its per-rank batch; the rest of the
+    epoch is re-split at the new global batch: hpcdp.data.rescale)."""
     SECTION: ClassVar[str] = "failure"
-    APPLIES: ClassVar[dict] = {"min_world": ("failure.on_rank_loss", ("continue",))}
+    APPLIES: ClassVar[dict] = {"min_world": ("failure.on_rank_loss", ("continue",)),
+                               "batch": ("failure.on_rank_loss", ("continue",))}
     on_rank_loss: str = "stop"  # "stop" | "continue"
     min_world: int = 1          # continue: fewer ranks left than this ends the job
+    batch: str = "keep"         # continue: "keep" the global batch after a repair, or "scale" it
 
     def __post_init__(self):
         s = self.SECTION
         _choice(s, "on_rank_loss", self.on_rank_loss, ("stop", "continue"))
         _range(s, "min_world", self.min_world, 1)
+        _choice(s, "batch", self.batch, ("keep", "scale"))
 
 
 SECTIONS: dict[str, type] = {

@@ -27,6 +27,7 @@ from hpcdp.config import Config, dump_toml
 from hpcdp.config_error import ConfigError
 from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
+from hpcdp.data.rescale import rescaled
 from hpcdp.failure.lasting import Lasting
 from hpcdp.exact.digest import weights_sha256
 from hpcdp.generate import sample_at_end
@@ -208,15 +209,28 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
             from hpcdp.exact.mode import ExactMode
             exact = ExactMode(cfg.train, strategy, world, flat)
         batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank)
+        rescale_line = None
+        if resume and cfg.failure.batch == "scale":  # the checkpoint's per-rank batch goes on
+            from hpcdp.io.checkpointer import resumed_batches
+            sampler, rescale_line = resumed_batches(resume, cfg, batches.sampler, strategy.dp_size)
+            batches.close()
+            batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank, sampler=sampler)
         total = batches.total
+        in_effect = batches.sampler.global_batch
+        if cfg.failure.batch == "scale" and in_effect % strategy.dp_size:
+            n = strategy.dp_size
+            raise ConfigError(f"failure.batch: 'scale' keeps each rank's batch after a lost rank, so the global "
+                              f"batch of {in_effect} samples must be a multiple of the {n} ranks: set "
+                              f"train.global_batch = {in_effect // n * n or n} or {(in_effect // n + 1) * n}, "
+                              "or failure.batch = 'keep'")
         if cfg.failure.on_rank_loss == "continue" and world.size > 1:  # ULFM there? one line if not
             from mpi4py import MPI
 
             from hpcdp.failure.ulfm import check_available
             check_available(MPI)
         accum = cfg.train.grad_accum
-        if cfg.train.global_batch < strategy.dp_size * accum:
-            raise ConfigError(f"train.global_batch: {cfg.train.global_batch} samples cannot feed "
+        if in_effect < strategy.dp_size * accum:
+            raise ConfigError(f"train.global_batch: {in_effect} samples cannot feed "
                               f"{strategy.dp_size} ranks x {accum} micro-batches; needs >= {strategy.dp_size * accum}")
         agreed.fingerprint = schedule_text(ds, total, batches.batches_per_epoch)  # same data everywhere
         if resume and world.rank == 0:  # a checkpoint of another model: one line, status 2, no run dir
@@ -283,9 +297,11 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 writer.log(f"checkpoint.dir: took over a stale lock ({lock.took_over})")
         if init_line:
             writer.log(init_line)
+        if rescale_line:
+            writer.log(rescale_line)
         writer.log(f"model: {cfg.model.kind}, {flat.numel:,} parameters ({cfg.run.dtype}, {cfg.run.device}); "
                    f"strategy {cfg.parallel.strategy} on {comm.Get_size()} worker(s) of {world.size} rank(s); "
-                   f"{total} steps of {cfg.train.global_batch} samples ({batches.batches_per_epoch} per epoch)")
+                   f"{total} steps of {batches.sampler.global_batch} samples ({batches.batches_per_epoch} per epoch)")
         layout_line = getattr(strategy, "layout_line", None)  # e.g. DiLoCo's replica groups
         if layout_line is not None:
             writer.log(layout_line())
@@ -382,8 +398,15 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 gather = StepGather(comm, timeout=cfg.comm.timeout, flush_every_s=cfg.run.metrics_flush_s)
                 pending.clear()
                 batches.close()
-                batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank)
-                redo_save = ckpt.rejoin(world) is not None  # a save in flight failed with the lost rank
+                # the step's data re-split over the survivors: the same global batch ("keep"), or
+                # the same per-rank batch from the redone step on ("scale": hpcdp.data.rescale)
+                sampler = rescaled(batches.sampler, rep.step, lasting.batch_after(rep, batches.sampler.global_batch))
+                batches = BatchSource(ds, cfg.data, cfg.train, strategy.dp_size, strategy.dp_rank, sampler=sampler)
+                if batches.total != total:  # train.epochs: as many steps as the epochs now take
+                    total = writer.total = batches.total
+                ckpt.follow(sampler, total)  # its checkpoints record the batch schedule in effect
+                # a save in flight failed with the lost rank, or the agreed step's was due and not begun
+                redo_save = ckpt.rejoin(world, committed=rep.step) is not None
                 record = lasting.record(rep, step)
                 if redo_save:
                     record["checkpoint_saved_again"] = rep.step

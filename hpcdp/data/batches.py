@@ -63,14 +63,17 @@ def read_pairs(ds, idx: np.ndarray, split: str = "train") -> tuple[np.ndarray, n
 
 
 class BatchSource:
-    def __init__(self, ds, data_cfg, train_cfg, dp_size: int = 1, dp_rank: int = 0):
+    def __init__(self, ds, data_cfg, train_cfg, dp_size: int = 1, dp_rank: int = 0, sampler=None):
+        """``sampler``: the run's own (a global batch changed at a step: hpcdp.data.rescale);
+        None: the config's."""
         self.ds, self.dp_size, self.dp_rank = ds, dp_size, dp_rank
         self.accum = train_cfg.grad_accum
         exact = getattr(train_cfg, "reproducible", "fast") == "exact"
         self.exact_micro = train_cfg.exact_micro_batch if exact else 0
-        self.sampler = make_sampler(ds, train_cfg.global_batch, data_cfg.seed, train_cfg.last_batch)
+        self.sampler = sampler if sampler is not None else make_sampler(
+            ds, train_cfg.global_batch, data_cfg.seed, train_cfg.last_batch)
         self.batches_per_epoch = self.sampler.batches_per_epoch
-        self.total = train_cfg.steps or train_cfg.epochs * self.batches_per_epoch
+        self.total = train_cfg.steps or self.sampler.steps_for_epochs(train_cfg.epochs)
         on_disk = ds.info.get("storage") == "disk"
         self._prefetch = Prefetcher(self._read) if data_cfg.prefetch and on_disk else None
 

@@ -67,6 +67,28 @@ class GlobalSampler:
         off, size = shard_range(len(g), dp_size, dp_rank)
         return g[off:off + size], len(g)
 
+    # -- what hpcdp.data.rescale needs (a global batch that changes at a step) --------
+    @property
+    def epoch_samples(self) -> int:
+        """Samples one epoch holds (the permutation's length)."""
+        return self.n
+
+    def start(self, step: int) -> tuple[int, int]:
+        """(epoch, first sample's offset in the epoch's order) of 0-based ``step``."""
+        epoch, b = self.position(step)
+        return epoch, b * self.global_batch
+
+    def batch_at(self, step: int, epoch: int, offset: int, size: int) -> np.ndarray:
+        """The ``size`` samples from ``offset`` of ``epoch``'s order (fewer at its end)."""
+        return self.permutation(epoch)[offset:offset + size]
+
+    def with_batch(self, global_batch: int) -> "GlobalSampler":
+        """The same data order cut into global batches of ``global_batch``."""
+        return GlobalSampler(self.n, global_batch, self.seed, self.last_batch)
+
+    def steps_for_epochs(self, epochs: int) -> int:
+        return epochs * self.batches_per_epoch
+
 
 def micro_batches(local: np.ndarray, accum: int) -> list[np.ndarray]:
     """Cut this rank's slice into ``accum`` contiguous micro-batches (shard rule).
@@ -112,6 +134,7 @@ class WindowSampler:
         if global_batch < 1:
             raise ValueError(f"train.global_batch: must be >= 1, got {global_batch}")
         self.n, self.global_batch, self.seed = n_windows, global_batch, seed
+        self.last_batch, self.tokens_per_window = "drop", tokens_per_window
         n_tokens = n_windows + tokens_per_window
         self.batches_per_epoch = max(1, n_tokens // (global_batch * tokens_per_window))
 
@@ -124,6 +147,24 @@ class WindowSampler:
     def local_indices(self, step: int, dp_size: int = 1, dp_rank: int = 0) -> tuple[np.ndarray, int]:
         off, size = shard_range(self.global_batch, dp_size, dp_rank)
         return window_starts(self.seed, step, np.arange(off, off + size), self.n), self.global_batch
+
+    # -- what hpcdp.data.rescale needs: windows are keyed by step and position in the batch
+    @property
+    def epoch_samples(self) -> int:
+        return self.batches_per_epoch * self.global_batch
+
+    def start(self, step: int) -> tuple[int, int]:
+        epoch, b = self.position(step)
+        return epoch, b * self.global_batch
+
+    def batch_at(self, step: int, epoch: int, offset: int, size: int) -> np.ndarray:
+        return window_starts(self.seed, step, np.arange(size), self.n)
+
+    def with_batch(self, global_batch: int) -> "WindowSampler":
+        return WindowSampler(self.n, global_batch, self.seed, self.tokens_per_window)
+
+    def steps_for_epochs(self, epochs: int) -> int:
+        return epochs * self.batches_per_epoch
 
 
 def make_sampler(ds, global_batch: int, seed: int, last_batch: str = "drop"):

@@ -6,8 +6,10 @@ The loop keeps ``committed`` (the last step whose update this rank applied) and,
 error that :meth:`Lasting.repairable` accepts, calls :meth:`Lasting.repair`: the
 survivors revoke, shrink, agree on the last committed step and take one replica's
 state; the strategy rejoins on the survivors' communicator (DDP.rejoin), hpcdp.comm
-forgets the old communicators, and the loop re-splits the data (the same global batch
-over fewer ranks) and redoes the step after the agreed one.
+forgets the old communicators, and the loop re-splits the data and redoes the step
+after the agreed one: with ``failure.batch = "keep"`` the same global batch over fewer
+ranks, with ``"scale"`` each survivor's batch unchanged, so the global batch shrinks
+with the world size (:meth:`Lasting.sampler_after`, hpcdp.data.rescale).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Lasting:
         from mpi4py import MPI
 
         self.min_world = cfg.failure.min_world
+        self.batch = cfg.failure.batch  # "keep" | "scale"
         self.timeout = cfg.comm.timeout
         self.world = world
         self.world_ranks = list(range(world.size))  # current rank -> rank at launch
@@ -110,17 +113,36 @@ class Lasting:
         finish_with(new)
         return rep
 
+    def batch_after(self, rep, before: int) -> int:
+        """The global batch from the redone step on (``rep.step`` steps are committed),
+        given the one ``before``; noted as ``rep.batch_before`` / ``rep.batch_after``.
+        "keep": ``before``; "scale": the per-rank batch kept, ``before / size_before *
+        size_after`` (a multiple of the launch world size was required at setup,
+        hpcdp.train; the loop re-splits the rest of the epoch: hpcdp.data.rescale)."""
+        after = before if self.batch == "keep" else before // rep.size_before * rep.comm.Get_size()
+        rep.batch_before, rep.batch_after = before, after
+        return after
+
     def record(self, rep, step: int) -> dict:
         """The metrics.jsonl record of a repair."""
         return {"step": step, "lost_ranks": rep.lost_launch, "world_before": rep.size_before,
                 "world_after": rep.comm.Get_size(), "committed_step": rep.step, "redo_step": rep.step + 1,
+                "global_batch_before": getattr(rep, "batch_before", None),
+                "global_batch_after": getattr(rep, "batch_after", None),
                 "detect_s": round(rep.detect_s, 4), "repair_s": round(rep.repair_s, 4),
                 "weights_hash": rep.weights_hash, "source_rank": rep.source, "at": time.time()}
+
+    @staticmethod
+    def batch_words(rep) -> str:
+        before, after = getattr(rep, "batch_before", None), getattr(rep, "batch_after", None)
+        if before is None or before == after:
+            return "with the same global batch"  # its size: the repair record's global_batch_after
+        return f"with global batch {after} (was {before}; failure.batch = 'scale': the same per-rank batch)"
 
     def line(self, rep, step: int) -> str:
         return (f"repair: {fmt_ranks(rep.lost_launch)} lost at step {step}; {rep.size_before} -> "
                 f"{rep.comm.Get_size()} ranks; last committed step {rep.step}, redoing step {rep.step + 1} "
-                f"with the same global batch; detected in {rep.detect_s:.2f}s, repaired in "
+                f"{self.batch_words(rep)}; detected in {rep.detect_s:.2f}s, repaired in "
                 f"{rep.repair_s:.2f}s; replicas equal (hash {rep.weights_hash[:12]})")
 
 

@@ -17,6 +17,7 @@ the training thread (its rank file is written by a helper process: writerproc.py
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -115,6 +116,8 @@ class Checkpointer:
         from hpcdp.config import dump_toml
         from hpcdp.optim import lr_at
 
+        from hpcdp.data.rescale import schedule_text
+
         from .format.runstate import hpcdp_version
 
         next_epoch, next_batch = self.sampler.position(step)
@@ -122,6 +125,7 @@ class Checkpointer:
         state = {
             "step": step, "next_epoch": next_epoch, "next_batch": next_batch,
             "global_batch": s.global_batch, "n_train": s.n, "batches_per_epoch": s.batches_per_epoch,
+            "batch_schedule": schedule_text(s),  # the global batch from each step on (data.rescale)
             "data_seed": s.seed, "last_batch": getattr(s, "last_batch", "drop"),
             "total_steps": self.total, "lr": lr_at(self.cfg.optim, max(step, 1), self.total),
             "lr_schedule": self.cfg.optim.schedule, "warmup_steps": self.cfg.optim.warmup_steps,
@@ -193,7 +197,7 @@ class Checkpointer:
                           share=False)
 
     def _check_run_state(self, index, path) -> None:
-        check_run_state(index, path, self.sampler)
+        check_run_state(index, path, self.sampler, scale=self.cfg.failure.batch == "scale")
 
     # -- save ----------------------------------------------------------------------
     def after_step(self, step: int) -> bool:
@@ -204,7 +208,7 @@ class Checkpointer:
         signum = self.stop.poll() if self.stop is not None else 0
         if not self.enabled:
             return False
-        due = (self.c.every and step % self.c.every == 0) or (step == self.total and self.c.final)
+        due = self._due(step)
         if signum or due:
             if step != self.last_saved:
                 try:
@@ -226,6 +230,10 @@ class Checkpointer:
                 (self.run_dir / "stopped").write_text(f"{signal_name(signum)} {step} {where}\n")
             return True
         return False
+
+    def _due(self, step: int) -> bool:
+        """A checkpoint is due after ``step`` (every K steps, the last step)."""
+        return bool((self.c.every and step % self.c.every == 0) or (step == self.total and self.c.final))
 
     def _save_failed(self, e: SaveFailed, step: int) -> None:
         """A periodic save failed on every rank (its agreement says so): with
@@ -321,12 +329,19 @@ class Checkpointer:
         out = [self.comm] + ([self.stop.comm, self.stop.notices] if self.stop is not None else [])
         return list({id(c): c for c in out if c is not None}.values())
 
-    def rejoin(self, world) -> int | None:
+    def follow(self, sampler, total: int) -> None:
+        """After a repair: the data sampler in effect (its global batch may have changed:
+        failure.batch = "scale"; the checkpoints record its schedule) and the run's step count."""
+        self.sampler, self.total = sampler, total
+
+    def rejoin(self, world, committed: int | None = None) -> int | None:
         """After a repair: the survivors' ``world`` replaces the old one (its
         communicators were revoked and are forgotten, not freed). A save that was in
         flight failed with the lost rank (its temporary folder is never listed: no
         marker); returns its step, or None, so that the caller saves the agreed step
-        again on the survivors. Collective over the survivors."""
+        again on the survivors. ``committed`` (the agreed step): when its save was due
+        and the loss came before any survivor started it (e.g. in the step's replica
+        check), that step is returned too. Collective over the survivors."""
         from hpcdp.comm import forget
         from hpcdp.failure.deadline import idup
 
@@ -356,7 +371,13 @@ class Checkpointer:
         from hpcdp.comm import allreduce
         seen = np.array([-1 if unfinished is None else unfinished], dtype=np.int64)
         allreduce(seen, comm=self.comm, op="max", timeout=self.timeout)  # one rank's failed save is everyone's
-        return None if seen[0] < 0 else int(seen[0])
+        if seen[0] >= 0:
+            return int(seen[0])
+        if committed is None or committed < 1 or not self.enabled or not self._due(committed):
+            return None
+        low = np.array([self.last_saved], dtype=np.int64)
+        allreduce(low, comm=self.comm, op="min", timeout=self.timeout)
+        return committed if low[0] < committed else None
 
     def close(self, abandon: bool = False) -> None:
         """Wait for a background save, stop listening to signals, free communicators.
@@ -397,16 +418,61 @@ def check_folder(root, lineage: str | None) -> None:
             raise CheckpointError(problem)
 
 
-def check_run_state(index, path, sampler) -> None:
-    """The data position of checkpoint ``index`` must carry over to this run's sampler."""
+def check_run_state(index, path, sampler, scale: bool = False) -> None:
+    """The data position of checkpoint ``index`` must carry over to this run's sampler.
+    ``scale`` (failure.batch = "scale"): the global batch follows the checkpoint's per-rank
+    batch (:func:`resumed_batches`), so it is not compared."""
     s, st = sampler, index.state
-    for key, mine, name in (("global_batch", s.global_batch, "train.global_batch"),
-                            ("n_train", s.n, "the training set size"),
-                            ("data_seed", s.seed, "data.seed")):
+    keys = [("n_train", s.n, "the training set size"), ("data_seed", s.seed, "data.seed")]
+    if not scale:
+        keys.insert(0, ("global_batch", s.global_batch, "train.global_batch"))
+    if not scale and "batch_schedule" in st and len(json.loads(st["batch_schedule"])) > 1:
+        raise CheckpointError(f"checkpoint {path}: its job changed the global batch after a lost rank "
+                              f"(batch schedule {st['batch_schedule']}): resume it with failure.on_rank_loss = "
+                              "'continue' and failure.batch = 'scale', which carry that schedule over")
+    for key, mine, name in keys:
         if key in st and int(st[key]) != int(mine):
             raise CheckpointError(f"checkpoint {path}: {name} is {mine} in this run, {st[key]} in the "
                                   "checkpoint: the data position would not carry over; use the "
                                   "checkpoint's value (its config is in `hpcdp ckpt info`)")
+
+
+def resumed_batches(resume, cfg, base, dp_size: int):
+    """``failure.batch = "scale"`` and ``--resume``: the sampler that goes on from the
+    checkpoint, on every rank before the run starts. The checkpoint's batch schedule
+    (``batch_schedule``: its global batch changed at a repair) carries over, and each rank
+    keeps the checkpoint's per-rank batch: on ``dp_size`` ranks the global batch is the
+    checkpoint's ``global_batch / dp_size_ckpt * dp_size``, changed at the checkpoint's
+    step when that differs (the rest of the epoch re-split: hpcdp.data.rescale).
+    Returns ``(sampler, line)``: ``line`` says the change, or is None."""
+    from hpcdp.data.rescale import from_schedule, parse_schedule, rescaled
+
+    from .format.commit import resolve
+    from .format.index import read_index
+
+    path = resolve(resume, cfg.checkpoint.dir or None)
+    st = read_index(path).state
+    g_ckpt = int(st.get("global_batch", base.global_batch))
+    try:
+        rows = parse_schedule(st.get("batch_schedule", json.dumps([[0, g_ckpt]])))
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path}: {e}: the index is damaged or was edited") from None
+    ranks = int(st.get("dp_size", st.get("world_size", dp_size)))
+    per_rank, rest = divmod(g_ckpt, ranks)
+    if rest:
+        raise CheckpointError(f"checkpoint {path}: failure.batch = 'scale' keeps each rank's batch, but the "
+                              f"checkpoint's global batch of {g_ckpt} samples over its {ranks} ranks is not a "
+                              "whole number per rank: set failure.batch = 'keep' (and train.global_batch = "
+                              f"{g_ckpt}) to resume it")
+    sampler = from_schedule(base, rows)
+    step = int(st.get("step", 0))
+    want = per_rank * dp_size
+    if want == sampler.global_batch:
+        return sampler, None
+    line = (f"failure.batch = 'scale': the checkpoint's {per_rank} samples per rank on {dp_size} ranks: "
+            f"global batch {want} from step {step + 1} (was {g_ckpt} on {ranks} ranks); the rest of the "
+            "epoch is re-split at it")
+    return rescaled(sampler, step, want), line
 
 
 def check_resume_target(resume, cfg, flat, optimizer, sampler) -> None:
@@ -423,4 +489,4 @@ def check_resume_target(resume, cfg, flat, optimizer, sampler) -> None:
     problem = compatibility_problem(index, expected_tensors(flat, optimizer), optimizer.kind)
     if problem:
         raise CheckpointError(f"checkpoint {path}: {problem}")
-    check_run_state(index, path, sampler)
+    check_run_state(index, path, sampler, scale=cfg.failure.batch == "scale")

@@ -76,3 +76,17 @@ def test_step_stats_keys_that_differ_between_ranks_fail_on_every_rank():
     stats = {"a": 1.0} if comm.Get_rank() == 0 else {"b": 1.0}
     with pytest.raises(RuntimeError, match="step_stats\\(\\) keys differ between ranks"):
         StepGather(comm).gather(0.0, 1, 0.0, stats)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_scale_needs_a_global_batch_that_is_a_multiple_of_the_ranks(tmp_path_factory):
+    """failure.batch = "scale" keeps each rank's batch after a repair: refused at setup, on
+    every rank, with the two nearest batches that fit (before ULFM is even asked for)."""
+    n = MPI.COMM_WORLD.Get_size()
+    out = MPI.COMM_WORLD.bcast(str(tmp_path_factory.mktemp("scale")) if MPI.COMM_WORLD.Get_rank() == 0 else None)
+    cfg = load_config(None, ["train.steps=2", "parallel.strategy=ddp", f"train.global_batch={4 * n + 1}",
+                             'failure.on_rank_loss="continue"', 'failure.batch="scale"', f'run.out_dir="{out}"'])
+    with pytest.raises(Exception, match=rf"failure.batch: 'scale' keeps each rank's batch after a lost rank, so "
+                                        rf"the global batch of {4 * n + 1} samples must be a multiple of the {n} "
+                                        rf"ranks: set train.global_batch = {4 * n} or {5 * n}"):
+        run_training(cfg, world=World.from_mpi(), out=io.StringIO())

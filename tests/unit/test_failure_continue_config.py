@@ -17,6 +17,8 @@ def test_default_is_stop_and_continue_is_taken_for_ddp():
     # checkpoints and exact mode combine with it (tests/ulfm: test_ulfm_checkpoint.py, test_ulfm_exact.py)
     cfg = load_config(None, DDP + ["checkpoint.every=5", 'train.reproducible="exact"'])
     assert (cfg.checkpoint.every, cfg.train.reproducible) == (5, "exact")
+    assert cfg.failure.batch == "keep"  # the global batch is kept after a repair unless told
+    assert load_config(None, DDP + ['failure.batch="scale"']).failure.batch == "scale"
 
 
 @pytest.mark.parametrize("sets, words", [
@@ -25,6 +27,9 @@ def test_default_is_stop_and_continue_is_taken_for_ddp():
     (DDP + ['run.device="cuda"'], "does not yet combine with run.device = 'cuda'"),
     (DDP + ["failure.min_world=0"], "failure.min_world"),
     (["failure.min_world=2"], "failure.min_world"),  # read only with "continue"
+    (DDP + ['failure.batch="shrink"'], "failure.batch: 'shrink' is not allowed; choose one of 'keep', 'scale'"),
+    (DDP + ["failure.batch=2"], "failure.batch: expected a string, found 2"),
+    (['failure.batch="scale"'], "failure.batch"),  # read only with "continue"
 ])
 def test_what_continue_does_not_support_is_one_line(sets, words):
     with pytest.raises(ConfigError) as e:

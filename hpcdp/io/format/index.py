@@ -157,7 +157,8 @@ ROOT_ATTRS = {"step": int, "format_version": int, "world_size": int, "layout": s
 STATE_ATTRS = {"step": int, "next_epoch": int, "next_batch": int, "global_batch": int, "n_train": int,
                "batches_per_epoch": int, "data_seed": int, "total_steps": int, "warmup_steps": int,
                "optimizer_steps": int, "world_size": int, "dp_size": int, "lr": float,
-               "optimizer_kind": str, "lr_schedule": str, "strategy": str, "dtype": str}
+               "optimizer_kind": str, "lr_schedule": str, "strategy": str, "dtype": str,
+               "batch_schedule": str}
 
 
 def check_attr_types(attrs: dict, types: dict, prefix: str, where: str) -> None:
