@@ -103,11 +103,20 @@ class Lasting:
             raise RankLossEnds(f"a node was lost at step {step} and {err}: failure.on_rank_loss = 'continue' "
                                "cannot redo the step; the job ends",
                                [r for i, r in enumerate(self.world_ranks) if i not in set(err.lost)]) from None
+        lost_launch = [self.world_ranks[r] for r in rep.lost]
+        rep.dead_launch = [self.world_ranks[r] for r in rep.dead]
+        alive = [r for i, r in enumerate(self.world_ranks) if i not in set(rep.dead)]  # the leaving too
+        kept = len(self.world_ranks) - len(rep.lost)
+        if 0 in lost_launch and 0 not in rep.dead_launch:  # hybrid ZeRO: rank 0's node is lost
+            raise RankLossEnds(f"{fmt_ranks(rep.dead_launch)} of node 0 lost at step {step}: rank 0 (the writer "
+                               "of metrics.jsonl and train.log) is on that node, which failure.on_rank_loss = "
+                               "'continue' drops as a whole; the job ends", alive)
+        if rep.leaving and kept < self.min_world:  # the kept ranks end the job: the leaving ones too
+            raise RankLossEnds(f"{fmt_ranks(lost_launch)} lost at step {step}: {kept} rank(s) left, below "
+                               f"failure.min_world = {self.min_world}; the job ends", alive)
         if rep.leaving:
             self.leave(rep, step, domain)
         optimizer.steps = scalars["optimizer_steps"]
-        lost_launch = [self.world_ranks[r] for r in rep.lost]
-        rep.dead_launch = [self.world_ranks[r] for r in rep.dead]
         rep.domain = domain
         self.world_ranks = [r for i, r in enumerate(self.world_ranks) if i not in set(rep.lost)]
         for c in [world.comm, *others]:
