@@ -80,3 +80,38 @@ def test_a_lost_rank_takes_its_node_out_and_zero_goes_on_as_before(tmp_path):
         for r in steps:
             assert r["loss"] == pytest.approx(base[r["step"]], rel=1e-5, abs=1e-6), \
                 (stage, r["step"], r["loss"], base[r["step"]])
+
+
+def test_losing_rank_0s_node_ends_the_job_as_with_stop(tmp_path):
+    """Rank 0 writes metrics.jsonl and train.log: when its node loses a rank, rank 0 does
+    not leave with status 0; the job ends with rank 0's line, a non-zero status."""
+    import os
+    import subprocess
+
+    from ulfm_launch import ROOT, VENV
+
+    out = tmp_path / "node0"
+    argv = [str(VENV / "bin" / "mpirun"), "--with-ft", "ulfm", "--oversubscribe", "-n", "6",
+            str(VENV / "bin" / "python"), "-m", "hpcdp.cli", "train"]
+    for s in SETS + ["parallel.zero.stage=3", f'run.out_dir="{out}"']:
+        argv += ["--set", s]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "HPCDP_FAULT": "1:5:kill", **NODES}
+    if not Path(argv[0]).exists():
+        pytest.skip(f"no Open MPI venv at {VENV}: run bash tests/ulfm/setup_venv_ulfm.sh")
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, None), text[-6000:]
+    lines = text.splitlines()
+    assert ("hpcdp: error: rank 0 of 6 at step 5: rank 1 of node 0 lost at step 5: rank 0 (the writer of "
+            "metrics.jsonl and train.log) is on that node, which failure.on_rank_loss = 'continue' drops as a "
+            "whole; the job ends") in lines, text[-6000:]
+    assert not [ln for ln in lines if ln.startswith("repair:") or " leaves at step" in ln], text[-6000:]
+    assert "Traceback" not in text, text[-6000:]
+    # a rank the abort did not reach ends itself within hpcdp.failure.ranks.ABORT_S (10 s)
+    import time
+    deadline = time.monotonic() + 15
+    while _left_running(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _left_running(str(out)), _left_running(str(out))
