@@ -6,7 +6,8 @@ status 0, nodes 0 and 2 (each holds every shard) repair and train to the end: on
 line, the repair in metrics.jsonl, every step logged once, the shard replicas across
 nodes equal bit for bit (the repair's hash check), the same loss curve as a job that
 lost nothing, no process of the job left; at stage 3 and at stage 2 (whose full parameters
-are all-gathered again from the shards after the repair)."""
+are all-gathered again from the shards after the repair; in exact mode, so its final
+weights' SHA-256 equals that of the job that lost nothing)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ def _left_running(marker: str) -> list[str]:
     return out
 
 
-def _killed_node_run(tmp_path, stage):
+def _killed_node_run(tmp_path, stage, *sets):
     name = f"kill{stage}"
-    _, recs, text, out = run_job(tmp_path, name, 6, SETS + [f"parallel.zero.stage={stage}"], ft=True,
-                                 steps=STEPS, HPCDP_FAULT="3:5:kill", **NODES)
+    sha, recs, text, out = run_job(tmp_path, name, 6, SETS + [f"parallel.zero.stage={stage}", *sets], ft=True,
+                                   steps=STEPS, HPCDP_FAULT="3:5:kill", **NODES)
     assert not _left_running(str(out)), _left_running(str(out))
     lines = text.splitlines()
     assert "hpcdp: injected fault (HPCDP_FAULT: kill on rank 3 at step 5)" in lines, text[-4000:]
@@ -67,14 +68,21 @@ def _killed_node_run(tmp_path, stage):
     steps = [r for r in recs if "step" in r and "loss" in r]
     assert [r["step"] for r in steps] == [s for s in range(1, STEPS + 1) if s != 5 or committed == 4]
     assert all(r["global_batch"] == 30 for r in steps)
-    return steps, committed
+    return steps, sha
+
+
+EXACT = 'train.reproducible="exact"'
 
 
 def test_a_lost_rank_takes_its_node_out_and_zero_goes_on_as_before(tmp_path):
-    runs = {stage: _killed_node_run(tmp_path, stage)[0] for stage in (3, 2)}
-    _, base_recs, base_text, _ = run_job(tmp_path, "whole3", 6, SETS + ["parallel.zero.stage=3"], ft=True,
-                                         steps=STEPS, **NODES)
+    runs = {3: _killed_node_run(tmp_path, 3)[0]}
+    runs[2], sha2 = _killed_node_run(tmp_path, 2, EXACT)
+    base_sha, base_recs, base_text, _ = run_job(tmp_path, "whole3", 6, SETS + ["parallel.zero.stage=3", EXACT],
+                                                ft=True, steps=STEPS, **NODES)
     assert not [ln for ln in base_text.splitlines() if ln.startswith("repair:")]
+    # exact mode (gradient sums that do not depend on the rank count), stage 2 on the 4 ranks left
+    # after the repair against stage 3 on 6 ranks that lost nothing: the same final weights
+    assert sha2 == base_sha, (sha2, base_sha)
     base = {r["step"]: r["loss"] for r in base_recs if "step" in r and "loss" in r}
     for stage, steps in runs.items():  # the same global batch on 4 ranks: sums in another order
         for r in steps:
