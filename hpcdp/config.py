@@ -567,10 +567,12 @@ class FailureConfig:
     ``on_rank_loss = "stop"`` (default): every rank ends within seconds with one line, the
     job resumes from its last checkpoint. ``"continue"``: the survivors repair the job
     with MPI's fault-tolerance interface (ULFM: Open MPI 5 under ``mpirun --with-ft ulfm``)
-    and keep training; DDP only (every rank holds the whole state). ``batch``: after a
-    repair, ``"keep"`` the global batch (each survivor takes more samples) or ``"scale"``
-    it with the world size (each survivor keeps its per-rank batch; the rest of the
-    epoch is re-split at the new global batch: hpcdp.data.rescale)."""
+    and keep training: DDP (every rank holds the whole state) and hybrid ZeRO
+    (``parallel.zero.shard = "node"``: a node that loses a rank leaves as a whole, the other
+    nodes hold the same shards). ``batch``: after a repair, ``"keep"`` the global batch
+    (each survivor takes more samples) or ``"scale"`` it with the world size (each survivor
+    keeps its per-rank batch; the rest of the epoch is re-split at the new global batch:
+    hpcdp.data.rescale)."""
     SECTION: ClassVar[str] = "failure"
     APPLIES: ClassVar[dict] = {"min_world": ("failure.on_rank_loss", ("continue",)),
                                "batch": ("failure.on_rank_loss", ("continue",))}
@@ -637,14 +639,21 @@ class Config:
 def _check_continue_config(cfg) -> None:
     """``failure.on_rank_loss = "continue"``: what the repair supports today, else one line."""
     why = "failure.on_rank_loss: 'continue'"
-    if cfg.parallel.strategy != "ddp":
+    strategy = cfg.parallel.strategy
+    hybrid = strategy == "zero" and getattr(cfg.parallel.sub(), "shard", "world") == "node"
+    if strategy != "ddp" and not hybrid:
+        held = ("shards the state once over all ranks" if strategy == "zero"
+                else "holds parts of the state once")
         raise ConfigError(f"{why} keeps training only with parallel.strategy = 'ddp' (every rank holds "
-                          f"the whole state, so any rank can be lost); {cfg.parallel.strategy!r} holds "
-                          "parts of the state once: set failure.on_rank_loss = 'stop' (a lost rank ends "
-                          "the job; resume it from its checkpoint with --resume latest)")
+                          "the whole state, so any rank can be lost) or 'zero' with parallel.zero.shard = "
+                          "'node' (each node holds the whole sharded state, so a node can be lost); "
+                          f"{strategy!r}{' with shard = ' + repr(cfg.parallel.sub().shard) if strategy == 'zero' else ''} "
+                          f"{held}: set failure.on_rank_loss = 'stop' (a lost rank ends the job; resume it "
+                          "from its checkpoint with --resume latest)"
+                          + (" or parallel.zero.shard = 'node'" if strategy == "zero" else ""))
     others = [(cfg.run.device != "cpu", f"run.device = {cfg.run.device!r}"),
               (getattr(cfg.parallel.sub(), "comm_dtype", "float32") != "float32",
-               "parallel.ddp.comm_dtype other than 'float32'")]
+               f"parallel.{strategy}.comm_dtype other than 'float32'")]
     for on, what in others:
         if on:
             raise ConfigError(f"{why} does not yet combine with {what}: remove it, or set "

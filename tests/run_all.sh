@@ -20,7 +20,7 @@
 #                    venv, test-only (tests/hf/setup_venv_hf.sh: .venv-hf, ~5 min the first time)
 #   8. ULFM continue - failure.on_rank_loss = "continue": a rank killed with SIGKILL and the
 #                    survivors training on (the jobs/ scripts, exact mode against a resumed
-#                    smaller run, a kill mid-save), under Open MPI 5's `mpirun --with-ft ulfm` in a
+#                    smaller run, a kill mid-save, hybrid ZeRO losing a node of 3), under Open MPI 5's `mpirun --with-ft ulfm` in a
 #                    fourth venv (tests/ulfm/setup_venv_ulfm.sh: .venv-ulfm, ~1 min the first time)
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail

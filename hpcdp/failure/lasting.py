@@ -10,6 +10,12 @@ forgets the old communicators, and the loop re-splits the data and redoes the st
 after the agreed one: with ``failure.batch = "keep"`` the same global batch over fewer
 ranks, with ``"scale"`` each survivor's batch unchanged, so the global batch shrinks
 with the world size (:meth:`Lasting.sampler_after`, hpcdp.data.rescale).
+
+Hybrid ZeRO (``parallel.zero.shard = "node"``): the failure domain is a node
+(``Strategy.failure_domain``): the surviving ranks of a node that lost a rank leave
+(one line each, status :data:`LEFT_STATUS`), the other nodes repair as above with each
+shard taken from one of its replicas (``Strategy.replica_arrays``) and the strategy
+rebuilds its node and cross-node channels on the survivors (ZeroStrategy.rejoin).
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ import time
 from hpcdp.comm import CommError
 
 from .ranks import fmt_ranks
+
+
+LEFT_STATUS = 0  # a rank that leaves with its lost node (hybrid ZeRO): the job goes on without it
 
 
 class RankLossEnds(CommError):
@@ -80,19 +89,38 @@ class Lasting:
         from hpcdp.world import World
 
         from .shutdown import finish_with
-        from .ulfm import repair
+        from .ulfm import NoReplica, repair
 
-        t_err = time.monotonic()
         detect_s = time.perf_counter() - step_started
         strategy.abandon()
         others = [] if metrics_comm is world.comm else [metrics_comm]
-        others += [c for c in extra if c is not None and all(c is not o for o in [world.comm, *others])]
-        state = [flat.data, *[a for _, a in sorted(optimizer.state_arrays().items())]]
+        others += [c for c in [*extra, *strategy.comms()]
+                   if c is not None and all(c is not o for o in [world.comm, *others])]
+        state = [*strategy.replica_arrays(), *[a for _, a in sorted(optimizer.state_arrays().items())]]
         scalars = {"optimizer_steps": int(optimizer.steps)}
-        rep = repair(world.comm, others, committed, state, scalars, timeout=self.timeout,
-                     reason=f"a rank was lost at step {step}: repairing ({type(e).__name__})")
-        optimizer.steps = scalars["optimizer_steps"]
+        domain = strategy.failure_domain()
+        try:
+            rep = repair(world.comm, others, committed, state, scalars, timeout=self.timeout, domain=domain,
+                         reason=f"a rank was lost at step {step}: repairing ({type(e).__name__})")
+        except NoReplica as err:
+            raise RankLossEnds(f"a node was lost at step {step} and {err}: failure.on_rank_loss = 'continue' "
+                               "cannot redo the step; the job ends",
+                               [r for i, r in enumerate(self.world_ranks) if i not in set(err.lost)]) from None
         lost_launch = [self.world_ranks[r] for r in rep.lost]
+        rep.dead_launch = [self.world_ranks[r] for r in rep.dead]
+        alive = [r for i, r in enumerate(self.world_ranks) if i not in set(rep.dead)]  # the leaving too
+        kept = len(self.world_ranks) - len(rep.lost)
+        if 0 in lost_launch and 0 not in rep.dead_launch:  # hybrid ZeRO: rank 0's node is lost
+            raise RankLossEnds(f"{fmt_ranks(rep.dead_launch)} of node 0 lost at step {step}: rank 0 (the writer "
+                               "of metrics.jsonl and train.log) is on that node, which failure.on_rank_loss = "
+                               "'continue' drops as a whole; the job ends", alive)
+        if rep.leaving and kept < self.min_world:  # the kept ranks end the job: the leaving ones too
+            raise RankLossEnds(f"{fmt_ranks(lost_launch)} lost at step {step}: {kept} rank(s) left, below "
+                               f"failure.min_world = {self.min_world}; the job ends", alive)
+        if rep.leaving:
+            self.leave(rep, step, domain)
+        optimizer.steps = scalars["optimizer_steps"]
+        rep.domain = domain
         self.world_ranks = [r for i, r in enumerate(self.world_ranks) if i not in set(rep.lost)]
         for c in [world.comm, *others]:
             hcomm.forget(c, free=False)  # revoked: freeing could block
@@ -123,9 +151,28 @@ class Lasting:
         rep.batch_before, rep.batch_after = before, after
         return after
 
+    def leave(self, rep, step: int, domain) -> None:
+        """This rank's node lost a rank (hybrid ZeRO): the other nodes hold every shard and
+        go on without this node; this rank says so in one line and ends itself with
+        :data:`LEFT_STATUS` (``os._exit``: nothing collective is left to run)."""
+        import os
+
+        from .ranks import drain_output, say
+
+        rank = self.world_ranks[self.world.rank]
+        dead = [self.world_ranks[r] for r in rep.dead]
+        say(f"hpcdp: rank {rank} leaves at step {step}: {fmt_ranks(dead)} of its node (node {domain[0]}) "
+            "lost; the other nodes hold the same shards and go on without this node "
+            f'(failure.on_rank_loss = "continue"); ending this rank with status {LEFT_STATUS}')
+        drain_output()
+        os._exit(LEFT_STATUS)
+
     def record(self, rep, step: int) -> dict:
-        """The metrics.jsonl record of a repair."""
-        return {"step": step, "lost_ranks": rep.lost_launch, "world_before": rep.size_before,
+        """The metrics.jsonl record of a repair (``left_ranks``, ``lost_nodes``: hybrid ZeRO's
+        ranks that left with their node, and those nodes' indices before the repair)."""
+        extra = {"left_ranks": [r for r in rep.lost_launch if r not in set(rep.dead_launch)],
+                 "lost_nodes": rep.domains_lost} if rep.domain is not None else {}
+        return {"step": step, "lost_ranks": rep.lost_launch, **extra, "world_before": rep.size_before,
                 "world_after": rep.comm.Get_size(), "committed_step": rep.step, "redo_step": rep.step + 1,
                 "global_batch_before": getattr(rep, "batch_before", None),
                 "global_batch_after": getattr(rep, "batch_after", None),
@@ -140,11 +187,15 @@ class Lasting:
         return f"with global batch {after} (was {before}; failure.batch = 'scale': the same per-rank batch)"
 
     def line(self, rep, step: int) -> str:
-        return (f"repair: {fmt_ranks(rep.lost_launch)} lost at step {step}; {rep.size_before} -> "
+        left = sorted(set(rep.lost_launch) - set(rep.dead_launch))
+        who = (f"{fmt_ranks(rep.dead_launch)} lost at step {step}"
+               + (f" (node{'s' if len(rep.domains_lost) > 1 else ''} {', '.join(map(str, rep.domains_lost))} "
+                  f"left, with {fmt_ranks(left)})" if left else ""))
+        return (f"repair: {who}; {rep.size_before} -> "
                 f"{rep.comm.Get_size()} ranks; last committed step {rep.step}, redoing step {rep.step + 1} "
                 f"{self.batch_words(rep)}; detected in {rep.detect_s:.2f}s, repaired in "
                 f"{rep.repair_s:.2f}s; replicas equal (hash {rep.weights_hash[:12]})")
 
 
-__all__ = ["Lasting", "RankLossEnds"]
+__all__ = ["Lasting", "RankLossEnds", "LEFT_STATUS"]
 

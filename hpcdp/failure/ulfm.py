@@ -18,6 +18,14 @@ One repair, on every survivor (:func:`repair`), once a step's collective failed
    bit-identical; the caller then rebuilds the communicator state and the data split
    and redoes the next step.
 
+Hybrid ZeRO (``parallel.zero.shard = "node"``) repairs by whole nodes (``domain``):
+a node holds one copy of the sharded state, split over its ranks, and every other node
+holds the same shards. After the shrink, a node that lost any rank is lost as a whole:
+its surviving ranks leave (:attr:`Repaired.leaving`; they hold only a part of a copy)
+and the other nodes split off a communicator of their own; in step 4 each shard comes
+from one of its replicas (the ranks with the same local rank, one per node) and the
+hash is compared within each shard's replicas.
+
 A failure during the repair itself (a second rank lost mid-repair) raises an MPI error:
 the job then ends as with ``"stop"``.
 
@@ -53,15 +61,24 @@ def check_available(mpi) -> None:
             "or set failure.on_rank_loss = 'stop'")
 
 
+class NoReplica(RuntimeError):
+    """Hybrid ZeRO: no surviving replica of some shard stands at the agreed step (the
+    step committed on some ranks only): the job ends as with "stop"."""
+
+
 @dataclass
 class Repaired:
-    comm: object          # the survivors' world communicator (errors returned)
-    lost: list            # world ranks (of the communicator before) that were lost
+    comm: object          # the survivors' world communicator (errors returned); None when leaving
+    lost: list            # world ranks (of the communicator before) that were lost or left
     size_before: int
     step: int             # the agreed last committed step: training goes on after it
     source: int           # the rank (of ``comm``) whose state every survivor took
     repair_s: float       # from the start of the repair to the replicas checked
     weights_hash: str     # the hash every replica holds afterwards (hex)
+    dead: list = None     # world ranks whose process failed (``lost`` less the ranks that left)
+    left: list = None     # world ranks that left with their node (hybrid ZeRO), alive
+    leaving: bool = False  # this rank is one of ``left``: it ends itself (no comm)
+    domains_lost: list = None  # the failure domains (nodes) lost, by their index before
 
 
 def _lost_ranks(old, new) -> list[int]:
@@ -79,12 +96,15 @@ def replica_hash(arrays) -> str:
 
 
 def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, reason: str,
-           timeout: float = 300.0) -> Repaired:
+           timeout: float = 300.0, domain: tuple | None = None) -> Repaired:
     """The repair of the module docstring, on every survivor. ``others``: further
     communicators in use (revoked, then left to the caller to forget); ``arrays``: the
     state every replica must hold (numpy, written in place on the receivers);
     ``scalars``: name -> int (e.g. the optimizer's step count), the source's values
     returned in place of the dict's. Returns what the caller rebuilds from.
+    ``domain``: hybrid ZeRO's ``(node, local rank, ranks per node)`` of this rank
+    (module docstring); None: every rank holds the whole state (DDP). Raises
+    :class:`NoReplica` when a shard has no replica at the agreed step.
 
     The shrink waits for every rank that is alive: one that is stuck (alive, never
     answering) would hold it forever, so it runs under a timer: after ``timeout``
@@ -107,30 +127,69 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
                           "not answering; ending this rank with status 1", 1):
         new = world_comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
-    lost = _lost_ranks(world_comm, new)
-    rank = new.Get_rank()
+    dead = _lost_ranks(world_comm, new)
+    kept, cross, gone = new, new, []
+    if domain is not None:
+        node, local, per = (int(v) for v in domain)
+        where = new.allgather((node, local))
+        count: dict = {}
+        for n, _ in where:
+            count[n] = count.get(n, 0) + 1
+        gone = sorted(n for n, k in count.items() if k < per)
+        if gone:  # a node short of a rank: its survivors leave, the others go on alone
+            leaving = node in gone
+            kept = new.Split(MPI.UNDEFINED if leaving else 0, new.Get_rank())
+            if leaving:  # the caller ends this rank: nothing more is sent
+                going = [r for r, (n, _) in enumerate(where) if n in gone]
+                left = sorted(MPI.Group.Translate_ranks(new.Get_group(), going, world_comm.Get_group()))
+                return Repaired(None, sorted(set(dead) | set(left)), world_comm.Get_size(), committed, -1,
+                                time.monotonic() - t0, "", dead, left, True, gone)
+            kept.Set_errhandler(MPI.ERRORS_RETURN)
+        if per > 1:  # the replicas of this rank's shard: one rank per node, by node
+            cross = kept.Split(local, kept.Get_rank())
+            cross.Set_errhandler(MPI.ERRORS_RETURN)
+    lost = _lost_ranks(world_comm, kept)
+    left = sorted(set(lost) - set(dead))
     top = np.array([committed], dtype=np.int64)
-    new.Allreduce(MPI.IN_PLACE, top, op=MPI.MAX)
+    kept.Allreduce(MPI.IN_PLACE, top, op=MPI.MAX)
     step = int(top[0])
-    src = np.array([rank if committed == step else new.Get_size()], dtype=np.int64)
-    new.Allreduce(MPI.IN_PLACE, src, op=MPI.MIN)
+    src = np.array([cross.Get_rank() if committed == step else cross.Get_size()], dtype=np.int64)
+    cross.Allreduce(MPI.IN_PLACE, src, op=MPI.MIN)
+    short = np.array([int(src[0] == cross.Get_size())], dtype=np.int64)
+    if cross is not kept:  # every rank learns whether any shard lacks a replica at ``step``
+        kept.Allreduce(MPI.IN_PLACE, short, op=MPI.MAX)
+    if short[0]:
+        err = NoReplica(f"no surviving replica of some shard holds step {step}'s update (it committed "
+                        "on some ranks only)")
+        err.lost = lost
+        raise err
     source = int(src[0])
     for a in arrays:
-        new.Bcast(a, root=source)
+        cross.Bcast(a, root=source)
     names = sorted(scalars)
     vals = np.array([int(scalars[n]) for n in names], dtype=np.int64)
     if names:
-        new.Bcast(vals, root=source)
+        cross.Bcast(vals, root=source)
         scalars.update({n: int(v) for n, v in zip(names, vals)})
+    if cross is not kept:
+        source = MPI.Group.Translate_ranks(cross.Get_group(), [source], kept.Get_group())[0]
+        cross.Free()
     digest = replica_hash(arrays)
-    every = new.allgather(digest)
-    if len(set(every)) != 1:
-        groups: dict = {}
-        for r, d in enumerate(every):
-            groups.setdefault(d, []).append(r)
+    shard = 0 if domain is None else int(domain[1])
+    every = kept.allgather((shard, digest))
+    groups: dict = {}
+    for r, (sh, d) in enumerate(every):
+        groups.setdefault((sh, d), []).append(r)
+    if len({sh for sh, _ in groups}) != len(groups):
         raise RuntimeError("after the repair the replicas differ (weights hashes by rank: "
-                           + "; ".join(f"ranks {rs}: {d[:12]}" for d, rs in groups.items()) + ")")
-    return Repaired(new, lost, world_comm.Get_size(), step, source, time.monotonic() - t0, digest)
+                           + "; ".join(f"shard {sh}, ranks {rs}: {d[:12]}" for (sh, d), rs in groups.items()) + ")")
+    if domain is not None:  # one hash over the shards, in shard order
+        h = hashlib.blake2b(digest_size=16)
+        for _sh, d in sorted(groups):
+            h.update(bytes.fromhex(d))
+        digest = h.hexdigest()
+    return Repaired(kept, lost, world_comm.Get_size(), step, source, time.monotonic() - t0, digest,
+                    dead, left, False, gone)
 
 
-__all__ = ["check_available", "repair", "Repaired", "replica_hash"]
+__all__ = ["check_available", "repair", "Repaired", "replica_hash", "NoReplica"]

@@ -159,6 +159,23 @@ class Strategy(ABC):
         outstanding requests and hooks WITHOUT waiting for any peer, which may be dead
         or stuck; the caller then ends the job. Default: nothing to drop."""
 
+    # -- failure.on_rank_loss = "continue" (hpcdp.failure.lasting) ------------------------
+    def comms(self) -> list:
+        """Communicators of the strategy's own besides the world's (a repair revokes
+        them, with every communicator hpcdp derived from them). Default: none."""
+        return []
+
+    def failure_domain(self) -> tuple | None:
+        """``(domain, index in it, ranks per domain)`` when ranks hold the state only
+        together with the other ranks of their domain (hybrid ZeRO: the node); None
+        when every rank holds all of it (DDP: any rank can be lost alone)."""
+        return None
+
+    def replica_arrays(self) -> list:
+        """The parameters a rank holds and its replicas hold alike (1-D numpy arrays, a
+        repair writes them in place from one replica). Default: the full buffer."""
+        return [self.flat.data]
+
 
 class SingleRank(ReplicatedCheckpoint, Strategy):
     """No communication: plain one-rank training (world size must be 1)."""

@@ -19,11 +19,20 @@ def test_default_is_stop_and_continue_is_taken_for_ddp():
     assert (cfg.checkpoint.every, cfg.train.reproducible) == (5, "exact")
     assert cfg.failure.batch == "keep"  # the global batch is kept after a repair unless told
     assert load_config(None, DDP + ['failure.batch="scale"']).failure.batch == "scale"
+    # hybrid ZeRO: a node holds the whole sharded state, so a node can be lost (tests/ulfm/test_ulfm_hybrid.py)
+    for stage in (1, 2, 3):
+        cfg = load_config(None, ["parallel.strategy=zero", f"parallel.zero.stage={stage}", 'parallel.zero.shard="node"',
+                                 'failure.on_rank_loss="continue"'])
+        assert (cfg.parallel.strategy, cfg.failure.on_rank_loss) == ("zero", "continue")
 
 
 @pytest.mark.parametrize("sets, words", [
     (['failure.on_rank_loss="keep"'], "failure.on_rank_loss: 'keep' is not allowed"),
-    (["parallel.strategy=zero", 'failure.on_rank_loss="continue"'], "only with parallel.strategy = 'ddp'"),
+    (["parallel.strategy=zero", 'failure.on_rank_loss="continue"'],
+     "'zero' with shard = 'world' shards the state once over all ranks"),
+    (["parallel.strategy=ps", 'failure.on_rank_loss="continue"'], "'ps' holds parts of the state once"),
+    (["parallel.strategy=zero", 'parallel.zero.shard="node"', 'parallel.zero.comm_dtype="bfloat16"',
+      'failure.on_rank_loss="continue"'], "does not yet combine with parallel.zero.comm_dtype"),
     (DDP + ['run.device="cuda"'], "does not yet combine with run.device = 'cuda'"),
     (DDP + ["failure.min_world=0"], "failure.min_world"),
     (["failure.min_world=2"], "failure.min_world"),  # read only with "continue"

@@ -330,5 +330,51 @@ class ZeroStrategy(ShardedCheckpoint, Strategy):
             h.remove()
         self._handles = []
 
+    # -- failure.on_rank_loss = "continue" (hpcdp.failure.lasting), hybrid sharding only ----
+    def comms(self) -> list:
+        """ZeRO's own communicator (the node and cross-node channels derive from it)."""
+        return [self.comm] if self.comm is not None else []
+
+    def failure_domain(self) -> tuple | None:
+        """Hybrid sharding: ``(node, local rank, ranks per node)``: a node holds one whole
+        copy of the sharded state, so a node is lost (or kept) as a whole."""
+        if self.groups is None:
+            return None
+        return (self.groups.node, self.groups.local_rank, self.groups.per_node)
+
+    def replica_arrays(self) -> list:
+        """This rank's parameter shard, which the same local rank of every node holds
+        alike: its chunks of ``flat.data`` (stages 1, 2; stage 3 overrides)."""
+        return [self._chunk_view(self._full_view(self.flat.data, b), b) for b in self._groups_in_flat_order()]
+
+    def rejoin(self, world) -> None:
+        """After a repair (hpcdp.failure.ulfm with this strategy's failure_domain): the
+        surviving nodes' ``world`` replaces the old one. Whole nodes were lost, so every
+        rank keeps its local rank and its shard (the repair made each shard equal across
+        its replicas); the communicator, the node and cross-node channels and the engine
+        are built afresh (collective over ``world``); stages 1-2 then all-gather the full
+        parameters from the shards over each node."""
+        if self.groups is None:
+            raise RuntimeError('internal: ZeRO rejoins only with parallel.zero.shard = "node"')
+        from mpi4py import MPI
+
+        before = (self.shard_size, self.shard_rank)
+        self.abandon()
+        self.world, self.dp_rank, self.dp_size = world, world.rank, world.size
+        self.comm = world.comm.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        if self.debug:
+            self.hcomm.set_debug(self.comm, True)
+        self.groups = node_groups(self.cfg, self.comm, self.timeout)
+        self.shard_size, self.shard_rank = shard_layout(self.groups, world)
+        if (self.shard_size, self.shard_rank) != before:
+            raise RuntimeError(f"internal: after the repair this rank's shard is {self.shard_rank} of "
+                               f"{self.shard_size}, was {before[1]} of {before[0]}")
+        self.hcomm.prepare(self.comm, algorithm=self.cfg.algorithm, timeout=self.timeout)
+        self._abandoned = False
+        self._wire()
+        if self.stage < 3:
+            self._gather_groups_in_place(self.flat.data)
+
 
 __all__ = ["ZeroStrategy"]

@@ -32,8 +32,12 @@ class ZeroStage1(ZeroStrategy):
                                   "parallel.zero.bucket_mb")
         self._setup_common(flat, optimizer, world, plan_groups(flat, cap))
         self._views = [self._full_view(flat.grad, b) for b in range(len(self.plan.buckets))]
+        self._wire()
+
+    def _wire(self) -> None:
+        """The bucket engine on the current communicators (setup, and rejoin after a repair)."""
         self.engine = BucketEngine(self.plan, self._launch, name="ZeRO-1")
-        self.engine.attach(flat)
+        self.engine.attach(self.flat)
 
     def _launch(self, b: int):
         if self.grad_codec is not None and self._encode_at_launch:

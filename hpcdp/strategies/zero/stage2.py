@@ -44,15 +44,27 @@ class ZeroStage2(ZeroStrategy):
         self._setup_common(flat, optimizer, world, plan_groups(flat, cap))
         be = self.backend
         self.gshard = be.alloc((self.shard_numel,), flat.dtype, "grads", zero=True)
-        self._gbuf = [None] * len(self.plan.buckets)   # group gradient buffers in flight
-        self.engine = BucketEngine(self.plan, self._reduce_grads, on_done=self._grads_reduced,
-                                   name="ZeRO-2")
-        self.engine.attach(flat)
         # unit -> its group; a hook on each unit's output binds the group's storage
         self._group_of = {}
         for u in flat.units:
             self._group_of[u.index] = next(b.index for b in self.plan.buckets
                                            if b.offset <= u.offset < b.offset + b.size)
+        self._wire()
+
+    def _wire(self) -> None:
+        """The bucket engine and the units' hooks, nothing in flight (setup, and rejoin
+        after a repair)."""
+        flat = self.flat
+        for b, buf in enumerate(getattr(self, "_gbuf", ())):  # a repair: the failed step's buffers go
+            if buf is not None:
+                bk = self.plan.buckets[b]
+                flat.release(bk.offset, bk.size, grad=True)
+        self._gbuf = [None] * len(self.plan.buckets)   # group gradient buffers in flight
+        if self.grad_codec is not None:
+            self._gpay = [None] * len(self.plan.buckets)
+        self.engine = BucketEngine(self.plan, self._reduce_grads, on_done=self._grads_reduced,
+                                   name="ZeRO-2")
+        self.engine.attach(flat)
         self._handles = [u.module.register_forward_hook(self._make_post_forward(u.index))
                          for u in flat.units]
         self._micro = 0

@@ -72,13 +72,28 @@ class ZeroStage3(ZeroStrategy):
         flat.drop_full_data()
         flat.drop_full_grad()
         self.gshard = be.alloc((self.shard_numel,), dtype, "grads", zero=True)
-        n = len(buckets)
-        self._pbuf, self._preq, self._gbuf = [None] * n, [None] * n, [None] * n
         self._params_of = [len(b.params) for b in buckets]
         self._group_of_param = {}
         for b in buckets:
             for i in b.params:
                 self._group_of_param[i] = b.index
+        self._events: list = []
+        self._next_fwd = self._next_bwd = None   # prefetch maps, built after step 1
+        self._wire()
+
+    def _wire(self) -> None:
+        """The bucket engine and the hooks, nothing gathered or in flight (setup, and
+        rejoin after a repair: the failed step's unit buffers are released)."""
+        flat, buckets = self.flat, self.plan.buckets
+        for b, bk in enumerate(buckets):
+            if getattr(self, "_pbuf", None) and self._pbuf[b] is not None:
+                flat.release(bk.offset, bk.size, data=True)
+            if getattr(self, "_gbuf", None) and self._gbuf[b] is not None:
+                flat.release(bk.offset, bk.size, grad=True)
+        n = len(buckets)
+        self._pbuf, self._preq, self._gbuf = [None] * n, [None] * n, [None] * n
+        if self.grad_codec is not None:
+            self._gpay = [None] * n
         self.engine = BucketEngine(self.plan, self._reduce_grads, on_done=self._grads_reduced,
                                    name="ZeRO-3")
         self.engine.attach(flat)
@@ -91,9 +106,10 @@ class ZeroStage3(ZeroStrategy):
         self._left = list(self._params_of)
         self._micro = 0
         self._checking, self._moment, self._broken = False, 0, False
-        self._events: list = []
-        self._next_fwd = self._next_bwd = None   # prefetch maps, built after step 1
         self._spans: list = []  # this step's unit all-gathers, (start, completion): gather_s
+
+    def replica_arrays(self) -> list:
+        return [self.pshard]
 
     # -- gathering ---------------------------------------------------------------------
     def _launch_gather(self, b: int) -> None:
