@@ -9,6 +9,7 @@ node's namespace (`ip netns pids`). The cluster is taken down at the end, whatev
 happened, and no process of the jobs is left.
 
     python tests/cluster/measure_cluster_repair.py [KILLS] [NODES]   # defaults: 10 kills, 4 nodes
+    python tests/cluster/measure_cluster_repair.py --strategy hybrid-zero3 [--ppn 2] [KILLS] [NODES]
     python tests/cluster/measure_cluster_repair.py --chaos [NODES] [MIN_WORLD] [EVERY_S]
 
 Kills: KILLS jobs of NODES ranks; in each, once step 5 is logged, a rank drawn at random
@@ -18,6 +19,12 @@ first committed step (the redone step's record in metrics.jsonl), the kill to th
 (the repair record's time, on this machine's one clock, less the repair's own time),
 the repair's detection (from the failed step's start) and repair times, and the
 committed steps lost (steps logged before the repair later than the step agreed on).
+
+``--strategy hybrid-zero3`` (default ``ddp``): hybrid ZeRO-3 (parallel.zero.stage = 3,
+parallel.zero.shard = "node") with ``--ppn`` ranks per node (default 2; ranks 0..ppn-1 on
+node 0, and so on); the rank killed is drawn among those of nodes 1..NODES-1 (losing rank
+0's node ends the job by design); its node leaves as a whole, and the lines its other
+ranks print as they leave are reported with the figures.
 
 ``--chaos``: one job of NODES ranks (default 4); every EVERY_S seconds (default 30) a
 live rank drawn at random (not rank 0) is killed until MIN_WORLD are left (default 2),
@@ -57,22 +64,34 @@ DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread
             "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2"]
 
 
-class OnCluster:
-    """measure_repair's launcher, on the emulated cluster: rank i on node i."""
+# --strategy: the job's parallel settings (and how many ranks per node it wants by default)
+STRATEGIES = {
+    "ddp": (["parallel.strategy=ddp"], 1),
+    # hybrid ZeRO-3: shards within a node, a full copy on each node; a node that loses a
+    # rank leaves as a whole, the other nodes go on
+    "hybrid-zero3": (["parallel.strategy=zero", "parallel.zero.stage=3", 'parallel.zero.shard="node"'], 2),
+}
 
-    def __init__(self, cluster: Cluster, tmp: Path):
-        self.cluster, self.tmp = cluster, tmp
+
+class OnCluster:
+    """measure_repair's launcher, on the emulated cluster: ``ppn`` ranks per node, by
+    slot (ranks 0..ppn-1 on node 0, and so on); ``sets``: the job's parallel settings."""
+
+    def __init__(self, cluster: Cluster, tmp: Path, ppn: int = 1, sets: list | None = None):
+        self.cluster, self.tmp, self.ppn = cluster, tmp, ppn
+        self.sets = sets or STRATEGIES["ddp"][0]
         self.jobs = {}  # proc -> the job's marker
 
     def start(self, out: Path, ranks: int, marker: str, ft: bool, steps: int = 100000):
         hosts = self.tmp / f"hosts{ranks}"
-        hosts.write_text("".join(f"{PREFIX}{i} slots=1\n" for i in range(ranks)))
+        hosts.write_text("".join(f"{PREFIX}{i} slots={self.ppn}\n" for i in range(ranks // self.ppn)))
         argv = [str(VENV / "bin" / "mpirun"), *(["--with-ft", "ulfm", *DETECTOR] if ft else []),
                 "-x", "PYTHONPATH", "--hostfile", str(hosts), "-n", str(ranks),
+                *(["--map-by", "slot"] if self.ppn > 1 else []),
                 "--mca", "plm_rsh_agent", str(HERE / "netns-ssh"), "--mca", "btl_tcp_if_include", f"{NET}.0/24",
                 str(VENV / "bin" / "python"), "-m", "hpcdp.cli", "train",
                 "--config", str(ROOT / "jobs" / "gpt_small.toml"),
-                "--set", "parallel.strategy=ddp", "--set", "run.log_every=1", "--set", "run.eval_every=0",
+                *[a for kv in self.sets for a in ("--set", kv)], "--set", "run.log_every=1", "--set", "run.eval_every=0",
                 "--set", f"train.steps={steps}", "--set", 'failure.on_rank_loss="continue"',
                 "--set", f'run.out_dir="{out}"']
         key, value = marker.split("=")
@@ -86,8 +105,8 @@ class OnCluster:
         return proc
 
     def pid(self, marker: str, rank: int) -> int | None:
-        """Rank ``rank``'s process, among those of node ``rank``'s namespace."""
-        for pid in self.cluster.node_pids(rank):
+        """Rank ``rank``'s process, among those of its node's namespace."""
+        for pid in self.cluster.node_pids(rank // self.ppn):
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -130,32 +149,53 @@ def main() -> None:
                          "(or HPCDP_ULFM_VENV=/path/to/it)")
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces): sudo python tests/cluster/measure_cluster_repair.py ...")
-    chaos = sys.argv[1:2] == ["--chaos"]
-    args = [int(a) if a.isdigit() else float(a) for a in sys.argv[2 if chaos else 1:]]
+    argv = sys.argv[1:]
+    opts = {}
+    for opt in ("--strategy", "--ppn"):
+        if opt in argv:
+            i = argv.index(opt)
+            opts[opt] = argv[i + 1] if i + 1 < len(argv) else ""
+            del argv[i:i + 2]
+    strategy = opts.get("--strategy", "ddp")
+    if strategy not in STRATEGIES:
+        raise SystemExit(f"--strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+    sets, ppn = STRATEGIES[strategy]
+    ppn = int(opts.get("--ppn", ppn))
+    chaos = argv[:1] == ["--chaos"]
+    args = [int(a) if a.isdigit() else float(a) for a in argv[1 if chaos else 0:]]
     rng = random.Random(int(os.environ.get("HPCDP_MEASURE_SEED", "0")))
     random.seed(rng.random())  # measure_repair's moments of the kills
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally below
     cluster = Cluster()
     cluster.sh("down", check=False)  # a previous run's leftovers (this prefix: this script's own)
     with tempfile.TemporaryDirectory() as tmp:
-        launcher = OnCluster(cluster, Path(tmp))
+        launcher = OnCluster(cluster, Path(tmp), ppn, sets)
         try:
             if chaos:
                 nodes, min_world, every = (args + [4, 2, 30.0][len(args):])[:3]
+                if ppn != 1:
+                    raise SystemExit("--chaos: 1 rank per node (a hybrid job loses a node per kill)")
                 cluster.sh("up", "--nodes", str(nodes), "--ppn", "1")
                 print(f"chaos on {nodes} emulated nodes x 1 rank: a kill every {every:g} s down to {min_world}",
                       flush=True)
                 mr.chaos(Path(tmp), nodes, min_world, every, launcher, pick=rng.choice, both_sides=True)
                 return
             kills, nodes = (args + [10, 4][len(args):])[:2]
-            cluster.sh("up", "--nodes", str(nodes), "--ppn", "1")
+            cluster.sh("up", "--nodes", str(nodes), "--ppn", str(ppn))
             rows = []
             for i in range(kills):
-                rows.append(mr.one(Path(tmp), nodes, 5, i, launcher, victim=rng.randrange(1, nodes)))
+                # rank 0 writes the metrics: its loss (with ppn > 1, its node's) ends the job
+                rows.append(mr.one(Path(tmp), nodes * ppn, 5, i, launcher, victim=rng.randrange(ppn, nodes * ppn)))
                 print(json.dumps(rows[-1]), flush=True)
                 launcher.close()  # the job is over: anything of it left is ended
-            print(f"{kills} kills, {nodes} emulated nodes x 1 rank, Open MPI `--with-ft ulfm` + heartbeat detector:")
+            print(f"{kills} kills, {strategy}, {nodes} emulated nodes x {ppn} rank(s), Open MPI `--with-ft ulfm` "
+                  "+ heartbeat detector:")
             mr.summary(rows)
+            if ppn > 1:
+                print(f"ranks that left with their node: {[r['left_ranks'] for r in rows]}; leave lines per kill: "
+                      f"{[len(r['leave_lines']) for r in rows]}")
+                for line in sorted({ln for r in rows for ln in r["leave_lines"]}):
+                    print(f"  {line}")
         finally:
             launcher.close()
             cluster.sh("down", check=False)

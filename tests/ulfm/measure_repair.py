@@ -134,6 +134,9 @@ def one(tmp: Path, ranks: int, at: int, i: int, launcher=None, victim: int | Non
             "kill_to_record_s": to_record, "redo_step_time_s": redo[-1]["step_time_s"] if redo else None,
             "detect_s": repair["detect_s"], "repair_s": repair["repair_s"], "step": repair["step"],
             "victim": victim, "lost_ranks": repair["lost_ranks"], "lost_steps": lost_steps(recs),
+            # hybrid ZeRO: the lost node's other ranks leave with one line each
+            "left_ranks": repair.get("left_ranks", []), "leave_lines": [ln for ln in text.splitlines()
+                                                                         if " leaves at step" in ln],
             # a step logged twice was committed twice; one not logged at all can only be the
             # failed step, when its update was applied but its record not yet written
             "logged_twice": len(steps) - len(set(steps)), "not_logged": sorted(set(range(1, at + 41)) - set(steps)),
