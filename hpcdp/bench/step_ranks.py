@@ -24,7 +24,6 @@ each round's ratio hpcdp / PyTorch is printed. The children run with
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -36,7 +35,6 @@ import time
 
 import numpy as np
 
-from hpcdp.bench import step_time as st
 from hpcdp.launch import find_mpiexec, package_root
 
 STRATEGIES = ("ddp", "zero3")
@@ -55,19 +53,18 @@ def parse_strategies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def per_rank_batch(ranks: int) -> int:
-    """This rank's share of the GPT's global batch; a clear error when it does not divide."""
-    if st.GPT_BATCH % ranks:
-        raise ValueError(f"--ranks {ranks}: the global batch of {st.GPT_BATCH} samples does not split evenly "
+def per_rank_batch(global_batch: int, ranks: int) -> int:
+    """Each rank's share of the GPT's global batch; a clear error when it does not divide."""
+    if global_batch % ranks:
+        raise ValueError(f"--ranks {ranks}: the global batch of {global_batch} samples does not split evenly "
                          f"over {ranks} ranks; choose a rank count that divides it (or set [train] "
                          f"global_batch in --gpt-config)")
-    return st.GPT_BATCH // ranks
+    return global_batch // ranks
 
 
-def rank_slice(rank: int, ranks: int):
-    """(x, y) of rank ``rank``: its rows of the one-rank mode's global batch."""
-    x, y = st._gpt_batch(np.random.default_rng(0))
-    b = per_rank_batch(ranks)
+def rank_slice(x, y, rank: int, ranks: int):
+    """(x, y) of rank ``rank``: its rows of the global batch (the one-rank mode's)."""
+    b = per_rank_batch(len(x), ranks)
     return x[rank * b:(rank + 1) * b].copy(), y[rank * b:(rank + 1) * b].copy()
 
 
@@ -92,8 +89,9 @@ def summary(per_rank: list[list[float]]) -> dict:
 
 # -- the children -------------------------------------------------------------------------
 
-def hpcdp_child(args) -> None:
-    """One rank of ``mpiexec -n N``: hpcdp's strategy on this rank's slice; rank 0 prints JSON."""
+def hpcdp_child(args, gpt: dict, x, y) -> None:
+    """One rank of ``mpiexec -n N``: hpcdp's strategy on this rank's slice of (x, y), the
+    GPT of sizes ``gpt``; rank 0 prints JSON."""
     from hpcdp.autograd import Tensor
     from hpcdp.comm import configure
     from hpcdp.config import load_config
@@ -107,10 +105,10 @@ def hpcdp_child(args) -> None:
     cfg = load_config(args.gpt_config, HPCDP_SETS[args.strategy])
     configure(cfg.comm)
     strategy = build_strategy(cfg.parallel, world, cfg.comm)
-    model = build_model({"kind": "gpt", **st.GPT, "seed": 0}, dtype="float32", device="cpu", storage=())
+    model = build_model({"kind": "gpt", **gpt, "seed": 0}, dtype="float32", device="cpu", storage=())
     model.flat.materialize(strategy.full_storage)
     strategy.setup(model.flat, AdamW(lr=1e-3, weight_decay=0.01, dtype="float32"), world)
-    x, y = rank_slice(world.rank, world.size)
+    x, y = rank_slice(x, y, world.rank, world.size)
     xt, yt = Tensor(x), Tensor(y)
     batch = LocalBatch([np.arange(len(x))], len(x) * world.size, filler=np.arange(1))
     times = _timed(lambda: train_step(model, strategy, batch, lambda _idx: (xt, yt)).loss,
@@ -121,8 +119,9 @@ def hpcdp_child(args) -> None:
         print(json.dumps({"times": summary(gathered), "params": model.flat.numel}), flush=True)
 
 
-def torch_child(args) -> None:
-    """One of N PyTorch processes (RANK, WORLD_SIZE, MASTER_ADDR/PORT set): DDP or FSDP2."""
+def torch_child(args, make_model, make_step, x, y) -> None:
+    """One of N PyTorch processes (RANK, WORLD_SIZE, MASTER_ADDR/PORT set): DDP or FSDP2 of
+    ``make_model(threads)``, stepped by ``make_step(model, x, y)`` on this rank's slice."""
     import warnings
 
     import torch
@@ -131,7 +130,7 @@ def torch_child(args) -> None:
     warnings.filterwarnings("ignore", module="torch")  # FSDP2's note on views, per step
     dist.init_process_group("gloo")
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    model = st.torch_gpt_model(args.threads)
+    model = make_model(args.threads)
     params = sum(p.numel() for p in model.parameters())
     if args.strategy == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -143,8 +142,8 @@ def torch_child(args) -> None:
         for block in model.h:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    x, y = rank_slice(rank, ranks)
-    times = _timed(st.torch_step(model, x, y), args.warmup, args.repeats)
+    x, y = rank_slice(x, y, rank, ranks)
+    times = _timed(make_step(model, x, y), args.warmup, args.repeats)
     gathered = [None] * ranks
     dist.all_gather_object(gathered, times)
     dist.destroy_process_group()
@@ -154,14 +153,15 @@ def torch_child(args) -> None:
 
 # -- the parent ---------------------------------------------------------------------------
 
-def _env(threads: int) -> dict:
-    env = st._child_env(threads)
+def _env(args) -> dict:
+    env = dict(args.env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH")) if p)
     return env
 
 
 def _child_args(args, side: str, strategy: str) -> list[str]:
-    return ["-m", "hpcdp.bench.step_ranks", side, "--strategy", strategy, "--threads", str(args.threads),
+    return ["-m", "hpcdp.bench.step_time", "--ranks-child", side, "--strategy", strategy,
+            "--threads", str(args.threads),
             "--warmup", str(args.warmup), "--repeats", str(args.repeats),
             *(["--gpt-config", args.gpt_config] if args.gpt_config else [])]
 
@@ -176,7 +176,7 @@ def _last_json(text: str, what: str) -> dict:
 def run_hpcdp(args, strategy: str) -> dict:
     cmd = [find_mpiexec("hpcdp bench step"), "-n", str(args.ranks), sys.executable,
            *_child_args(args, "hpcdp", strategy)]
-    proc = subprocess.run(cmd, env=_env(args.threads), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    proc = subprocess.run(cmd, env=_env(args), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     if proc.returncode != 0:
         sys.stderr.write((proc.stdout + proc.stderr)[-4000:])
         raise RuntimeError(f"bench step: {NAMES[strategy][0]} failed (exit {proc.returncode}): {shlex.join(cmd)}")
@@ -191,7 +191,7 @@ def _free_port() -> int:
 
 def run_torch(args, strategy: str) -> dict:
     """N processes of ``--torch-python`` on gloo; any one failing stops the others."""
-    base = {**_env(args.threads), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    base = {**_env(args), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
             "WORLD_SIZE": str(args.ranks)}
     cmd = [args.torch_python, *_child_args(args, "torch", strategy)]
     procs = [subprocess.Popen(cmd, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
@@ -242,7 +242,7 @@ def table(rows: list[dict]) -> str:
 
 def run(args) -> dict:
     """The parent: every (round, contender) job in turn; prints the table, returns the record."""
-    per = per_rank_batch(args.ranks)
+    per = per_rank_batch(args.global_batch, args.ranks)
     with_torch = bool(args.torch_python)
     results = {}
     for r, side, strategy in schedule(args.strategies, args.rounds, with_torch):
@@ -256,7 +256,7 @@ def run(args) -> dict:
     for row in rows:
         if "torch" in row:
             row["ratio"] = row["hpcdp"]["median_s"] / row["torch"]["median_s"]
-    g = st.GPT
+    g = args.gpt
     desc = (f"GPT vocab {g['vocab_size']}, block {g['block_size']}, {g['n_layer']} layers, {g['n_head']} heads, "
             f"{g['n_embd']} wide, {per} samples per rank, AdamW, {args.threads} thread(s) per rank")
     print(f"{args.ranks} ranks, {desc}; step = the slowest rank's, median of {args.repeats}")
@@ -265,23 +265,3 @@ def run(args) -> dict:
         print("/ PyTorch \"-\": no --torch-python given (the python of a venv with torch), so PyTorch DDP / "
               "FSDP2 were not measured")
     return {"ranks": args.ranks, "threads": args.threads, "desc": desc, "rows": rows}
-
-
-def main(argv=None) -> int:
-    """A child: ``python -m hpcdp.bench.step_ranks hpcdp|torch --strategy S ...``."""
-    p = argparse.ArgumentParser(prog="hpcdp.bench.step_ranks")
-    p.add_argument("side", choices=("hpcdp", "torch"))
-    p.add_argument("--strategy", choices=STRATEGIES, required=True)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--gpt-config", default=None)
-    args = p.parse_args(argv)
-    if args.gpt_config:
-        st.set_gpt(args.gpt_config)
-    (hpcdp_child if args.side == "hpcdp" else torch_child)(args)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

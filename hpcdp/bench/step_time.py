@@ -28,6 +28,10 @@ CPU time of each ATen op; the profilers' own cost lands in each one's overhead).
 ``--gpt-config FILE`` takes the GPT (``[model]``) and its batch (``[train]
 global_batch``) from a job file; ``--torch-python PY`` runs the PyTorch contender in
 that interpreter (a venv with torch) when this one has none.
+
+``--ranks N`` (N >= 2) times the GPT step on N ranks instead: hpcdp's DDP and ZeRO-3
+under mpiexec beside PyTorch DDP and FSDP2 on gloo (``--strategies``, ``--rounds``;
+:mod:`hpcdp.bench.step_ranks`).
 """
 
 from __future__ import annotations
@@ -552,6 +556,18 @@ def _run_child(cmd, threads: int, what: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _ranks_child(args) -> int:
+    from hpcdp.bench import step_ranks
+
+    args.threads = int(args.threads)
+    x, y = _gpt_batch(np.random.default_rng(0))
+    if args.ranks_child == "hpcdp":
+        step_ranks.hpcdp_child(args, dict(GPT), x, y)
+    else:
+        step_ranks.torch_child(args, torch_gpt_model, torch_step, x, y)
+    return 0
+
+
 def _main_ranks(args, argv) -> int:
     """``--ranks N`` (N >= 2): the GPT step under hpcdp's strategies beside PyTorch's
     (hpcdp.bench.step_ranks); checks the options that mode reads."""
@@ -580,11 +596,12 @@ def _main_ranks(args, argv) -> int:
     if rounds < 1:
         raise ValueError(f"--rounds {rounds}: at least 1")
     strategies = step_ranks.parse_strategies(args.strategies or "ddp,zero3")
-    step_ranks.per_rank_batch(args.ranks)  # the global batch must split evenly
+    step_ranks.per_rank_batch(GPT_BATCH, args.ranks)  # the global batch must split evenly
     step_ranks.find_mpiexec("hpcdp bench step")
     ns = argparse.Namespace(ranks=args.ranks, threads=threads, warmup=args.warmup, repeats=args.repeats,
                             gpt_config=args.gpt_config, torch_python=args.torch_python, rounds=rounds,
-                            strategies=strategies)
+                            strategies=strategies, gpt=dict(GPT), global_batch=GPT_BATCH,
+                            env=_child_env(threads))
     cleared = [k for k in CLEARED_ENV if k in os.environ]
     print(f"hpcdp bench step: float32, {args.ranks} ranks, {threads} thread(s) per rank; "
           f"{' and '.join(CLEARED_ENV)} unset for every contender"
@@ -629,9 +646,13 @@ def main(argv=None) -> int:
                    help="with --ranks >= 2: interleaved rounds of every contender's job (default 2)")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ranks-child", choices=("hpcdp", "torch"), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--strategy", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.gpt_config:
         set_gpt(args.gpt_config)
+    if args.ranks_child:  # one rank of --ranks N's contenders (hpcdp.bench.step_ranks)
+        return _ranks_child(args)
     if args.torch_child:  # PyTorch profile in another interpreter: one JSON line
         print(json.dumps(measure_torch_profile(args.child, args.warmup, args.repeats)), flush=True)
         return 0
