@@ -28,6 +28,10 @@ CPU time of each ATen op; the profilers' own cost lands in each one's overhead).
 ``--gpt-config FILE`` takes the GPT (``[model]``) and its batch (``[train]
 global_batch``) from a job file; ``--torch-python PY`` runs the PyTorch contender in
 that interpreter (a venv with torch) when this one has none.
+
+``--ranks N`` (N >= 2) times the GPT step on N ranks instead: hpcdp's DDP and ZeRO-3
+under mpiexec beside PyTorch DDP and FSDP2 on gloo (``--strategies``, ``--rounds``;
+:mod:`hpcdp.bench.step_ranks`).
 """
 
 from __future__ import annotations
@@ -227,8 +231,9 @@ def hpcdp_gpt(x, y):
     return step, flat.numel
 
 
-def torch_gpt(x, y, threads):
-    """nanoGPT-style model of the same shape (pre-LN, tanh GELU, tied head, SDPA attention)."""
+def torch_gpt_model(threads: int):
+    """nanoGPT-style model of GPT's shape (pre-LN, tanh GELU, tied head, SDPA attention),
+    seed 0; its blocks are ``model.h`` (what FSDP2 shards one by one)."""
     torch = _torch()
     torch.set_num_threads(threads)
     nn, F = torch.nn, torch.nn.functional
@@ -263,7 +268,15 @@ def torch_gpt(x, y, threads):
                 x = blk(x)
             return self.ln_f(x) @ self.wte.weight.T
 
-    model = Net()
+    return Net()
+
+
+def torch_step(model, x, y):
+    """One PyTorch training step of ``model`` (maybe DDP- or FSDP2-wrapped) on a fixed
+    batch (AdamW as hpcdp's contender)."""
+    torch = _torch()
+    F = torch.nn.functional
+    v = GPT["vocab_size"]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
 
@@ -275,7 +288,13 @@ def torch_gpt(x, y, threads):
         opt.step()
         return loss.item()
 
-    return step, sum(p.numel() for p in model.parameters())
+    return step
+
+
+def torch_gpt(x, y, threads):
+    """The one-rank PyTorch contender: (step, parameter count)."""
+    model = torch_gpt_model(threads)
+    return torch_step(model, x, y), sum(p.numel() for p in model.parameters())
 
 
 # -- per-op profiles ----------------------------------------------------------------------
@@ -537,10 +556,76 @@ def _run_child(cmd, threads: int, what: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _ranks_child(args) -> int:
+    from hpcdp.bench import step_ranks
+
+    args.threads = int(args.threads)
+    x, y = _gpt_batch(np.random.default_rng(0))
+    if args.ranks_child == "hpcdp":
+        step_ranks.hpcdp_child(args, dict(GPT), x, y)
+    else:
+        step_ranks.torch_child(args, torch_gpt_model, torch_step, x, y)
+    return 0
+
+
+def _main_ranks(args, argv) -> int:
+    """``--ranks N`` (N >= 2): the GPT step under hpcdp's strategies beside PyTorch's
+    (hpcdp.bench.step_ranks); checks the options that mode reads."""
+    from hpcdp.bench import step_ranks
+
+    if args.ranks < 2:
+        raise ValueError(f"--strategies and --rounds apply to --ranks >= 2 (got --ranks {args.ranks}); "
+                         f"add --ranks 2")
+    if args.models not in (None, "gpt"):
+        raise ValueError(f"--ranks {args.ranks} times the GPT only: drop --models {args.models} or pass --models gpt")
+    if args.profile:
+        raise ValueError(f"--profile profiles the one-rank step: drop it with --ranks {args.ranks}")
+    try:
+        threads = int(args.threads)
+    except ValueError:
+        raise ValueError(f"--threads {args.threads!r}: with --ranks {args.ranks}, one thread count per rank, "
+                         f"e.g. 1") from None
+    if threads < 1:
+        raise ValueError("--threads: thread counts must be >= 1")
+    if args.torch_python and not (os.path.isfile(args.torch_python) and os.access(args.torch_python, os.X_OK)):
+        raise ValueError(f"--torch-python {args.torch_python}: not an executable file; pass the python "
+                         f"of a venv that has torch, e.g. .venv-torch/bin/python")
+    if args.warmup < 0 or args.repeats < 2:
+        raise ValueError("--warmup must be >= 0 and --repeats >= 2")
+    rounds = 2 if args.rounds is None else args.rounds
+    if rounds < 1:
+        raise ValueError(f"--rounds {rounds}: at least 1")
+    strategies = step_ranks.parse_strategies(args.strategies or "ddp,zero3")
+    step_ranks.per_rank_batch(GPT_BATCH, args.ranks)  # the global batch must split evenly
+    step_ranks.find_mpiexec("hpcdp bench step")
+    ns = argparse.Namespace(ranks=args.ranks, threads=threads, warmup=args.warmup, repeats=args.repeats,
+                            gpt_config=args.gpt_config, torch_python=args.torch_python, rounds=rounds,
+                            strategies=strategies, gpt=dict(GPT), global_batch=GPT_BATCH,
+                            env=_child_env(threads))
+    cleared = [k for k in CLEARED_ENV if k in os.environ]
+    print(f"hpcdp bench step: float32, {args.ranks} ranks, {threads} thread(s) per rank; "
+          f"{' and '.join(CLEARED_ENV)} unset for every contender"
+          + (f" (were set: {', '.join(cleared)})" if cleared else " (were not set)"), flush=True)
+    record = step_ranks.run(ns)
+    doc = {
+        "command": "hpcdp bench step " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.machine(),
+                    "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "numpy": np.__version__, "loadavg_at_end": os.getloadavg()},
+        "env_cleared": list(CLEARED_ENV), "env_cleared_were_set": cleared,
+        "ranks": record,
+    }
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hpcdp bench step", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2 (default 1)")
-    p.add_argument("--models", default="mlp,gpt", help="mlp, gpt or both (default mlp,gpt)")
+    p.add_argument("--models", default=None, help="mlp, gpt or both (default mlp,gpt; gpt with --ranks >= 2)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per contender (default 5)")
     p.add_argument("--repeats", type=int, default=30, help="timed steps per contender (default 30)")
     p.add_argument("--json", default="bench-step.json", help="where to write the results (default bench-step.json)")
@@ -549,16 +634,31 @@ def main(argv=None) -> int:
     p.add_argument("--gpt-config", default=None, metavar="FILE",
                    help="take the GPT ([model]) and its batch ([train] global_batch) from this job file")
     p.add_argument("--torch-python", default=None, metavar="PY",
-                   help="run the PyTorch GPT profile in this interpreter (a venv with torch)")
+                   help="run the PyTorch GPT profile (with --ranks >= 2: PyTorch DDP / FSDP2) in this "
+                        "interpreter (a venv with torch)")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="ranks of the GPT step (default 1); >= 2: hpcdp's strategies under mpiexec beside "
+                        "PyTorch's on gloo (hpcdp.bench.step_ranks)")
+    p.add_argument("--strategies", default=None,
+                   help="with --ranks >= 2: ddp (against PyTorch DDP), zero3 (against FSDP2) or both "
+                        "(default ddp,zero3)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="with --ranks >= 2: interleaved rounds of every contender's job (default 2)")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ranks-child", choices=("hpcdp", "torch"), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--strategy", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.gpt_config:
         set_gpt(args.gpt_config)
+    if args.ranks_child:  # one rank of --ranks N's contenders (hpcdp.bench.step_ranks)
+        return _ranks_child(args)
     if args.torch_child:  # PyTorch profile in another interpreter: one JSON line
         print(json.dumps(measure_torch_profile(args.child, args.warmup, args.repeats)), flush=True)
         return 0
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.ranks != 1 or args.strategies is not None or args.rounds is not None:
+        return _main_ranks(args, argv)
+    models = [m.strip() for m in (args.models or "mlp,gpt").split(",") if m.strip()]
     bad = sorted(set(models) - {"mlp", "gpt"})
     if bad or not models:
         raise ValueError(f"--models: {','.join(bad) or args.models!r} not known; choose from mlp, gpt")
