@@ -102,7 +102,7 @@ def hpcdp_child(args, gpt: dict, x, y) -> None:
     from hpcdp.world import World
 
     world = World.from_mpi()
-    cfg = load_config(args.gpt_config, HPCDP_SETS[args.strategy])
+    cfg = load_config(args.gpt_config, HPCDP_SETS[args.child_strategy])
     configure(cfg.comm)
     strategy = build_strategy(cfg.parallel, world, cfg.comm)
     model = build_model({"kind": "gpt", **gpt, "seed": 0}, dtype="float32", device="cpu", storage=())
@@ -132,7 +132,7 @@ def torch_child(args, make_model, make_step, x, y) -> None:
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model = make_model(args.threads)
     params = sum(p.numel() for p in model.parameters())
-    if args.strategy == "ddp":
+    if args.child_strategy == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
         from torch.distributed.device_mesh import init_device_mesh
@@ -160,7 +160,7 @@ def _env(args) -> dict:
 
 
 def _child_args(args, side: str, strategy: str) -> list[str]:
-    return ["-m", "hpcdp.bench.step_time", "--ranks-child", side, "--strategy", strategy,
+    return ["-m", "hpcdp.bench.step_time", "--ranks-child", side, "--child-strategy", strategy,
             "--threads", str(args.threads),
             "--warmup", str(args.warmup), "--repeats", str(args.repeats),
             *(["--gpt-config", args.gpt_config] if args.gpt_config else [])]

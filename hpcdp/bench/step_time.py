@@ -647,8 +647,10 @@ def main(argv=None) -> int:
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ranks-child", choices=("hpcdp", "torch"), default=None, help=argparse.SUPPRESS)
-    p.add_argument("--strategy", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-strategy", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child_strategy is not None and not args.ranks_child:
+        raise ValueError("--child-strategy is internal to --ranks N; choose strategies with --strategies")
     if args.gpt_config:
         set_gpt(args.gpt_config)
     if args.ranks_child:  # one rank of --ranks N's contenders (hpcdp.bench.step_ranks)

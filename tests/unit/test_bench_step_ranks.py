@@ -52,11 +52,19 @@ def gpt(monkeypatch):
     (["--ranks", "2", "--repeats", "1"], "--repeats >= 2"),
     (["--ranks", "2", "--torch-python", "/no/python"], "not an executable file"),
     (["--ranks", "2", "--gpt-config", str(JOBS / "digits_ddp.toml")], 'kind must be "gpt"'),
+    (["--child-strategy", "ddp"], "internal to --ranks N; choose strategies with --strategies"),
 ])
 def test_bad_rank_options_say_what_to_fix(gpt, argv, says, tmp_path):
     with pytest.raises(ValueError, match=says):
         bench.main([*argv, "--json", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_misspelt_strategies_option_is_refused_not_ignored(gpt, tmp_path, capsys):
+    """--strategy (for --strategies) is no hidden option taken silently: argparse refuses it."""
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--ranks", "2", "--strategy", "zero3", "--json", str(tmp_path / "out.json")])
+    assert e.value.code == 2 and "unrecognized arguments: --strategy zero3" in capsys.readouterr().err
 
 
 def test_jobs_run_in_adjacent_pairs_reversed_every_other_round():
