@@ -29,6 +29,7 @@ from hpcdp.data import Dataset, load_dataset
 from hpcdp.data.batches import BatchSource, read_pairs
 from hpcdp.data.rescale import rescaled
 from hpcdp.failure.lasting import Lasting
+from hpcdp.failure.policy import step_of
 from hpcdp.exact.digest import weights_sha256
 from hpcdp.generate import sample_at_end
 from hpcdp.io.checkpointer import Checkpointer
@@ -407,12 +408,12 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                 ckpt.follow(sampler, total)  # its checkpoints record the batch schedule in effect
                 # a save in flight failed with the lost rank, or the agreed step's was due and not begun
                 redo_save = ckpt.rejoin(world, committed=rep.step) is not None
-                record = lasting.record(rep, step)
+                record = lasting.record(rep, rep.at_step)
                 if redo_save:
                     record["checkpoint_saved_again"] = rep.step
                 if writer_rank:
                     writer.write({"repair": record})
-                    writer.log(lasting.line(rep, step))
+                    writer.log(lasting.line(rep, rep.at_step))
                 if redo_save:  # the agreed step's checkpoint, complete on the survivors
                     ckpt.save(rep.step, wait=True)
                 step = rep.step
@@ -475,7 +476,8 @@ def write_failure(writer, pending: list, gather, e: BaseException, step) -> None
     try:
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         writer.unflushed(pending, gather.own_rows(), why)
-        writer.note(f"failed at step {step}: {why}")
+        agreed = step_of(e)  # the step the survivors of a lost rank agreed on, if any
+        writer.note(f"failed at step {step if agreed is None else agreed}: {why}")
     except Exception:  # noqa: BLE001 - the failure being reported matters more
         pass
 

@@ -25,6 +25,7 @@ import time
 
 from hpcdp.comm import CommError
 
+from .policy import note_step
 from .ranks import fmt_ranks
 
 
@@ -33,12 +34,18 @@ LEFT_STATUS = 0  # a rank that leaves with its lost node (hybrid ZeRO): the job 
 
 class RankLossEnds(CommError):
     """A lost rank that the repair cannot train around (the writer rank lost, fewer ranks
-    than failure.min_world): raised on every survivor; the lowest of them reports it
-    (``arrived``, hpcdp.failure.policy.reporter), the job ends as with "stop"."""
+    than failure.min_world): raised on every survivor, which all end the job together
+    (hpcdp.failure.policy.report_failure: under ULFM the launcher does not end a job on
+    MPI_Abort). ``comm``: the shrunk communicator of exactly the ranks that raise it; its
+    rank 0 (the lowest surviving rank) reports. ``step``: the step at which the loss was
+    seen, agreed by the survivors (named by every rank alike)."""
 
-    def __init__(self, message: str, survivors):
+    def __init__(self, message: str, survivors, comm=None, step=None):
         super().__init__(message)
         self.arrived = sorted(survivors)
+        self.ending_comm = comm
+        if step is not None:
+            note_step(self, step)
 
 
 class Lasting:
@@ -101,11 +108,13 @@ class Lasting:
         domain = strategy.failure_domain()
         try:
             rep = repair(world.comm, others, committed, state, scalars, timeout=self.timeout, domain=domain,
-                         reason=f"a rank was lost at step {step}: repairing ({type(e).__name__})")
+                         reason=f"a rank was lost at step {step}: repairing ({type(e).__name__})", step=step)
         except NoReplica as err:
-            raise RankLossEnds(f"a node was lost at step {step} and {err}: failure.on_rank_loss = 'continue' "
-                               "cannot redo the step; the job ends",
-                               [r for i, r in enumerate(self.world_ranks) if i not in set(err.lost)]) from None
+            raise RankLossEnds(f"a node was lost at step {err.at_step} and {err}: failure.on_rank_loss = "
+                               "'continue' cannot redo the step; the job ends",
+                               [r for i, r in enumerate(self.world_ranks) if i not in set(err.lost)],
+                               err.comm, err.at_step) from None
+        step = rep.at_step  # the step every survivor names (a rank may have seen the loss a step later)
         lost_launch = [self.world_ranks[r] for r in rep.lost]
         rep.dead_launch = [self.world_ranks[r] for r in rep.dead]
         alive = [r for i, r in enumerate(self.world_ranks) if i not in set(rep.dead)]  # the leaving too
@@ -113,10 +122,10 @@ class Lasting:
         if 0 in lost_launch and 0 not in rep.dead_launch:  # hybrid ZeRO: rank 0's node is lost
             raise RankLossEnds(f"{fmt_ranks(rep.dead_launch)} of node 0 lost at step {step}: rank 0 (the writer "
                                "of metrics.jsonl and train.log) is on that node, which failure.on_rank_loss = "
-                               "'continue' drops as a whole; the job ends", alive)
+                               "'continue' drops as a whole; the job ends", alive, rep.alive, step)
         if rep.leaving and kept < self.min_world:  # the kept ranks end the job: the leaving ones too
             raise RankLossEnds(f"{fmt_ranks(lost_launch)} lost at step {step}: {kept} rank(s) left, below "
-                               f"failure.min_world = {self.min_world}; the job ends", alive)
+                               f"failure.min_world = {self.min_world}; the job ends", alive, rep.alive, step)
         if rep.leaving:
             self.leave(rep, step, domain)
         optimizer.steps = scalars["optimizer_steps"]
@@ -133,10 +142,11 @@ class Lasting:
         if 0 in lost_launch:
             raise RankLossEnds(f"rank 0 (the writer of metrics.jsonl and train.log) was lost at step "
                                f"{step}: failure.on_rank_loss = 'continue' needs it to live; the job ends",
-                               self.world_ranks)
+                               self.world_ranks, new, step)
         if new.Get_size() < self.min_world:
             raise RankLossEnds(f"{fmt_ranks(lost_launch)} lost at step {step}: {new.Get_size()} rank(s) "
-                               f"left, below failure.min_world = {self.min_world}; the job ends", self.world_ranks)
+                               f"left, below failure.min_world = {self.min_world}; the job ends", self.world_ranks,
+                               new, step)
         strategy.rejoin(self.world)
         finish_with(new)
         return rep

@@ -11,6 +11,9 @@ the job on every rank, within seconds, with one line saying which rank failed an
   cause (and, for a bug, its traceback) once and calls ``MPI_Abort`` on
   ``COMM_WORLD``: the launcher (mpiexec, srun) then ends every rank within seconds
   and the job's exit status is non-zero (1; 128 + signal number for a signal).
+  Under ULFM (``failure.on_rank_loss = "continue"``) MPI_Abort ends only the calling
+  rank: when the survivors of a lost rank cannot go on, they all hold the same error
+  and end together instead (one line, from the lowest of them).
   ``sys.exit`` from inside the run counts as a failure too: one rank leaving early
   would leave the others waiting.
 - One rank (no launcher): the same lines, exit status 2 for bad input, 1 otherwise,
@@ -27,7 +30,7 @@ import time
 import traceback
 
 from .agreement import USER_ERRORS, JobError, cause
-from .ranks import abort_job, say
+from .ranks import abort_job, end_together, say
 from .shutdown import finish
 from .signals import Interrupted, handling_signals
 
@@ -37,7 +40,11 @@ REPORTER_GRACE_S = 5.0  # report_failure: how long a non-reporting rank waits fo
 
 
 def note_step(e: BaseException, step: int) -> None:
-    """Record on the exception the training step at which it left the loop."""
+    """Record on the exception the training step at which it left the loop; a step
+    noted before is kept (e.g. the one the survivors of a lost rank agreed on:
+    hpcdp.failure.lasting.RankLossEnds)."""
+    if step_of(e) is not None:
+        return
     try:
         e._hpcdp_step = int(step)
     except (AttributeError, TypeError):
@@ -106,10 +113,16 @@ def report_failure(e: BaseException) -> int:
     lowest rank that answered the diagnosis prints it and aborts; the others wait
     REPORTER_GRACE_S for that abort to end them and only then print and abort
     themselves (so a lost node gives one line, and a reporter that died still
-    leaves a line and an end)."""
+    leaves a line and an end).
+
+    A failure that every live rank holds on a communicator of exactly them (``ending_comm``:
+    the survivors of a lost rank that cannot train on, under ULFM, where MPI_Abort ends
+    only the calling rank) ends them together: that communicator's rank 0 prints the
+    line and every rank exits with the status (hpcdp.failure.ranks.end_together)."""
     rank, size = _world()
+    together = getattr(e, "ending_comm", None) if size > 1 else None
     first = reporter(e)
-    if size > 1 and first is not None and first != rank:
+    if together is None and size > 1 and first is not None and first != rank:
         time.sleep(REPORTER_GRACE_S)
     if os.environ.get("HPCDP_TRACEBACK") or not _clear(e):
         traceback.print_exception(e)
@@ -117,8 +130,11 @@ def report_failure(e: BaseException) -> int:
     where = f"rank {rank} of {size}" if size > 1 else ""
     if step is not None:
         where += (" " if where else "") + f"at step {step}"
-    say(f"hpcdp: error: {where + ': ' if where else ''}{_describe(e)}")
+    line = f"hpcdp: error: {where + ': ' if where else ''}{_describe(e)}"
     status = _exit_status(e, size)
+    if together is not None:  # every live rank holds it (hpcdp.failure.lasting.RankLossEnds): one line
+        end_together(together, line, status)
+    say(line)
     if size > 1:
         abort_job(status)
     return status

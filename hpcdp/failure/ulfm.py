@@ -13,6 +13,8 @@ One repair, on every survivor (:func:`repair`), once a step's collective failed
 3. **agree** on the last committed step: a rank applies a step's update once its
    gradient allreduce completed, so survivors may stand one step apart; every survivor
    takes the highest committed step, the lowest rank that holds it is the source;
+   they also agree on the step at which the loss was seen (the lowest step any
+   survivor was in: a rank that noticed it a step later names the same step);
 4. **heal**: that rank's parameters, optimizer state and step count go to every
    survivor (broadcast), and an allgathered hash checks that the replicas are
    bit-identical; the caller then rebuilds the communicator state and the data split
@@ -79,6 +81,8 @@ class Repaired:
     left: list = None     # world ranks that left with their node (hybrid ZeRO), alive
     leaving: bool = False  # this rank is one of ``left``: it ends itself (no comm)
     domains_lost: list = None  # the failure domains (nodes) lost, by their index before
+    at_step: int = None   # the step at which the loss was seen: the lowest any survivor was in
+    alive: object = None  # the shrunk communicator of every live rank (the leaving ones too)
 
 
 def _lost_ranks(old, new) -> list[int]:
@@ -96,7 +100,7 @@ def replica_hash(arrays) -> str:
 
 
 def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, reason: str,
-           timeout: float = 300.0, domain: tuple | None = None) -> Repaired:
+           timeout: float = 300.0, domain: tuple | None = None, step: int | None = None) -> Repaired:
     """The repair of the module docstring, on every survivor. ``others``: further
     communicators in use (revoked, then left to the caller to forget); ``arrays``: the
     state every replica must hold (numpy, written in place on the receivers);
@@ -104,7 +108,10 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
     returned in place of the dict's. Returns what the caller rebuilds from.
     ``domain``: hybrid ZeRO's ``(node, local rank, ranks per node)`` of this rank
     (module docstring); None: every rank holds the whole state (DDP). Raises
-    :class:`NoReplica` when a shard has no replica at the agreed step.
+    :class:`NoReplica` when a shard has no replica at the agreed step (its ``comm``: the
+    ranks that raise it; ``at_step``: as below). ``step``: the step this rank was in when
+    it saw the loss (default ``committed + 1``); every survivor takes the lowest
+    (:attr:`Repaired.at_step`).
 
     The shrink waits for every rank that is alive: one that is stuck (alive, never
     answering) would hold it forever, so it runs under a timer: after ``timeout``
@@ -129,9 +136,12 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
     new.Set_errhandler(MPI.ERRORS_RETURN)
     dead = _lost_ranks(world_comm, new)
     kept, cross, gone = new, new, []
+    mine = committed + 1 if step is None else int(step)
+    where = new.allgather((mine, None if domain is None else (int(domain[0]), int(domain[1]))))
+    at_step = min(s for s, _ in where)
+    where = [w for _, w in where]
     if domain is not None:
         node, local, per = (int(v) for v in domain)
-        where = new.allgather((node, local))
         count: dict = {}
         for n, _ in where:
             count[n] = count.get(n, 0) + 1
@@ -143,7 +153,7 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
                 going = [r for r, (n, _) in enumerate(where) if n in gone]
                 left = sorted(MPI.Group.Translate_ranks(new.Get_group(), going, world_comm.Get_group()))
                 return Repaired(None, sorted(set(dead) | set(left)), world_comm.Get_size(), committed, -1,
-                                time.monotonic() - t0, "", dead, left, True, gone)
+                                time.monotonic() - t0, "", dead, left, True, gone, at_step, new)
             kept.Set_errhandler(MPI.ERRORS_RETURN)
         if per > 1:  # the replicas of this rank's shard: one rank per node, by node
             cross = kept.Split(local, kept.Get_rank())
@@ -161,7 +171,7 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
     if short[0]:
         err = NoReplica(f"no surviving replica of some shard holds step {step}'s update (it committed "
                         "on some ranks only)")
-        err.lost = lost
+        err.lost, err.comm, err.at_step = lost, kept, at_step
         raise err
     source = int(src[0])
     for a in arrays:
@@ -189,7 +199,7 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
             h.update(bytes.fromhex(d))
         digest = h.hexdigest()
     return Repaired(kept, lost, world_comm.Get_size(), step, source, time.monotonic() - t0, digest,
-                    dead, left, False, gone)
+                    dead, left, False, gone, at_step, new)
 
 
 __all__ = ["check_available", "repair", "Repaired", "replica_hash", "NoReplica"]

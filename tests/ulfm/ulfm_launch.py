@@ -1,12 +1,14 @@
 """One short training job of the ULFM group under the ULFM venv's Open MPI `mpirun`
 (`--with-ft ulfm` when ``ft``): the shared launcher of test_ulfm_exact.py and
-test_ulfm_checkpoint.py. Skips (with the reason) when the venv is missing."""
+test_ulfm_checkpoint.py. Skips (with the reason) when the venv is missing. Also
+:func:`left_running`: the processes of a job still running after it ended."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,22 @@ def run_job(tmp_path, name, ranks, sets, *extra, ft, steps=12, **env):
     final = [r["eval"]["weights_sha256"] for r in recs if "eval" in r and r["eval"]["step"] == steps]
     assert len(final) == 1, text[-3000:]
     return final[0], recs, text, out
+
+
+def left_running(marker: str, within: float = 0.0) -> list[str]:
+    """Command lines of processes still running with ``marker`` (the run folder) in them,
+    polled for up to ``within`` seconds until there are none."""
+    deadline = time.monotonic() + within
+    while True:
+        out = []
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if marker in cmd:
+                    out.append(f"{p.name}: {cmd}")
+        if not out or time.monotonic() >= deadline:
+            return out
+        time.sleep(0.1)

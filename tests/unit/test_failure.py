@@ -197,6 +197,19 @@ def test_one_rank_policy_statuses_and_lines(capsys):
     assert capsys.readouterr().err == "hpcdp: error: stopped by SIGINT\n"
 
 
+def test_the_step_the_survivors_agreed_on_is_the_one_named(capsys):
+    """A rank that saw a lost rank a step later (the loop notes its own step) names the
+    step the survivors agreed on (hpcdp.failure.lasting.RankLossEnds)."""
+    from hpcdp.failure.lasting import RankLossEnds
+
+    e = RankLossEnds("rank 2 lost at step 5: 5 rank(s) left, below failure.min_world = 6; the job ends",
+                     [0, 1, 3, 4, 5], step=5)
+    note_step(e, 6)
+    assert report_failure(e) == 1
+    assert capsys.readouterr().err == ("hpcdp: error: at step 5: rank 2 lost at step 5: 5 rank(s) left, "
+                                       "below failure.min_world = 6; the job ends\n")
+
+
 def test_signals_raise_interrupted_unless_a_graceful_handler_takes_them():
     with handling_signals():
         with pytest.raises(Interrupted, match="stopped by SIGTERM") as e:
