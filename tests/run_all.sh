@@ -6,7 +6,7 @@
 #   1. tests/unit  - one process, no MPI launcher
 #   2. tests/cuda  - the numba.cuda kernels, on the CUDA simulator unless HPCDP_REAL_GPU=1
 #   3. tests/mpi   - pytest-mpi under mpiexec with 1, 2, 3 and 4 ranks (tests/run_mpi.sh)
-#   4. tests/slurm - jobs/train.sbatch under a real local Slurm (tests/run_slurm.sh:
+#   4. tests/slurm - jobs/train.sbatch and train_continue.sbatch under a real local Slurm (tests/run_slurm.sh:
 #                    installs Debian's Slurm + munge when missing, as root, and
 #                    starts a one-node Slurm on loopback unless one answers)
 #   5. tests/cluster - an emulated cluster: nodes are network namespaces joined by veth
