@@ -118,9 +118,15 @@ def report_failure(e: BaseException) -> int:
     A failure that every live rank holds on a communicator of exactly them (``ending_comm``:
     the survivors of a lost rank that cannot train on, under ULFM, where MPI_Abort ends
     only the calling rank) ends them together: that communicator's rank 0 prints the
-    line and every rank exits with the status (hpcdp.failure.ranks.end_together)."""
+    line and every rank exits with the status (hpcdp.failure.ranks.end_together). A rank
+    left alone on it (every peer lost, as a node whose link was cut sees it) says why and
+    aborts as before, so the job's status stays the one of the ranks that went on."""
     rank, size = _world()
     together = getattr(e, "ending_comm", None) if size > 1 else None
+    if together is not None and together.Get_size() < 2:
+        # alone: every peer looks lost, as on the far side of a cut link; the abort ends
+        # this rank only and leaves the launcher's status to the ranks that went on
+        together = None
     first = reporter(e)
     if together is None and size > 1 and first is not None and first != rank:
         time.sleep(REPORTER_GRACE_S)
