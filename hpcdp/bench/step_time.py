@@ -607,6 +607,11 @@ def _main_ranks(args, argv) -> int:
           f"{' and '.join(CLEARED_ENV)} unset for every contender"
           + (f" (were set: {', '.join(cleared)})" if cleared else " (were not set)"), flush=True)
     record = step_ranks.run(ns)
+    return _write_json(args.json, argv, cleared, "ranks", record)
+
+
+def _write_json(path, argv, cleared, key, value) -> int:
+    """The bench's JSON file: the command, date, machine, the cleared variables and ``key``."""
     doc = {
         "command": "hpcdp bench step " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.now().isoformat(timespec="seconds"),
@@ -614,11 +619,11 @@ def _main_ranks(args, argv) -> int:
                     "cpus": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "loadavg_at_end": os.getloadavg()},
         "env_cleared": list(CLEARED_ENV), "env_cleared_were_set": cleared,
-        "ranks": record,
+        key: value,
     }
-    with open(args.json, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
-    print(f"wrote {args.json}")
+    print(f"wrote {path}")
     return 0
 
 
@@ -713,19 +718,7 @@ def main(argv=None) -> int:
             print("hpcdp's linear is x @ W + b with its activation fused (the MLP's GELU is in matmul); "
                   "MB: arrays each op reads and writes, counted once\n")
             print(top_ops(prof["hpcdp"], prof.get("torch")))
-    doc = {
-        "command": "hpcdp bench step " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.now().isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.machine(),
-                    "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "numpy": np.__version__, "loadavg_at_end": os.getloadavg()},
-        "env_cleared": list(CLEARED_ENV), "env_cleared_were_set": cleared,
-        "results": results,
-    }
-    with open(args.json, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-    print(f"wrote {args.json}")
-    return 0
+    return _write_json(args.json, argv, cleared, "results", results)
 
 
 if __name__ == "__main__":
