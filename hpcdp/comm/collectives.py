@@ -184,6 +184,16 @@ def iallreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledge
             req = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
             if req is not None:
                 return req
+    except MPI.Exception as exc:
+        raise _mpi_failed(comm, 'allreduce', exc) from None
+    return _general_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, segment_bytes, timeout,
+                              max_message_bytes, wire)
+
+
+def _general_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, segment_bytes, timeout,
+                       max_message_bytes, wire):
+    """The general front of an allreduce the small-message path did not take."""
+    try:
         if not _host(sendbuf, recvbuf):
             kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
                           timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
@@ -227,9 +237,8 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
                 out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
             if out is not None:
                 return out
-        return blocking_call(iallreduce, sendbuf, recvbuf, comm=comm, op=op, algorithm=algorithm,
-                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
-                         max_message_bytes=max_message_bytes, wire=wire).wait()
+        return blocking_call(_general_allreduce, sendbuf, recvbuf, comm, op, algorithm, ledger,
+                             segment_bytes, timeout, max_message_bytes, wire).wait()
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'allreduce', exc) from None
 
@@ -245,6 +254,16 @@ def ireduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", 
             req = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
             if req is not None:
                 return req
+    except MPI.Exception as exc:
+        raise _mpi_failed(comm, 'reduce_scatter', exc) from None
+    return _general_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, segment_bytes, timeout,
+                                   max_message_bytes, wire)
+
+
+def _general_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, segment_bytes, timeout,
+                            max_message_bytes, wire):
+    """The general front of a reduce-scatter the small-message path did not take."""
+    try:
         if not _host(sendbuf, recvbuf):
             kwargs = dict(op=op, algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
                           timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
@@ -307,9 +326,8 @@ def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", l
                                                timeout, True)
             if out is not None:
                 return out
-        return blocking_call(ireduce_scatter, sendbuf, recvbuf, comm=comm, op=op,
-                         algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
-                         timeout=timeout, max_message_bytes=max_message_bytes, wire=wire).wait()
+        return blocking_call(_general_reduce_scatter, sendbuf, recvbuf, comm, op, algorithm, ledger,
+                             segment_bytes, timeout, max_message_bytes, wire).wait()
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'reduce_scatter', exc) from None
 
@@ -324,6 +342,16 @@ def iall_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
             req = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout)
             if req is not None:
                 return req
+    except MPI.Exception as exc:
+        raise _mpi_failed(comm, 'all_gather', exc) from None
+    return _general_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, segment_bytes, timeout,
+                               max_message_bytes, wire)
+
+
+def _general_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, segment_bytes, timeout,
+                        max_message_bytes, wire):
+    """The general front of an all-gather the small-message path did not take."""
+    try:
         if not _host(sendbuf, recvbuf):
             kwargs = dict(algorithm=algorithm, ledger=ledger, segment_bytes=segment_bytes,
                           timeout=timeout, max_message_bytes=max_message_bytes, wire=wire)
@@ -379,9 +407,8 @@ def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
                 out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
             if out is not None:
                 return out
-        return blocking_call(iall_gather, sendbuf, recvbuf, comm=comm, algorithm=algorithm,
-                         ledger=ledger, segment_bytes=segment_bytes, timeout=timeout,
-                         max_message_bytes=max_message_bytes, wire=wire).wait()
+        return blocking_call(_general_all_gather, sendbuf, recvbuf, comm, algorithm, ledger,
+                             segment_bytes, timeout, max_message_bytes, wire).wait()
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'all_gather', exc) from None
 
