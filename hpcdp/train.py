@@ -384,9 +384,11 @@ def _run_training(cfg: Config, world, model, out, resume, build_strategy, held: 
                     pending.clear()
                 if evals_now:
                     last_eval = run_eval(step)
-            except Exception as e:  # noqa: BLE001 - only a lost rank is repaired; the rest re-raised
-                if lasting is None or not lasting.repairable(e):
+            except Exception as e:  # noqa: BLE001 - only a lost rank is repaired; the rest end the job
+                if lasting is None:
                     raise
+                if not lasting.repairable(e):  # every rank ends with this rank's line (ulfm.Ending)
+                    lasting.end(e, world, comm, step, strategy, extra=exact_comms(exact) + ckpt.comms())
                 committed = step if optimizer.steps > updates else step - 1  # applied here or not
                 rep = lasting.repair(e, world, comm, committed, step, flat, optimizer, strategy, t0,
                                      extra=exact_comms(exact) + ckpt.comms())

@@ -71,8 +71,9 @@ class Lasting:
         ``MPI_ERR_REVOKED`` once a survivor revoked, ``MPI_ERR_IN_STATUS`` of a
         multi-request test...) from hpcdp's collectives (MPIError) or a plain MPI call.
         A deadline that passed (a stuck rank: alive, so the shrink would wait for it)
-        and every other error end the job as with "stop"; a survivor that is stuck
-        during the repair ends it too (the shrink's timer, hpcdp.failure.ulfm.repair)."""
+        and every other error end the job as with "stop", every rank together
+        (:meth:`end`); a survivor that is stuck during the repair ends it too (the
+        shrink's timer, hpcdp.failure.ulfm.repair)."""
         from mpi4py import MPI
 
         from hpcdp.comm import MPIError
@@ -100,9 +101,7 @@ class Lasting:
 
         detect_s = time.perf_counter() - step_started
         strategy.abandon()
-        others = [] if metrics_comm is world.comm else [metrics_comm]
-        others += [c for c in [*extra, *strategy.comms()]
-                   if c is not None and all(c is not o for o in [world.comm, *others])]
+        others = self._others(world, metrics_comm, strategy, extra)
         state = [*strategy.replica_arrays(), *[a for _, a in sorted(optimizer.state_arrays().items())]]
         scalars = {"optimizer_steps": int(optimizer.steps)}
         domain = strategy.failure_domain()
@@ -150,6 +149,34 @@ class Lasting:
         strategy.rejoin(self.world)
         finish_with(new)
         return rep
+
+    @staticmethod
+    def _others(world, metrics_comm, strategy, extra) -> list:
+        """The communicators in use besides the world's, each once."""
+        others = [] if metrics_comm is world.comm else [metrics_comm]
+        return others + [c for c in [*extra, *strategy.comms()]
+                         if c is not None and all(c is not o for o in [world.comm, *others])]
+
+    def end(self, e, world, metrics_comm, step: int, strategy, extra=()) -> None:
+        """This rank failed at ``step`` with ``e``, which is not a lost rank (a bug, a
+        non-finite loss, a deadline that passed): end the job together (under ULFM an
+        MPI_Abort would end this rank alone and the others would repair around it). This
+        rank prints its traceback if ``e`` is a bug, then starts the repair with its line:
+        every live rank raises hpcdp.failure.ulfm.Ending and they exit together with one
+        line, this rank's (hpcdp.failure.policy.report_failure). Does not return."""
+        from .policy import describe, failure_line, print_cause
+        from .ulfm import repair
+
+        note_step(e, step)
+        print_cause(e)
+        line, status = failure_line(e)
+        why = describe(e)
+        strategy.abandon()
+        repair(world.comm, self._others(world, metrics_comm, strategy, extra), step - 1, [], {},
+               timeout=self.timeout, domain=strategy.failure_domain(), step=step, ending=(why, line, status),
+               reason=f"rank {self.world_ranks[world.rank]} failed at step {step}: ending the job "
+                      f"({type(e).__name__})")
+        raise AssertionError("unreachable: the repair raises Ending")  # pragma: no cover
 
     def batch_after(self, rep, before: int) -> int:
         """The global batch from the redone step on (``rep.step`` steps are committed),

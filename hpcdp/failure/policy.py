@@ -74,7 +74,8 @@ def _clear(e: BaseException) -> bool:
     return isinstance(e, known)
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
+    """What went wrong, in words (the part of the line after "rank R of N at step S: ")."""
     if isinstance(e, SystemExit):
         return (f"the rank exited (sys.exit({e.code!r})) before the run finished; "
                 "the other ranks would wait for it")
@@ -105,6 +106,28 @@ def reporter(e: BaseException):
     return min(arrived) if arrived else None
 
 
+def print_cause(e: BaseException) -> None:
+    """This rank's traceback of ``e`` when its message does not say everything (a bug),
+    or always with ``HPCDP_TRACEBACK=1``."""
+    if os.environ.get("HPCDP_TRACEBACK") or not _clear(e):
+        traceback.print_exception(e)
+
+
+def failure_line(e: BaseException) -> tuple[str, int]:
+    """The one line that reports ``e`` on this rank (``hpcdp: error: rank R of N at step S:
+    ...``) and the job's exit status. An error that carries its ``line`` (the agreed end
+    of a continue-mode job, hpcdp.failure.ulfm.Ending: the line of the rank that failed)
+    and ``exit_status`` gives those."""
+    rank, size = _world()
+    if isinstance(getattr(e, "line", None), str):
+        return e.line, _exit_status(e, size)
+    step = step_of(e)
+    where = f"rank {rank} of {size}" if size > 1 else ""
+    if step is not None:
+        where += (" " if where else "") + f"at step {step}"
+    return f"hpcdp: error: {where + ': ' if where else ''}{describe(e)}", _exit_status(e, size)
+
+
 def report_failure(e: BaseException) -> int:
     """Print this rank's failure once; with several ranks, end the job (MPI_Abort).
     Returns the exit status (one rank only: MPI_Abort does not return).
@@ -118,7 +141,8 @@ def report_failure(e: BaseException) -> int:
     A failure that every live rank holds on a communicator of exactly them (``ending_comm``:
     the survivors of a lost rank that cannot train on, under ULFM, where MPI_Abort ends
     only the calling rank) ends them together: that communicator's rank 0 prints the
-    line and every rank exits with the status (hpcdp.failure.ranks.end_together). A rank
+    line (or its ``ending_reporter``) and every rank exits with the status
+    (hpcdp.failure.ranks.end_together). A rank
     left alone on it (every peer lost, as a node whose link was cut sees it) says why and
     aborts as before, so the job's status stays the one of the ranks that went on."""
     rank, size = _world()
@@ -130,16 +154,10 @@ def report_failure(e: BaseException) -> int:
     first = reporter(e)
     if together is None and size > 1 and first is not None and first != rank:
         time.sleep(REPORTER_GRACE_S)
-    if os.environ.get("HPCDP_TRACEBACK") or not _clear(e):
-        traceback.print_exception(e)
-    step = step_of(e)
-    where = f"rank {rank} of {size}" if size > 1 else ""
-    if step is not None:
-        where += (" " if where else "") + f"at step {step}"
-    line = f"hpcdp: error: {where + ': ' if where else ''}{_describe(e)}"
-    status = _exit_status(e, size)
+    print_cause(e)
+    line, status = failure_line(e)
     if together is not None:  # every live rank holds it (hpcdp.failure.lasting.RankLossEnds): one line
-        end_together(together, line, status)
+        end_together(together, line, status, reporter=getattr(e, "ending_reporter", 0))
     say(line)
     if size > 1:
         abort_job(status)
@@ -177,4 +195,4 @@ def run_job(fn) -> int:
         return status
 
 
-__all__ = ["run_job", "report_failure", "report_agreed", "note_step", "step_of", "reporter"]
+__all__ = ["run_job", "report_failure", "failure_line", "print_cause", "describe", "report_agreed", "note_step", "step_of", "reporter"]

@@ -169,11 +169,12 @@ def abort_job(status: int) -> None:
             time.sleep(1.0)
 
 
-def end_together(comm, line: str, status: int, limit: float = TOGETHER_S) -> None:
+def end_together(comm, line: str, status: int, limit: float = TOGETHER_S, reporter: int = 0) -> None:
     """End this rank with ``status`` (``os._exit``) together with every other rank of
     ``comm``, which all hold the same failure and are the job's only live ranks (the
-    survivors of a lost rank that cannot train on: hpcdp.failure.lasting.RankLossEnds).
-    ``comm``'s rank 0 prints ``line`` and drains it; then a barrier on ``comm`` (polled,
+    survivors of a lost rank that cannot train on: hpcdp.failure.lasting.RankLossEnds; or
+    every rank, after one failed in continue mode: hpcdp.failure.ulfm.Ending).
+    ``comm``'s rank ``reporter`` (default 0) prints ``line`` and drains it; then a barrier on ``comm`` (polled,
     up to ``limit`` seconds) and every rank exits: one line, every rank gone, the
     launcher's status ``status``. A rank whose barrier fails or does not complete (the
     reporter was lost too) prints ``line`` itself first. Does not return.
@@ -186,7 +187,7 @@ def end_together(comm, line: str, status: int, limit: float = TOGETHER_S) -> Non
 
     from mpi4py import MPI
 
-    reporter = comm.Get_rank() == 0
+    reporter = comm.Get_rank() == reporter
     if reporter:
         say(line)
         drain_output()

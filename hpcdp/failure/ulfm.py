@@ -31,6 +31,15 @@ hash is compared within each shard's replicas.
 A failure during the repair itself (a second rank lost mid-repair) raises an MPI error:
 the job then ends as with ``"stop"``.
 
+**Ending together.** A rank that fails for any other reason (a bug, a non-finite loss, a
+deadline that passed) cannot end the job with ``MPI_Abort``: under ``--with-ft ulfm``
+that ends only the caller, and the others would repair around it as if it were lost.
+Instead it starts the same repair with its error line (``ending``): the revoke stops
+every peer's collective, the peers enter their repair, all shrink (nobody is lost) and
+the first agreement carries the line: every rank raises :class:`Ending` with the shrunk
+communicator and they end together (hpcdp.failure.ranks.end_together): the lowest
+failing rank prints its line once, every rank exits with its status.
+
 ULFM is there only where the MPI library implements it at run time:
 :func:`check_available` accepts Open MPI 5 started with ``mpirun --with-ft ulfm``
 (it exports ``OMPI_MCA_mpi_ft_enable=1`` to the ranks) and refuses anything else
@@ -47,6 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcdp.comm import CommError
 from hpcdp.config_error import ConfigError
 
 
@@ -61,6 +71,21 @@ def check_available(mpi) -> None:
             f"time; this job runs {lib}{' without it enabled' if lib.startswith('Open MPI') else ''}. "
             "Launch with Open MPI 5 as `mpirun --with-ft ulfm ...` (docs/fault-tolerance.md), "
             "or set failure.on_rank_loss = 'stop'")
+
+
+class Ending(CommError):
+    """A rank failed in continue mode (not a lost rank): raised on every live rank by the
+    repair's first agreement, so that the job ends together (module docstring). ``line``
+    and ``exit_status``: those of the failing rank (the lowest, if several failed);
+    ``ending_comm``: the shrunk communicator of every live rank; ``ending_reporter``:
+    that rank's rank in it. Its message is the failure's own description."""
+
+    def __init__(self, why: str, line: str, status: int, comm, reporter: int, step=None):
+        super().__init__(why)
+        self.line, self.exit_status = line, status
+        self.ending_comm, self.ending_reporter = comm, reporter
+        if step is not None:
+            self._hpcdp_step = int(step)  # hpcdp.failure.policy.step_of
 
 
 class NoReplica(RuntimeError):
@@ -100,7 +125,8 @@ def replica_hash(arrays) -> str:
 
 
 def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, reason: str,
-           timeout: float = 300.0, domain: tuple | None = None, step: int | None = None) -> Repaired:
+           timeout: float = 300.0, domain: tuple | None = None, step: int | None = None,
+           ending: tuple | None = None) -> Repaired:
     """The repair of the module docstring, on every survivor. ``others``: further
     communicators in use (revoked, then left to the caller to forget); ``arrays``: the
     state every replica must hold (numpy, written in place on the receivers);
@@ -111,7 +137,9 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
     :class:`NoReplica` when a shard has no replica at the agreed step (its ``comm``: the
     ranks that raise it; ``at_step``: as below). ``step``: the step this rank was in when
     it saw the loss (default ``committed + 1``); every survivor takes the lowest
-    (:attr:`Repaired.at_step`).
+    (:attr:`Repaired.at_step`). ``ending``: ``(why, line, status)`` of this rank's own
+    failure: the job ends together (module docstring); then, and whenever any rank of the
+    agreement brings one, this raises :class:`Ending` on every rank.
 
     The shrink waits for every rank that is alive: one that is stuck (alive, never
     answering) would hold it forever, so it runs under a timer: after ``timeout``
@@ -129,17 +157,25 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
             pass  # already revoked by a peer
     from .ranks import exit_unless_done
 
-    with exit_unless_done(timeout, f"hpcdp: error: rank {world_comm.Get_rank()}: the repair after a lost "
-                          f"rank did not complete within {timeout:g}s (comm.timeout): a rank is alive but "
-                          "not answering; ending this rank with status 1", 1):
+    stuck = (f"hpcdp: error: rank {world_comm.Get_rank()}: the repair after a lost rank did not complete "
+             f"within {timeout:g}s (comm.timeout): a rank is alive but not answering; ending this rank with "
+             "status 1", 1)
+    if ending is not None:  # this rank's own line first: nobody else knows it yet
+        stuck = (f"{ending[1]} (ending the job together: a rank is alive but did not answer within "
+                 f"{timeout:g}s; ending this rank with status {ending[2]})", ending[2])
+    with exit_unless_done(timeout, *stuck):
         new = world_comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
     dead = _lost_ranks(world_comm, new)
     kept, cross, gone = new, new, []
     mine = committed + 1 if step is None else int(step)
-    where = new.allgather((mine, None if domain is None else (int(domain[0]), int(domain[1]))))
-    at_step = min(s for s, _ in where)
-    where = [w for _, w in where]
+    where = new.allgather((mine, None if domain is None else (int(domain[0]), int(domain[1])), ending))
+    at_step = min(s for s, _, _ in where)
+    ends = [(r, e) for r, (_, _, e) in enumerate(where) if e is not None]
+    if ends:  # a rank failed (not lost): every live rank ends with its line
+        first, (why, line, status) = ends[0]
+        raise Ending(why, line, status, new, first, where[first][0])
+    where = [w for _, w, _ in where]
     if domain is not None:
         node, local, per = (int(v) for v in domain)
         count: dict = {}
@@ -202,4 +238,4 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
                     dead, left, False, gone, at_step, new)
 
 
-__all__ = ["check_available", "repair", "Repaired", "replica_hash", "NoReplica"]
+__all__ = ["check_available", "repair", "Repaired", "replica_hash", "NoReplica", "Ending"]

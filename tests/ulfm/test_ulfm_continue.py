@@ -96,3 +96,33 @@ def test_fewer_ranks_than_min_world_end_the_job_with_one_line(tmp_path):
                     "failure.min_world = 6; the job ends"], out[-6000:]
     assert "Traceback" not in out and "MPI_ABORT" not in out, out[-6000:]
     assert not [ln for ln in out.splitlines() if ln.startswith("repair:")]
+
+
+@pytest.mark.parametrize("fault, says", [
+    ("1:5:raise", r"hpcdp: error: rank 1 of 3 at step 5: RuntimeError: injected fault \(HPCDP_FAULT: raise on "
+                  r"rank 1 at step 5\)$"),
+    # rank 1's gradient is NaN before DDP reduces it: every rank that sees the non-finite
+    # gradient fails (a rank that the first one's revoke reaches before its allreduce
+    # completes does not); the lowest of them says it
+    ("1:5:nan", r"hpcdp: error: rank ([012]) of 3 at step 5: non-finite gradient norm \(nan\) at step 5 on "
+                r"rank \1; "),
+])
+def test_a_failure_that_is_not_a_lost_rank_ends_every_rank_with_one_line(tmp_path, fault, says):
+    """Continue mode repairs around a lost rank only. A bug on one rank (or a non-finite
+    gradient on all) ends the job as with "stop": one line (the failing rank's), a
+    non-zero status, no repair, every rank gone. Under `mpirun --with-ft ulfm` an
+    MPI_Abort ends only its caller, so before the failing rank aborted alone: the others
+    repaired around it as if it were lost and went on (status 0), or each printed its
+    own line (hpcdp.failure.ulfm.Ending)."""
+    from ulfm_launch import left_running
+
+    proc, out, recs = _run(tmp_path, "end", SETS + ['failure.on_rank_loss="continue"'], HPCDP_FAULT=fault)
+    assert not left_running(str(tmp_path / "end"), within=5), left_running(str(tmp_path / "end"))
+    assert proc.returncode == 1, out[-6000:]
+    said = [ln for ln in out.splitlines() if ln.startswith("hpcdp: error:")]
+    assert len(said) == 1 and re.match(says, said[0]), out[-6000:]
+    assert not [ln for ln in out.splitlines() if ln.startswith("repair:")], out[-6000:]
+    assert "MPI_ABORT" not in out, out[-6000:]
+    assert out.count("Traceback") == (1 if fault.endswith("raise") else 0), out[-6000:]  # the bug's, once
+    assert not [r for r in recs if "repair" in r]
+    assert max(r["step"] for r in recs if "step" in r and "loss" in r) == 4  # the job stopped at step 5
