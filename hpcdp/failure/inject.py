@@ -19,6 +19,9 @@ sigterm    SIGTERM to itself
 nan        this rank's loss weight becomes NaN for that step's backward, so its
            gradient is NaN BEFORE the strategy reduces it (as a real overflow
            in backward would be); any strategy, any device
+kill-in-repair    SIGKILL to itself in the middle of a repair of
+                  ``failure.on_rank_loss = "continue"`` (after the survivors' first
+                  agreement: a second rank lost during a repair); STEP is ignored
 stop-at-end       SIGSTOP to itself after the run, before the final barrier (a rank
                   stuck on its way out); STEP is ignored
 stop-in-finalize  SIGSTOP to itself after the final barrier, just before
@@ -38,7 +41,8 @@ import sys
 from .ranks import say
 
 AT_END = ("stop-at-end", "stop-in-finalize")  # fired by hpcdp.failure.shutdown, not at a step
-KINDS = ("raise", "memory", "exit", "kill", "stop", "sigint", "sigterm", "nan") + AT_END
+IN_REPAIR = "kill-in-repair"  # fired by hpcdp.failure.ulfm, not at a step
+KINDS = ("raise", "memory", "exit", "kill", "stop", "sigint", "sigterm", "nan", IN_REPAIR) + AT_END
 ENV = "HPCDP_FAULT"
 
 
@@ -66,7 +70,7 @@ class Faults:
         return bool(self.at) and self.at.get(step) == "nan"
 
     def fire(self, step: int) -> None:
-        if not self.at or step not in self.at or self.at[step] in AT_END:
+        if not self.at or step not in self.at or self.at[step] in AT_END + (IN_REPAIR,):
             return
         kind = self.at[step]
         what = f"injected fault ({ENV}: {kind} on rank {self.rank} at step {step})"
@@ -90,4 +94,18 @@ class Faults:
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
-__all__ = ["Faults", "parse", "KINDS", "ENV"]
+def in_repair() -> None:
+    """The ``kill-in-repair`` fault of this rank (its rank at launch), if asked: called by
+    each round of a continue-mode repair (hpcdp.failure.ulfm). Not set: one lookup."""
+    spec = os.environ.get(ENV)
+    if not spec or IN_REPAIR not in spec:
+        return
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    if IN_REPAIR in {k for (r, _), k in parse(spec).items() if r == rank}:
+        say(f"hpcdp: injected fault ({ENV}: {IN_REPAIR} on rank {rank})")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+__all__ = ["Faults", "parse", "in_repair", "KINDS", "ENV"]

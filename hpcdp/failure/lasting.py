@@ -214,7 +214,8 @@ class Lasting:
                 "global_batch_before": getattr(rep, "batch_before", None),
                 "global_batch_after": getattr(rep, "batch_after", None),
                 "detect_s": round(rep.detect_s, 4), "repair_s": round(rep.repair_s, 4),
-                "weights_hash": rep.weights_hash, "source_rank": rep.source, "at": time.time()}
+                "weights_hash": rep.weights_hash, "source_rank": rep.source, "rounds": rep.rounds,
+                "at": time.time()}
 
     @staticmethod
     def batch_words(rep) -> str:

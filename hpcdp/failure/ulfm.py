@@ -28,8 +28,10 @@ and the other nodes split off a communicator of their own; in step 4 each shard 
 from one of its replicas (the ranks with the same local rank, one per node) and the
 hash is compared within each shard's replicas.
 
-A failure during the repair itself (a second rank lost mid-repair) raises an MPI error:
-the job then ends as with ``"stop"``.
+A rank lost during the repair itself fails that round on every survivor (an agreement,
+``MPI_Comm_agree``, after each round: its result is the same everywhere): they revoke
+what the round made and repair again on this round's survivors. A rank whose state a
+broadcast cut short is no longer a source; when no whole state survives, the job ends.
 
 **Ending together.** A rank that fails for any other reason (a bug, a non-finite loss, a
 deadline that passed) cannot end the job with ``MPI_Abort``: under ``--with-ft ulfm``
@@ -58,6 +60,8 @@ import numpy as np
 
 from hpcdp.comm import CommError
 from hpcdp.config_error import ConfigError
+
+from . import inject
 
 
 def check_available(mpi) -> None:
@@ -108,6 +112,7 @@ class Repaired:
     domains_lost: list = None  # the failure domains (nodes) lost, by their index before
     at_step: int = None   # the step at which the loss was seen: the lowest any survivor was in
     alive: object = None  # the shrunk communicator of every live rank (the leaving ones too)
+    rounds: int = 1       # rounds of the repair: one more for each rank lost during it
 
 
 def _lost_ranks(old, new) -> list[int]:
@@ -163,13 +168,52 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
     if ending is not None:  # this rank's own line first: nobody else knows it yet
         stuck = (f"{ending[1]} (ending the job together: a rank is alive but did not answer within "
                  f"{timeout:g}s; ending this rank with status {ending[2]})", ending[2])
-    with exit_unless_done(timeout, *stuck):
-        new = world_comm.Shrink()
-    new.Set_errhandler(MPI.ERRORS_RETURN)
+    mine = committed + 1 if step is None else int(step)
+    held = committed  # -1 once a broadcast into this rank's state was cut short
+    comm = world_comm
+    rounds = 0
+    while True:  # one round per failure: a rank lost during a round makes every survivor redo it
+        rounds += 1
+        with exit_unless_done(timeout, *stuck):
+            new = comm.Shrink()
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        seen = {"made": [new], "kept": new, "held": held}
+        try:
+            rep = _round(world_comm, new, seen, held, committed, mine, arrays, scalars, domain, ending, t0)
+            ok = 1
+        except MPI.Exception:
+            rep, ok = None, 0
+            for c in seen["made"]:  # every survivor of this round leaves its collectives
+                try:
+                    c.Revoke()
+                except MPI.Exception:
+                    pass
+        held = seen["held"]  # -1: a broadcast into this rank's state was cut short
+        if rep is not None and rep.leaving:
+            return rep
+        try:  # uniform: a rank lost during the round fails the agreement on every survivor
+            ok = seen["kept"].Agree(ok)
+        except MPI.Exception:
+            ok = 0
+        if ok:
+            rep.rounds = rounds
+            return rep
+        comm = seen["kept"]  # this round's survivors, less the newly lost: shrink it again
+
+
+def _round(world_comm, new, seen, held, committed, mine, arrays, scalars, domain, ending, t0) -> Repaired:
+    """One round of :func:`repair` on the shrunk communicator ``new``: the agreements,
+    the broadcast of the state and the replicas' check. ``seen``: the communicators it
+    splits off (``made``, revoked by the caller if the round fails; ``kept``, those that
+    go on) and ``held``, this rank's committed step as its state now stands. ``held``: this
+    rank's committed step, or -1 once a broadcast into its state was cut short (it can
+    no longer be a source). Raises an MPI error when a rank is lost during the round."""
+    from mpi4py import MPI
+
     dead = _lost_ranks(world_comm, new)
     kept, cross, gone = new, new, []
-    mine = committed + 1 if step is None else int(step)
     where = new.allgather((mine, None if domain is None else (int(domain[0]), int(domain[1])), ending))
+    inject.in_repair()
     at_step = min(s for s, _, _ in where)
     ends = [(r, e) for r, (_, _, e) in enumerate(where) if e is not None]
     if ends:  # a rank failed (not lost): every live rank ends with its line
@@ -191,25 +235,32 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
                 return Repaired(None, sorted(set(dead) | set(left)), world_comm.Get_size(), committed, -1,
                                 time.monotonic() - t0, "", dead, left, True, gone, at_step, new)
             kept.Set_errhandler(MPI.ERRORS_RETURN)
+            seen["made"].append(kept)
+            seen["kept"] = kept
         if per > 1:  # the replicas of this rank's shard: one rank per node, by node
             cross = kept.Split(local, kept.Get_rank())
             cross.Set_errhandler(MPI.ERRORS_RETURN)
+            seen["made"].append(cross)
     lost = _lost_ranks(world_comm, kept)
     left = sorted(set(lost) - set(dead))
-    top = np.array([committed], dtype=np.int64)
+    top = np.array([held], dtype=np.int64)
     kept.Allreduce(MPI.IN_PLACE, top, op=MPI.MAX)
     step = int(top[0])
-    src = np.array([cross.Get_rank() if committed == step else cross.Get_size()], dtype=np.int64)
+    src = np.array([cross.Get_rank() if held == step and step >= 0 else cross.Get_size()], dtype=np.int64)
     cross.Allreduce(MPI.IN_PLACE, src, op=MPI.MIN)
     short = np.array([int(src[0] == cross.Get_size())], dtype=np.int64)
     if cross is not kept:  # every rank learns whether any shard lacks a replica at ``step``
         kept.Allreduce(MPI.IN_PLACE, short, op=MPI.MAX)
     if short[0]:
         err = NoReplica(f"no surviving replica of some shard holds step {step}'s update (it committed "
-                        "on some ranks only)")
+                        "on some ranks only)" if step >= 0 else
+                        "no surviving rank holds a whole state (the ranks that sent it were lost during "
+                        "the repair)")
         err.lost, err.comm, err.at_step = lost, kept, at_step
         raise err
     source = int(src[0])
+    if cross.Get_rank() != source and arrays:
+        seen["held"] = -1  # until the broadcast into this rank's state completes
     for a in arrays:
         cross.Bcast(a, root=source)
     names = sorted(scalars)
@@ -217,8 +268,10 @@ def repair(world_comm, others, committed: int, arrays: list, scalars: dict, *, r
     if names:
         cross.Bcast(vals, root=source)
         scalars.update({n: int(v) for n, v in zip(names, vals)})
+    seen["held"] = step  # this rank's state is now the source's, whole
     if cross is not kept:
         source = MPI.Group.Translate_ranks(cross.Get_group(), [source], kept.Get_group())[0]
+        seen["made"].remove(cross)
         cross.Free()
     digest = replica_hash(arrays)
     shard = 0 if domain is None else int(domain[1])

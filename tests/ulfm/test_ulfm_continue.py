@@ -126,3 +126,27 @@ def test_a_failure_that_is_not_a_lost_rank_ends_every_rank_with_one_line(tmp_pat
     assert out.count("Traceback") == (1 if fault.endswith("raise") else 0), out[-6000:]  # the bug's, once
     assert not [r for r in recs if "repair" in r]
     assert max(r["step"] for r in recs if "step" in r and "loss" in r) == 4  # the job stopped at step 5
+
+
+def test_a_second_rank_lost_during_the_repair_is_repaired_around_too(tmp_path):
+    """4 ranks: rank 3 killed in step 5, then rank 2 killed in the middle of the repair
+    (after the survivors' first agreement, HPCDP_FAULT kill-in-repair). The round fails on
+    every survivor (their agreement after it), they repair again on the 2 left and go on:
+    one repair line naming both ranks, 2 rounds in the record, every step logged once,
+    status 0, no process left. Before, the MPI error of the repair ended each survivor
+    with its own line."""
+    from ulfm_launch import left_running
+
+    proc, out, recs = _run(tmp_path, "twice", SETS + ['failure.on_rank_loss="continue"'], ranks=4,
+                           HPCDP_FAULT="3:5:kill,2:0:kill-in-repair")
+    assert proc.returncode == 0, out[-6000:]
+    assert "injected fault (HPCDP_FAULT: kill-in-repair on rank 2)" in out, out[-6000:]
+    assert not [ln for ln in out.splitlines() if ln.startswith("hpcdp: error:")], out[-6000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("repair:")]
+    assert len(lines) == 1 and lines[0].startswith("repair: ranks 2-3 lost at step 5; 4 -> 2 ranks; "), out[-6000:]
+    repairs = [r["repair"] for r in recs if "repair" in r]
+    assert len(repairs) == 1 and repairs[0]["lost_ranks"] == [2, 3] and repairs[0]["rounds"] == 2, repairs
+    committed = repairs[0]["committed_step"]
+    steps = [r["step"] for r in recs if "step" in r and "loss" in r]
+    assert steps == [s for s in range(1, STEPS + 1) if s != 5 or committed == 4], steps
+    assert not left_running(str(tmp_path / "twice"), within=5)
