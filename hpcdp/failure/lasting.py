@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 
-
 from hpcdp.comm import CommError
 
 from .policy import note_step
