@@ -1,4 +1,7 @@
-"""The ring: reduce-scatter, all-gather and allreduce on point-to-point calls.
+"""The ring: reduce-scatter, all-gather and allreduce on point-to-point calls, and its
+Python engine (:class:`RingRequest`). The schedule below (steps, segments and their
+rules) is computed once, by hpcdp.comm.schedules.ring, for this engine and the compiled
+one (hpcdp.comm.engines.compiled).
 
 Rank r talks only to its neighbours: it sends to ``r+1`` and receives from
 ``r-1`` (mod N). Chunk c of the buffer is ``shard_range(n, N, c)``.
@@ -42,15 +45,9 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm.core.requests import Request, mpi_buffer
-from hpcdp.shard import shard_bounds
+from hpcdp.comm.schedules.ring import REDUCE, WINDOW, ring_schedule
 
-REDUCE, COPY = 0, 1
 DEFAULT_SEGMENT_BYTES = 1 << 20
-# Posted receives per request, and sends tested per poll. Testsome costs O(list
-# length) per call, so unbounded lists make a many-segment ring quadratic.
-# Receives are posted earliest step first; sends are never held back, so the
-# earliest outstanding message always has both ends posted (no deadlock).
-WINDOW = 32
 
 
 class RingRequest(Request):
@@ -79,18 +76,11 @@ class RingRequest(Request):
         seg_bytes = self.max_bytes if segment_bytes is None else min(int(segment_bytes), self.max_bytes)
         if seg_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1 (or None for whole chunks), got {segment_bytes}")
-        self.seg = seg = max(1, seg_bytes // itemsize)
-        self.bounds = shard_bounds(work.size, N)
-        self.nseg = [-(-size // seg) for _, size in self.bounds]
-        steps = []
-        if "rs" in phases:
-            steps += [((r - t - 1) % N, (r - t - 2) % N, REDUCE) for t in range(N - 1)]
-        if "ag" in phases:
-            steps += [((r - u) % N, (r - u - 1) % N, COPY) for u in range(N - 1)]
-        self.steps = steps
-        T = len(steps)
-        self.last_rs = (N - 2) if "rs" in phases else -1
-        self.mc = max(size for _, size in self.bounds) if self.bounds else 0
+        seg = max(1, seg_bytes // itemsize)
+        sch = ring_schedule(work.size, N, r, seg, tuple(phases), src is not work)
+        self.seg, self.bounds, self.nseg, self.steps = seg, sch.bounds, sch.nseg, sch.steps
+        T = len(sch.steps)
+        self.last_rs, self.mc = sch.last_rs, sch.mc
         self.tmp = None
         if "rs" in phases and N > 1 and self.mc > 0:  # (a 16-bit wire: 16-bit slots)
             self.tmp = self._scratch_like(work, 2 * self.mc) if wire is None else \
@@ -104,26 +94,14 @@ class RingRequest(Request):
         self.sends, self.send_meta = [], []  # posted sends; None once complete
         self.send_head = 0                    # sends before it are all complete
         self.sends_open = 0
-        self.left_recv = sum(self.nseg[rc] for _, rc, _ in steps)
-        self.left_send = sum(self.nseg[sc] for sc, _, _ in steps)
-        # An all-gather receive overwrites work[c]; if a reduce-scatter send reads
-        # work[c], the receive is posted only once that send completed.
-        self.copy_after: dict = {}
-        rs_send_step = {sc: t for t, (sc, _, kind) in enumerate(steps) if kind == REDUCE}
+        self.left_recv, self.left_send = sch.left_recv, sch.left_send
+        # an all-gather receive waits for the reduce-scatter send that reads its chunk
+        self.copy_after = dict(sch.copy_after)
         if T:
-            for k in range(self.nseg[steps[0][0]]):
+            for k in range(self.nseg[self.steps[0][0]]):
                 self._ready_send(0, k)
-        for t, (_, rc, kind) in enumerate(steps):
-            for k in range(self.nseg[rc]):
-                if kind == REDUCE:
-                    if t < 2 or k >= self.nseg[steps[t - 2][1]]:
-                        self._allow_recv(t, k)
-                else:
-                    ts = rs_send_step.get(rc)
-                    if ts is None or (ts == 0 and src is not work):
-                        self._allow_recv(t, k)
-                    else:
-                        self.copy_after[(ts, k)] = t
+        for t, k in sch.open_recvs:
+            self._allow_recv(t, k)
 
     def _wire_scratch(self, phases, N) -> None:
         n, wd = self.work.size, self.wire.dtype

@@ -35,6 +35,7 @@ import math
 from numba import njit
 
 from hpcdp.comm.engines.compiled.ccall import ccall, peek
+from hpcdp.comm.schedules.ring import REDUCE, WINDOW  # the ring's one schedule: a step's kind, receives posted
 
 DONE, PROGRESS, IDLE, TIMEOUT, PEER, FAILED, ABORTED = 1, 2, 0, -1, -2, -3, -4
 ONCE, BLOCK, BACKGROUND = 0, 1, 2
@@ -42,9 +43,7 @@ ONCE, BLOCK, BACKGROUND = 0, 1, 2
 # (P_FRESH), one Python integer instead of a store into the state (the blocking front)
 FRESH_SHIFT = 2
 FRESH_SHIFT_MASK = (1 << FRESH_SHIFT) - 1
-REDUCE = 0
 OP_SUM, OP_MAX, OP_MIN = 0, 1, 2
-WINDOW = 32        # posted receives per request (as hpcdp.comm.ring.WINDOW)
 TEST_WINDOW = 64   # requests per MPI_Testsome
 SPIN_POLLS = 2000  # as hpcdp.comm.core.debug.SPIN_POLLS
 

@@ -35,9 +35,8 @@ from hpcdp.comm.engines.compiled import kernels as K
 from hpcdp.comm.core.diagnose import peer_failed
 from hpcdp.comm.core.errors import CommError, mpi_error
 from hpcdp.comm.core.requests import Request
-from hpcdp.shard import shard_bounds
+from hpcdp.comm.schedules.ring import ring_schedule
 
-COPY = 1
 BACKOFF_US = 256  # the progress thread's longest sleep between fruitless passes
 _MAX_PLANS = 256
 _KEEP_STATES = 4  # states kept per plan (requests of one shape in flight at once)
@@ -51,19 +50,15 @@ class Plan:
     def __init__(self, ctx, n, seg, phases, same, dtype, op, own_work, engine):
         N, r = ctx.size, ctx.rank
         itemsize = dtype.itemsize
-        bounds = shard_bounds(n, N)
-        off = np.array([o for o, _ in bounds], dtype=np.int64)
-        size = np.array([s for _, s in bounds], dtype=np.int64)
-        nseg = -(-size // seg)
-        steps = []
-        if "rs" in phases:
-            steps += [((r - t - 1) % N, (r - t - 2) % N, K.REDUCE) for t in range(N - 1)]
-        if "ag" in phases:
-            steps += [((r - u) % N, (r - u - 1) % N, COPY) for u in range(N - 1)]
+        sch = ring_schedule(n, N, r, seg, tuple(phases), not same)  # the ring's one schedule
+        off = np.array([o for o, _ in sch.bounds], dtype=np.int64)
+        size = np.array([s for _, s in sch.bounds], dtype=np.int64)
+        nseg = np.array(sch.nseg, dtype=np.int64)
+        steps = list(sch.steps)
         T = len(steps)
         S = max(1, int(nseg.max()) if N else 1)
         self.T, self.S = T, S
-        self.mc = int(size.max()) if N else 0
+        self.mc = sch.mc
         self.has_rs = "rs" in phases and N > 1 and self.mc > 0
         self.n, self.dtype, self.own_work = n, dtype, own_work
         self.N = N
@@ -80,7 +75,7 @@ class Plan:
         b = engine.binding
         P[[K.P_N, K.P_T, K.P_S, K.P_SEG, K.P_ITEM, K.P_LEFT, K.P_RIGHT, K.P_MC]] = \
             (N, T, S, seg, itemsize, (r - 1) % N, (r + 1) % N, self.mc)
-        P[K.P_LAST_RS] = (N - 2) if "rs" in phases else -1
+        P[K.P_LAST_RS] = sch.last_rs
         P[[K.F_ISEND, K.F_IRECV, K.F_TESTSOME, K.F_IPROBE, K.F_CLOCK, K.F_USLEEP, K.F_YIELD]] = (
             b.isend, b.irecv, b.testsome, b.iprobe, b.clock_gettime, b.usleep, b.sched_yield)
         self.handle_values = [b.handle(ctx.data), b.handle(ctx.ctrl), b.handle(MPI.BYTE)]
@@ -114,20 +109,11 @@ class Plan:
         copy[:] = -1
         if T:
             sst[:nseg[steps[0][0]]] = 1
-        rs_send_step = {sc: t for t, (sc, _, kind) in enumerate(steps) if kind == K.REDUCE}
-        for t, (_, rc, kind) in enumerate(steps):
-            for k in range(nseg[rc]):
-                if kind == K.REDUCE:
-                    if t < 2 or k >= nseg[steps[t - 2][1]]:
-                        rst[t * S + k] = 1
-                else:
-                    ts = rs_send_step.get(rc)
-                    if ts is None or (ts == 0 and not same):
-                        rst[t * S + k] = 1
-                    else:
-                        copy[ts * S + k] = t
-        st[K.ST_LEFT_RECV] = sum(int(nseg[rc]) for _, rc, _ in steps)
-        st[K.ST_LEFT_SEND] = sum(int(nseg[sc]) for sc, _, _ in steps)
+        for t, k in sch.open_recvs:
+            rst[t * S + k] = 1
+        for (ts, k), t in sch.copy_after:
+            copy[ts * S + k] = t
+        st[K.ST_LEFT_RECV], st[K.ST_LEFT_SEND] = sch.left_recv, sch.left_send
         self.template = I
         self.st_slice = slice(sec["st"][0], sec["st"][1])
         self.handles = 2 * T * S
