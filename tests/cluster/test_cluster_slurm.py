@@ -69,10 +69,40 @@ def _netns(i):
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+# Slurm's pmi2 plugin and MPICH's PMI2 client: in 3 of about 10 runs of this group, one job
+# (never one of 101 jobs and steps submitted in a loop, loaded or not) lost MPI_Init on a task
+# whose start-up request slurmstepd read garbled ("mpi/pmi2: value not properly terminated
+# in client request", then UCX's "addr version" assertion on a peer), before any hpcdp code
+# past the import ran. A job that failed so, and logged no step, is submitted once more;
+# any other failure fails the test.
+GARBLED = ("mpi/pmi2: value not properly terminated", "mpi/pmi2: request not begin with 'cmd='")
+
+
+def _sbatch(tmp_path, name, sets, *options):
+    """Submit jobs/train.sbatch with ``sets`` on nodes 0 and 1; returns (job id, its output
+    file). ``name``: the output file's name."""
+    r = subprocess.run(["sbatch", "--parsable", *options, "-N", "2", "--ntasks-per-node", "2",
+                        "-w", f"{PREFIX}0,{PREFIX}1", "-t", "5", "-o", str(tmp_path / name),
+                        str(ROOT / "jobs" / "train.sbatch"), *[a for s in sets for a in ("--set", s)]],
+                       env=_env(HPCDP_PYTHON=sys.executable, HPCDP_RUN_ROOT=str(tmp_path / "runs")),
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.strip().split(";")[0], tmp_path / name
+
+
+def _garbled_start(out_file, run_dir) -> bool:
+    """The job died in MPI_Init on Slurm's garbled PMI2 request (above), no step logged."""
+    text = out_file.read_text() if out_file.exists() else ""
+    return any(g in text for g in GARBLED) and not (run_dir / "metrics.jsonl").exists()
+
+
 def test_ranks_of_srun_are_in_the_node_namespaces(slurm):
-    r = subprocess.run(["timeout", "90", "srun", "--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2",
-                        "-w", f"{PREFIX}0,{PREFIX}1", sys.executable, "-c", PROBE],
-                       env=_env(), capture_output=True, text=True, timeout=120)
+    for _attempt in (1, 2):  # once more only after Slurm's garbled start-up request (GARBLED)
+        r = subprocess.run(["timeout", "90", "srun", "--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2",
+                            "-w", f"{PREFIX}0,{PREFIX}1", sys.executable, "-c", PROBE],
+                           env=_env(), capture_output=True, text=True, timeout=120)
+        if r.returncode == 0 or not any(g in r.stdout + r.stderr for g in GARBLED):
+            break
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ranks = {int(w[1]): (int(w[2]), w[3]) for w in (ln.split() for ln in r.stdout.splitlines()) if w[:1] == ["probe"]}
     want = {0: (2, _netns(0)), 1: (2, _netns(0)), 2: (2, _netns(1)), 3: (2, _netns(1))}
@@ -92,14 +122,12 @@ def _losses(run_dir):
 def test_train_sbatch_on_two_nodes_crosses_the_link_and_follows_one_rank(slurm, unlimited, tmp_path):
     before = _link_bytes(1)
     sets = [a for s in SETS for a in ("--set", s)]
-    r = subprocess.run(["sbatch", "--parsable", "-N", "2", "--ntasks-per-node", "2", "-w", f"{PREFIX}0,{PREFIX}1",
-                        "-t", "5", "-o", str(tmp_path / "job.out"), str(ROOT / "jobs" / "train.sbatch"), *sets],
-                       env=_env(HPCDP_PYTHON=sys.executable, HPCDP_RUN_ROOT=str(tmp_path / "runs")),
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    job = r.stdout.strip().split(";")[0]
-    w = _slurm("wait", job, "240", timeout=260)
-    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no job output)"
+    for attempt in (1, 2):
+        job, out_file = _sbatch(tmp_path, f"job{attempt}.out", SETS)
+        w = _slurm("wait", job, "240", timeout=260)
+        if w.returncode == 0 or attempt == 2 or not _garbled_start(out_file, tmp_path / "runs" / f"slurm-{job}"):
+            break
+    out = out_file.read_text() if out_file.exists() else "(no job output)"
     assert w.returncode == 0, f"{w.stdout}{w.stderr}\n{out[-5000:]}"
     assert f"4 rank(s) on {PREFIX}[0-1]" in out, out[:2000]
     steps = _losses(tmp_path / "runs" / f"slurm-{job}")
@@ -132,18 +160,18 @@ def _hpcdp_ranks_in(cluster, node):
 
 def test_a_node_losing_its_link_ends_the_sbatch_job_naming_the_lost_ranks(slurm, unlimited, tmp_path):
     sets = SETS[:-2] + ["parallel.strategy=ddp", "train.steps=1000000", f"comm.timeout={TIMEOUT}"]
-    r = subprocess.run(["sbatch", "--parsable", "--no-requeue", "-N", "2", "--ntasks-per-node", "2",
-                        "-w", f"{PREFIX}0,{PREFIX}1", "-t", "5", "-o", str(tmp_path / "job.out"),
-                        str(ROOT / "jobs" / "train.sbatch"), *[a for s in sets for a in ("--set", s)]],
-                       env=_env(HPCDP_PYTHON=sys.executable, HPCDP_RUN_ROOT=str(tmp_path / "runs")),
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    job = r.stdout.strip().split(";")[0]
-    metrics = tmp_path / "runs" / f"slurm-{job}" / "metrics.jsonl"
-    limit = time.monotonic() + 120
-    while not (metrics.exists() and metrics.stat().st_size > 0) and time.monotonic() < limit:
-        time.sleep(0.1)
-    out = lambda: (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""  # noqa: E731
+    for attempt in (1, 2):
+        job, out_file = _sbatch(tmp_path, f"job{attempt}.out", sets, "--no-requeue")
+        metrics = tmp_path / "runs" / f"slurm-{job}" / "metrics.jsonl"
+        limit = time.monotonic() + 120
+        while not (metrics.exists() and metrics.stat().st_size > 0) and time.monotonic() < limit:
+            time.sleep(0.1)
+            if attempt == 1 and _garbled_start(out_file, metrics.parent):
+                break
+        if metrics.exists() or attempt == 2 or not _garbled_start(out_file, metrics.parent):
+            break
+        _slurm("wait", job, "0")  # cancels what is left of it
+    out = lambda: out_file.read_text() if out_file.exists() else ""  # noqa: E731
     if not metrics.exists():
         _slurm("wait", job, "0")  # cancels it
         pytest.fail("training did not start within 120 s:\n" + out()[-4000:])
