@@ -206,8 +206,8 @@ def _round(world_comm, new, seen, held, committed, mine, arrays, scalars, domain
     the broadcast of the state and the replicas' check. ``seen``: the communicators it
     splits off (``made``, revoked by the caller if the round fails; ``kept``, those that
     go on) and ``held``, this rank's committed step as its state now stands. ``held``: this
-    rank's committed step, or -1 once a broadcast into its state was cut short (it can
-    no longer be a source). Raises an MPI error when a rank is lost during the round."""
+    rank's committed step on entry, or -1 once a broadcast into its state was cut short (it
+    can no longer be a source). Raises an MPI error when a rank is lost during the round."""
     from mpi4py import MPI
 
     dead = _lost_ranks(world_comm, new)
