@@ -9,7 +9,7 @@ state; the strategy rejoins on the survivors' communicator (DDP.rejoin), hpcdp.c
 forgets the old communicators, and the loop re-splits the data and redoes the step
 after the agreed one: with ``failure.batch = "keep"`` the same global batch over fewer
 ranks, with ``"scale"`` each survivor's batch unchanged, so the global batch shrinks
-with the world size (:meth:`Lasting.sampler_after`, hpcdp.data.rescale).
+with the world size (:meth:`Lasting.batch_after`, hpcdp.data.rescale).
 
 Hybrid ZeRO (``parallel.zero.shard = "node"``): the failure domain is a node
 (``Strategy.failure_domain``): the surviving ranks of a node that lost a rank leave

@@ -140,11 +140,11 @@ def report_failure(e: BaseException) -> int:
 
     A failure that every live rank holds on a communicator of exactly them (``ending_comm``:
     the survivors of a lost rank that cannot train on, under ULFM, where MPI_Abort ends
-    only the calling rank) ends them together: that communicator's rank 0 prints the
-    line (or its ``ending_reporter``) and every rank exits with the status
-    (hpcdp.failure.ranks.end_together). A rank
-    left alone on it (every peer lost, as a node whose link was cut sees it) says why and
-    aborts as before, so the job's status stays the one of the ranks that went on."""
+    only the calling rank; or every live rank after one failed in continue mode) ends them
+    together: that communicator's rank 0 (or its ``ending_reporter``) prints the line and
+    every rank exits with the status (hpcdp.failure.ranks.end_together). A rank left alone
+    on it (every peer lost, as a node whose link was cut sees it) says why and aborts as
+    before, so the job's status stays the one of the ranks that went on."""
     rank, size = _world()
     together = getattr(e, "ending_comm", None) if size > 1 else None
     if together is not None and together.Get_size() < 2:
@@ -156,7 +156,7 @@ def report_failure(e: BaseException) -> int:
         time.sleep(REPORTER_GRACE_S)
     print_cause(e)
     line, status = failure_line(e)
-    if together is not None:  # every live rank holds it (hpcdp.failure.lasting.RankLossEnds): one line
+    if together is not None:  # every live rank holds it (RankLossEnds, ulfm.Ending): one line
         end_together(together, line, status, reporter=getattr(e, "ending_reporter", 0))
     say(line)
     if size > 1:
@@ -195,4 +195,5 @@ def run_job(fn) -> int:
         return status
 
 
-__all__ = ["run_job", "report_failure", "failure_line", "print_cause", "describe", "report_agreed", "note_step", "step_of", "reporter"]
+__all__ = ["run_job", "report_failure", "failure_line", "print_cause", "describe", "report_agreed",
+           "note_step", "step_of", "reporter"]

@@ -174,9 +174,9 @@ def end_together(comm, line: str, status: int, limit: float = TOGETHER_S, report
     ``comm``, which all hold the same failure and are the job's only live ranks (the
     survivors of a lost rank that cannot train on: hpcdp.failure.lasting.RankLossEnds; or
     every rank, after one failed in continue mode: hpcdp.failure.ulfm.Ending).
-    ``comm``'s rank ``reporter`` (default 0) prints ``line`` and drains it; then a barrier on ``comm`` (polled,
-    up to ``limit`` seconds) and every rank exits: one line, every rank gone, the
-    launcher's status ``status``. A rank whose barrier fails or does not complete (the
+    ``comm``'s rank ``reporter`` (default 0) prints ``line`` and drains it; then a
+    barrier on ``comm`` (polled, up to ``limit`` seconds) and every rank exits: one line,
+    every rank gone, the launcher's status ``status``. A rank whose barrier fails or does not complete (the
     reporter was lost too) prints ``line`` itself first. Does not return.
 
     Why not MPI_Abort: ``mpirun --with-ft ulfm`` runs the job as recoverable, and Open
@@ -187,8 +187,8 @@ def end_together(comm, line: str, status: int, limit: float = TOGETHER_S, report
 
     from mpi4py import MPI
 
-    reporter = comm.Get_rank() == reporter
-    if reporter:
+    reports = comm.Get_rank() == reporter
+    if reports:
         say(line)
         drain_output()
     heard = False
@@ -199,7 +199,7 @@ def end_together(comm, line: str, status: int, limit: float = TOGETHER_S, report
             time.sleep(0.001)
     except MPI.Exception:
         pass  # a rank of ``comm`` was lost as well
-    if not (heard or reporter):
+    if not (heard or reports):
         say(line)
         drain_output()
     os._exit(status)
