@@ -58,9 +58,10 @@ def job_pid() -> int:
 
 
 def enabled() -> bool:
-    """A watcher for this rank: not under Slurm's srun (``SLURM_PROCID`` set), whose
-    own lines name a killed task, and where a second process holding the task's PMI2
-    connection was seen to garble its requests once in two runs."""
+    """A watcher for this rank: not under Slurm (``SLURM_PROCID`` set: srun, or hydra's
+    proxies that srun started), whose own lines name a killed task. (The garbled PMI
+    requests once blamed on the second process were Slurm's pmi2 plugin cutting a PMI-1
+    request at 1024 bytes: tests/slurm/test_slurm_pmi.py.)"""
     return os.environ.get(ENV, "1") != "0" and hasattr(os, "fork") and "SLURM_PROCID" not in os.environ
 
 

@@ -57,14 +57,24 @@ def test_the_documented_commands_work_as_written():
     _left_nothing()
 
 
+def _job_outputs(tmp_path) -> str:
+    """The job's output file(s) (under the block's HPCDP_RUN_ROOT, made in TMPDIR) and the
+    slurmds' log tails: what a failed or stuck job said."""
+    parts = [f"--- {f}\n{f.read_text(errors='replace')[-4000:]}" for f in sorted(tmp_path.glob("*/slurm-*.out"))]
+    for log in sorted(Path(f"/run/hpcdp-cluster-slurm-{DOCS_PREFIX}").glob("*.log")):
+        parts.append(f"--- {log}\n{log.read_text(errors='replace')[-2000:]}")
+    return "\n".join(parts) or "(no job output file)"
+
+
 def test_the_documented_slurm_commands_work_as_written(tmp_path):
     cmds = _block("Slurm on two nodes")
     assert cmds[0].startswith("bash tests/cluster/cluster.sh up") and cmds[-1].endswith("cluster.sh down")
     script = "set -euo pipefail\n" + "\n".join(cmds) + "\n"
     try:
-        r = subprocess.run(["timeout", "-k", "10", "300", "bash", "-c", script], cwd=ROOT,
-                           env={**ENV, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=330)
-        assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}{r.stderr[-4000:]}"
+        r = subprocess.run(["timeout", "-k", "10", "420", "bash", "-c", script], cwd=ROOT,
+                           env={**ENV, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=450)
+        assert r.returncode == 0, (f"exit {r.returncode}\n{r.stdout[-4000:]}{r.stderr[-4000:]}\n"
+                                   + _job_outputs(tmp_path))
         assert f"4 rank(s) on {DOCS_PREFIX}[0-1]" in r.stdout, r.stdout[-3000:]
         assert "COMPLETED (exit 0:0)" in r.stdout and f"{DOCS_PREFIX}1" in r.stdout, r.stdout[-3000:]
     finally:

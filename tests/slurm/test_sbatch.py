@@ -25,13 +25,14 @@ def jobs(slurm, tmp_path_factory):
     bindir = str(Path(py).parent)
     assert Path(bindir, "hpcdp").exists(), f"no hpcdp console script in {bindir}: pip install -e ."
     specs = {
-        # srun (the default launcher), HPCDP_PYTHON, overrides from the environment and
-        # the arguments, 2 CPUs per task.
+        # srun (chosen: the default picks the venv's hydra for the venv's MPICH), HPCDP_PYTHON,
+        # overrides from the environment and the arguments, 2 CPUs per task.
         "srun": (["-n", "2", "-c", "2"], ["--config", str(cfg), "--set", "train.steps=12"],
-                 {"HPCDP_PYTHON": py, "HPCDP_SET": "optim.lr=0.25 run.log_every=6", "HPCDP_LAUNCHER": None}),
-        # mpiexec inside the allocation, with the venv activated instead of HPCDP_PYTHON.
+                 {"HPCDP_PYTHON": py, "HPCDP_SET": "optim.lr=0.25 run.log_every=6", "HPCDP_LAUNCHER": "srun"}),
+        # the default launcher with the venv activated instead of HPCDP_PYTHON: the venv's
+        # MPICH -> its mpiexec (hydra) inside the allocation.
         "mpiexec": (["-n", "2"], ["--config", str(cfg), "--set=train.steps=12"],
-                    {"HPCDP_PYTHON": None, "HPCDP_SET": None, "HPCDP_LAUNCHER": "mpiexec",
+                    {"HPCDP_PYTHON": None, "HPCDP_SET": None, "HPCDP_LAUNCHER": None,
                      "VIRTUAL_ENV": str(Path(bindir).parent),
                      "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}),
         "bad_value": (["-n", "2"], ["--config", str(bad)],
@@ -72,17 +73,20 @@ def test_srun_job_trains_and_names_run_dir_after_job_id(jobs):
     assert out.count("run dir: ") == 1, "only rank 0 logs"
 
 
-def test_mpiexec_launcher_with_activated_venv(jobs):
+def test_default_launcher_is_the_venvs_mpiexec_for_the_venvs_mpich(jobs):
     job = jobs["mpiexec"].wait()
     job.expect(0)
-    assert "+ mpiexec -n 2 hpcdp train --config" in job.output, job
+    bindir = Path(venv_python()).parent
+    assert (f"hpcdp job {job.job_id}: launcher mpiexec: the venv's MPICH ({bindir}) speaks PMI-1, "
+            "which srun's pmi2 plugin cuts at 1024 bytes") in job.output, job
+    assert f"+ {bindir}/mpiexec -n 2 hpcdp train --config" in job.output, job
     assert "1 thread(s) per rank" in job.output, job
     check_trained_run(job.tmp / "runs" / f"slurm-{job.job_id}", steps=12, ranks=2)
 
 
 def test_broken_config_fails_the_job_with_the_error(jobs):
     job = jobs["bad_value"].wait()
-    job.expect(2)  # hpcdp's status for a config error, passed on by srun and the script
+    job.expect(2)  # hpcdp's status for a config error, passed on by the launcher and the script
     assert job.output.count("hpcdp: error: optim.kind: 'adam' is not allowed; "
                             "choose one of 'sgd', 'adamw'") == 1, job
     assert "Traceback" not in job.output, job

@@ -45,14 +45,20 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(x)["step"] for x in metrics.read_text().splitlines() if '"step"' in x]
 
 
-def _wait(what: str, ok, timeout: float = 150):
+def _wait(what: str, ok, timeout: float = 150, tmp: Path | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = ok()
         if value:
             return value
         time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+    said = ""
+    if tmp is not None:  # what the job and Slurm say: the output's tail, the queue, the node
+        outs = sorted(tmp.glob("job-*.out"))
+        said = "\n" + (outs[-1].read_text()[-3000:] if outs else "(no job output)")
+        for cmd in (["squeue", "-h", "-o", "%i %T %r"], ["sinfo", "-h", "-N", "-o", "%N %T"]):
+            said += "\n" + subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
+    pytest.fail(f"timed out after {timeout} s waiting for {what}{said}")
 
 
 def _state(job_id: str) -> str:
@@ -77,7 +83,7 @@ def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
     try:
         job_id = _wait("the job id", lambda: (tmp_path / "sbatch.stdout").read_text().strip().split(";")[0], 30)
         first, second = runs / f"slurm-{job_id}", runs / f"slurm-{job_id}-r1"
-        _wait("3 steps of the first start", lambda: len(_steps(first)) >= 3)
+        _wait("3 steps of the first start", lambda: len(_steps(first)) >= 3, tmp=tmp_path)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
         _wait("the requeued job to be pending", lambda: _state(job_id) == "PENDING")
         # Lifting Slurm's hold while the node still cleans up the first start makes the
@@ -86,7 +92,7 @@ def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
         _wait("the node to finish ending the first start", lambda: not _node_busy_ending_a_job())
         subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, timeout=20)
         stop1 = int((first / "stopped").read_text().split()[1])
-        _wait("3 steps of the second start", lambda: len(_steps(second)) >= 3)
+        _wait("3 steps of the second start", lambda: len(_steps(second)) >= 3, tmp=tmp_path)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
         job.wait(timeout=180)
     finally:
