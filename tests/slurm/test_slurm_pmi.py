@@ -2,7 +2,8 @@
 
 pip's MPICH speaks PMI-1 to srun (it has no PMI-2 client), and Slurm's pmi2 plugin reads
 a PMI-1 request with one read of at most 1024 bytes. MPICH's start-up puts (segments of
-its address table, up to about 1.1 KB) then now and then arrive cut: slurmstepd logs
+its address table: values of up to 1024 bytes plus a 60-byte header) then now and then
+arrive cut: slurmstepd logs
 "value not properly terminated in client request" and "request not begin with 'cmd='",
 and MPI_Init dies or hangs. This test speaks the PMI-1 wire itself on a task's PMI_FD: a
 put of 1001 bytes is answered, one of 1101 bytes is cut. Should a Slurm answer the long

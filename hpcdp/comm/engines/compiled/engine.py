@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import logging
 
-from hpcdp.comm.core.settings import invalidate, settings
+from hpcdp.comm.core.settings import ENGINES, invalidate, settings
 from hpcdp.comm.ring import RingRequest
 
-ENGINES = ("python", "compiled")
 _OPS = {"sum": 0, "mean": 0, "max": 1, "min": 2}
 log = logging.getLogger("hpcdp.comm")
 
