@@ -86,10 +86,14 @@ def test_time_limit_signal_saves_requeues_and_resumes(slurm, tmp_path):
         _wait("3 steps of the first start", lambda: len(_steps(first)) >= 3, tmp=tmp_path)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
         _wait("the requeued job to be pending", lambda: _state(job_id) == "PENDING")
-        # Lifting Slurm's hold while the node still cleans up the first start makes the
-        # controller start the job again at once with the old credential ("Job credential
-        # revoked": the job fails). Slurm's own hold never races; this shortcut must wait.
+        # Lifting Slurm's hold too early makes the controller start the job again at once
+        # and slurmd refuse it ("Job credential revoked": the job fails): while the node
+        # still cleans up the first start, and also in the second the requeue revoked the
+        # job's credential, as slurmd compares the new credential's time with the
+        # revocation's in whole seconds (seen 0.5 s after the first start ended, 1 of 21
+        # runs). Slurm's own hold (about 2 minutes) never races; this shortcut must wait.
         _wait("the node to finish ending the first start", lambda: not _node_busy_ending_a_job())
+        time.sleep(2.0)
         subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, timeout=20)
         stop1 = int((first / "stopped").read_text().split()[1])
         _wait("3 steps of the second start", lambda: len(_steps(second)) >= 3, tmp=tmp_path)
