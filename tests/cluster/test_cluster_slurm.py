@@ -71,7 +71,8 @@ def _netns(i):
 
 # srun with the venv's MPICH: that MPICH speaks PMI-1, and Slurm's pmi2 plugin reads a PMI-1
 # request in one read of at most 1024 bytes; MPICH's start-up puts (values of up to 1024
-# bytes plus a header) can be longer, so now and then one is cut (tests/slurm/test_slurm_pmi.py shows the cut) and MPI_Init dies or hangs.
+# bytes plus a header) can be longer, so now and then one is cut (tests/slurm/test_slurm_pmi.py
+# shows the cut) and MPI_Init dies or hangs.
 # jobs/train.sbatch therefore starts that MPICH with its own mpiexec (hydra); the srun probe
 # below meets the cut as it is, and is run once more only after it.
 GARBLED = ("mpi/pmi2: value not properly terminated", "mpi/pmi2: request not begin with 'cmd='")
