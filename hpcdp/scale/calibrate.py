@@ -152,10 +152,10 @@ def fit_software(probe: dict, link: Link, gamma: float) -> dict:
     before ``segments_small``: the same over the 256 KiB ring's 2 KiB-128 KiB segments."""
     small = probe.get("segments_small")
     pts, buf = (small, SMALL_BUFFER) if small else (probe["segments"], probe.get("segments_bytes", 256 << 10))
-    msg_s = max(0.0, segment_slope(pts, buf, link, gamma))
+    msg_s = message_cost(pts, buf, link, gamma)
     few = 0.0
     if probe.get("segments_small_python"):
-        few = max(0.0, segment_slope(probe["segments_small_python"], SMALL_BUFFER, link, gamma))
+        few = message_cost(probe["segments_small_python"], SMALL_BUFFER, link, gamma)
     calls, a = probe["calls"], link.alpha_at(8)
     ctrl = probe["token_pair_s"] / 2  # debug mode's fingerprints (not on the normal path)
     call = {"ring": max(0.0, calls["ring"] - 2 * (a + msg_s) - 4 * gamma),
@@ -206,6 +206,20 @@ def segment_slope(points, buffer: int, link: Link, gamma: float) -> float:
         xs.append(m)
         rs.append(t - 2 * link.alpha_at(size) - buffer * link.coll_beta_at(size) - buffer / 2 * gamma)
     return float(np.polyfit(xs, rs, 1)[0]) if len(set(xs)) > 1 else 0.0
+
+
+def message_cost(points, buffer: int, link: Link, gamma: float) -> float:
+    """:func:`segment_slope`; when noise hid the slope (it came out 0 or below, seen on a
+    loaded machine), the smallest of the points' what-the-wire-does-not-explain per
+    message instead: an upper bound (it charges the call's fixed cost to the messages as
+    well) that shrinks as the measurement improves, where 0 would claim the messages cost
+    nothing. 0 only when no point has anything left over."""
+    slope = segment_slope(points, buffer, link, gamma)
+    if slope > 0:
+        return slope
+    left = [(t - 2 * link.alpha_at(buffer / m) - buffer * link.coll_beta_at(buffer / m)
+             - buffer / 2 * gamma) / m for m, t in points]
+    return max(0.0, min(left)) if left else 0.0
 
 
 def fit_compute(points, params: int, flops_per_sample: float, optimizer_s_per_param: float) -> dict:

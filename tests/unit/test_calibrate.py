@@ -49,6 +49,18 @@ def test_link_and_software_recovered():
     assert soft["call_s"]["recursive"] == pytest.approx(2e-5)
 
 
+def test_a_message_cost_hidden_by_noise_falls_back_to_the_bound_not_zero():
+    link, gamma, buf = CM.Link(5e-6, 2e-10), 1e-10, 8 << 10
+    wire = lambda m: 2 * link.alpha_at(buf / m) + buf * link.coll_beta_at(buf / m) + buf / 2 * gamma  # noqa: E731
+    clean = [[m, wire(m) + 3e-5 + m * 2e-6] for m in (16, 8, 4)]
+    assert C.message_cost(clean, buf, link, gamma) == pytest.approx(2e-6)  # the slope
+    noisy = [[16, wire(16) + 4e-5], [8, wire(8) + 5e-5], [4, wire(4) + 6e-5]]  # slope < 0
+    assert C.segment_slope(noisy, buf, link, gamma) < 0
+    assert C.message_cost(noisy, buf, link, gamma) == pytest.approx(4e-5 / 16)  # min left over per message
+    nothing = [[m, wire(m) - 1e-6] for m in (16, 8, 4)]  # the wire explains all of it
+    assert C.message_cost(nothing, buf, link, gamma) == 0.0
+
+
 def test_compute_recovered_and_a_flat_line_falls_back():
     P, fps, rate, opt, over = 1000, 1e8, 2e10, 1e-9, 5e-3
     pts = [[b, over + P * opt + b * fps / rate] for b in (4, 8, 16)]
