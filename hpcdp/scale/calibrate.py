@@ -200,12 +200,16 @@ def segment_slope(points, buffer: int, link: Link, gamma: float) -> float:
     every segment in one protocol (``segments_small``) that is the plain slope; over
     the older probe's 2 KiB-128 KiB segments it keeps the rendezvous ones' line out of
     the software (that probe's slope minus alpha had fitted 0)."""
-    xs, rs = [], []
-    for m, t in points:
-        size = buffer / m  # bytes of one message: buffer / 2 per rank's chunk, m / 2 per step
-        xs.append(m)
-        rs.append(t - 2 * link.alpha_at(size) - buffer * link.coll_beta_at(size) - buffer / 2 * gamma)
+    xs, rs = [m for m, _ in points], _left_over(points, buffer, link, gamma)
     return float(np.polyfit(xs, rs, 1)[0]) if len(set(xs)) > 1 else 0.0
+
+
+def _left_over(points, buffer: int, link: Link, gamma: float) -> list:
+    """Each point's seconds less what the wire charges it: its 2 dependent steps' ``alpha``
+    and its ``buffer`` bytes at the line of its segment size (``buffer / m``: buffer / 2
+    per rank's chunk, m / 2 per step), and the reduction of half the buffer."""
+    return [t - 2 * link.alpha_at(buffer / m) - buffer * link.coll_beta_at(buffer / m) - buffer / 2 * gamma
+            for m, t in points]
 
 
 def message_cost(points, buffer: int, link: Link, gamma: float) -> float:
@@ -217,8 +221,7 @@ def message_cost(points, buffer: int, link: Link, gamma: float) -> float:
     slope = segment_slope(points, buffer, link, gamma)
     if slope > 0:
         return slope
-    left = [(t - 2 * link.alpha_at(buffer / m) - buffer * link.coll_beta_at(buffer / m)
-             - buffer / 2 * gamma) / m for m, t in points]
+    left = [r / m for (m, _), r in zip(points, _left_over(points, buffer, link, gamma))]
     return max(0.0, min(left)) if left else 0.0
 
 
