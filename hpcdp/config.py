@@ -173,6 +173,9 @@ class ModelConfig:
 
 DATA_KINDS = ("digits", "synthetic_classification", "synthetic_sequence", "npz", "hdf5", "npy", "tokens")
 FILE_KINDS = ("npz", "hdf5", "npy", "tokens")  # data.path names a file (npy: a directory of .npy files)
+# [comm] engine: who runs hpcdp's schedules (hpcdp.comm's selectable registered engines; a
+# unit test checks that the two agree)
+COMM_ENGINES = ("compiled", "python")
 
 
 @dataclass
@@ -515,7 +518,7 @@ class CommConfig:
             if value not in names:
                 raise ConfigError(f"{s}.{key}: {value!r} is not allowed; choose one of "
                                   + ", ".join(repr(a) for a in names))
-        _choice(s, "engine", self.engine, ("compiled", "python"))
+        _choice(s, "engine", self.engine, COMM_ENGINES)
         _choice(s, "lean", self.lean, ("compiled", "mpi4py"))
         _choice(s, "progress", self.progress, ("auto", "thread", "calls"))
         _choice(s, "cuda_aware", self.cuda_aware, ("auto", "true", "false"))

@@ -33,7 +33,7 @@ _HOME = {
     **dict.fromkeys(["CollectiveMismatch", "CollectiveTimeout", "CommAborted", "CommError", "MPIError"], "hpcdp.comm.core.errors"),
     **dict.fromkeys(["Ledger"], "hpcdp.comm.core.ledger"),
     **dict.fromkeys(["configure", "settings"], "hpcdp.comm.core.settings"),
-    **dict.fromkeys(["active_engine", "set_engine"], "hpcdp.comm.engines.compiled.engine"),
+    **dict.fromkeys(["active_engine", "set_engine"], "hpcdp.comm.engines.registry"),
     **dict.fromkeys(["set_lean_path"], "hpcdp.comm.engines.compiled.lean"),
     **dict.fromkeys(["cuda_aware", "set_cuda_aware"], "hpcdp.comm.core.device"),
     **dict.fromkeys(["DEFAULT_SEGMENT_BYTES"], "hpcdp.comm.ring"),

@@ -5,14 +5,16 @@ own, "native", is an engine: hpcdp.comm.engines.mpi) and one :class:`Algorithm` 
 :func:`_builtin` below, which says:
 
 - ``start(ctx, call, ledger, timeout, *, src, work, result, op, segment_bytes,
-  max_message_bytes) -> Request``: launch it (hpcdp.comm.collectives calls it once the
-  arguments are checked and the ranks arrived); ``None`` for the ring and MPI's own
-  ("native"), which the front launches on the engine its plan names
-  (hpcdp.comm.select: the Python or compiled ring, MPI's own). A
+  max_message_bytes) -> Request``: run it as Python requests (the Python engine,
+  hpcdp.comm.engines.python, calls it once the arguments are checked and the ranks
+  arrived); ``None`` for MPI's own ("native"), which only its engine runs. Other
+  engines may run an algorithm too (the compiled engine runs the ring): the chooser
+  picks the engine per call (hpcdp.comm.select, hpcdp.comm.engines.registry). A
   reduce-scatter's start takes ``src, out, in_place, result, op`` (``out``: this rank's
   ring chunk, a view of ``src`` in place), an all-gather's ``full, result`` (``full``
   holds this rank's chunk in position), each with ``segment_bytes`` and
-  ``max_message_bytes``;
+  ``max_message_bytes``; the ring's also takes ``wire`` (the only one that carries a
+  16-bit wire);
 - ``bytes(n, N, rank, itemsize) -> (sent, received)``: its formula of hpcdp.comm.model.volume
   (``None``: its bytes run on two link kinds, see its own formula);
 - ``cost(profile, nbytes, topology, itemsize) -> Cost``: its price in hpcdp.comm.model.cost
@@ -21,7 +23,8 @@ own, "native", is an engine: hpcdp.comm.engines.mpi) and one :class:`Algorithm` 
   ranks, ``"never"``). hpcdp's own take both from the model's table
   (hpcdp.comm.model.cost.PRICES); :func:`register` hands a new one's to the model.
 
-Everything that names algorithms asks here: collectives.py launches ``start``,
+Everything that names algorithms asks here: the front hands the plan's record to the
+plan's engine,
 auto.py checks names against :func:`names`, select.collective_bytes counts ``bytes``;
 the cost model prices and picks from its own table, which :func:`register` keeps in
 step. A new algorithm is its module plus one line in :func:`_builtin` (its price, if
@@ -82,7 +85,9 @@ def _table() -> dict[str, dict[str, Algorithm]]:
 def _builtin() -> None:
     """hpcdp's own algorithms (imported on first use), their prices and which ones the
     model may pick from hpcdp.comm.model.cost.PRICES."""
-    from hpcdp.comm import hier_shard, hierarchical
+    from functools import partial
+
+    from hpcdp.comm import hier_shard, hierarchical, ring
     from hpcdp.comm.model import volume as V
     from hpcdp.comm.schedules import bruck, halving, recursive
 
@@ -91,15 +96,16 @@ def _builtin() -> None:
         return Algorithm(collective, name, start, formula, cost, picks)
 
     for a in (
-        alg("allreduce", "ring", None, V.ring_allreduce_bytes),
+        alg("allreduce", "ring", partial(ring.start, collective="allreduce"), V.ring_allreduce_bytes),
         alg("allreduce", "recursive", recursive.start_allreduce, V.recursive_allreduce_bytes),
         alg("allreduce", "native", None, V.native_allreduce_bytes),
         alg("allreduce", "hierarchical", hierarchical.start_allreduce, None),
-        alg("reduce_scatter", "ring", None, V.reduce_scatter_bytes),
+        alg("reduce_scatter", "ring", partial(ring.start, collective="reduce_scatter"),
+            V.reduce_scatter_bytes),
         alg("reduce_scatter", "native", None, V.native_reduce_scatter_bytes),
         alg("reduce_scatter", "recursive", halving.start_reduce_scatter, V.halving_reduce_scatter_bytes),
         alg("reduce_scatter", "hierarchical", hier_shard.start_reduce_scatter, None),
-        alg("all_gather", "ring", None, V.all_gather_bytes),
+        alg("all_gather", "ring", partial(ring.start, collective="all_gather"), V.all_gather_bytes),
         alg("all_gather", "native", None, V.native_all_gather_bytes),
         alg("all_gather", "recursive", halving.start_all_gather, V.doubling_all_gather_bytes),
         alg("all_gather", "bruck", bruck.start_all_gather, V.bruck_all_gather_bytes),

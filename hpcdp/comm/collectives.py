@@ -30,17 +30,16 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm import fast, hierarchical
-from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.core.context import get_context, get_context_if_any
 from hpcdp.comm.core.errors import mpi_error
 from hpcdp.comm.core.ops import resolve
-from hpcdp.comm.select import decide, overlap_algorithm
 from hpcdp.comm.core.requests import DoneRequest
-from hpcdp.comm.engines.compiled import blocking
-from hpcdp.comm.engines.compiled.engine import ring_request
-from hpcdp.comm.engines.wire import wire_format
+from hpcdp.comm.engines import mpi as mpi_engine
+from hpcdp.comm.engines.ready import AG, AR, RS, ready
+from hpcdp.comm.engines.registry import get as get_engine
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
+from hpcdp.comm.select import decide, overlap_algorithm
 from hpcdp.shard import shard_range
 
 _KINDS = "fiu"
@@ -128,10 +127,10 @@ def _device_scratch(ctx, like):
     return device_scratch(ctx, like.size, like.dtype)
 
 
-# A blocking front's start (the request is waited on at once): the compiled ring then
-# runs in the caller's thread, not the progress thread's (hpcdp.comm.engines.compiled.engine
-# .ring_request). Thread-local, so that a collective the start runs inside (a staged
-# device call, the hierarchical allreduce's first phase) knows it too.
+# A blocking front's start (the request is waited on at once): an engine may then run it
+# in the caller's thread and keep a ready call for its repeats (hpcdp.comm.engines.registry).
+# Thread-local, so that a collective the start runs inside (a staged device call, the
+# hierarchical allreduce's first phase) knows it too.
 _LOCAL = threading.local()
 
 
@@ -144,30 +143,22 @@ def blocking_call(start, *args, **kwargs):
         _LOCAL.blocking = False
 
 
-def _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes, **bufs):
-    """Run ``plan`` (hpcdp.comm.select.Plan) on checked buffers: the ring on the plan's
-    engine, or the algorithm's registered start (hpcdp.comm.algorithms)."""
-    if plan.algorithm == "ring":
-        now = getattr(_LOCAL, "blocking", False)
-        req = ring_request(ctx, plan.collective, call, ledger, timeout,
-                           segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
-                           wire=wire_format(plan.wire, np.float32), engine=plan.engine,
-                           blocking=now, **bufs)
-        if now and plan.engine == "compiled" and max_message_bytes is None:
-            op = bufs["op"]  # the blocking ring's ready entry for this signature
-            blocking.keep(ctx, plan.collective, req, "" if op is None else op.name, segment_bytes)
-        return req
-    return get_algorithm(plan.collective, plan.algorithm).start(
-        ctx, call, ledger, timeout, segment_bytes=segment_bytes,
-        max_message_bytes=max_message_bytes, **bufs)
+def _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes, algorithm,
+            **bufs):
+    """Run ``plan`` (hpcdp.comm.select.Plan) on checked buffers: its algorithm
+    (hpcdp.comm.algorithms) on its engine (hpcdp.comm.engines.registry). ``algorithm``:
+    the one the caller named (a blocking call's ready call is kept under it)."""
+    return get_engine(plan.engine).launch(
+        ctx, get_algorithm(plan.collective, plan.algorithm), plan, call, ledger, timeout,
+        segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+        blocking=getattr(_LOCAL, "blocking", False), asked=algorithm, **bufs)
 
 
-# Each collective: a ready call for a repeated plain blocking call (the ring's entries,
-# hpcdp.comm.engines.compiled.blocking, kept by _launch when the chooser's plan ran the
-# compiled ring; MPI's own, hpcdp.comm.engines.compiled.lean's LeanCall, through
-# hpcdp.comm.fast), MPI's own small-message call (hpcdp.comm.fast: the chooser's bound and
-# plan per signature, hpcdp.comm.select.lean_signature), else the general front: check
-# the arguments, ask the chooser (hpcdp.comm.select.decide, cached per signature), launch.
+# Each collective: a repeated plain blocking call's ready call (hpcdp.comm.engines.ready:
+# the plan the chooser made for that signature, replayed), MPI's own small-message call
+# (hpcdp.comm.fast: the chooser's bound and plan per signature,
+# hpcdp.comm.select.lean_signature), else the general front: check the arguments, ask the
+# chooser (hpcdp.comm.select.decide, cached per signature), launch the plan on its engine.
 
 # -- allreduce -----------------------------------------------------------------
 
@@ -214,14 +205,8 @@ def _general_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, segment_by
             if src is not work:
                 work[...] = src
             return DoneRequest(ctx, "allreduce", call, ledger, result)
-        if plan.engine == "mpi":
-            return mpi_engine.allreduce(ctx, call, src, work, result, op, ledger, timeout,
-                                        max_message_bytes)
-        if plan.algorithm == "ring":
-            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                           src=src, work=work, result=result, op=op, phases=("rs", "ag"))
         return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                       src=src, work=work, result=result, op=op)
+                       algorithm, src=src, work=work, result=result, op=op)
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'allreduce', exc) from None
 
@@ -231,9 +216,8 @@ def allreduce(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", ledger
     """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (or in place); returns it."""
     try:
         if max_message_bytes is None and (wire is None or wire == "float32"):
-            if algorithm == "ring":
-                out = blocking.allreduce(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes)
-            else:
+            out = ready(AR, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, segment_bytes)
+            if out is None:
                 out = fast.lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, True)
             if out is not None:
                 return out
@@ -296,18 +280,8 @@ def _general_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, segme
             if not in_place:
                 out[...] = src
             return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
-        if plan.engine == "mpi":
-            return mpi_engine.reduce_scatter(ctx, call, src, out, in_place, result, op, ledger,
-                                             timeout)
-        if plan.algorithm != "ring":
-            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                           src=src, out=out, in_place=in_place, result=result, op=op)
-        if in_place:
-            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                           work=src, src=src, op=op, phases=("rs",), result=result)
         return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                       work=None, src=src, op=op, phases=("rs",), result=result,
-                       final_out=(out, off, size))
+                       algorithm, src=src, out=out, in_place=in_place, result=result, op=op)
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'reduce_scatter', exc) from None
 
@@ -318,10 +292,8 @@ def reduce_scatter(sendbuf, recvbuf=None, *, comm, op="sum", algorithm="auto", l
     """This rank's chunk (``shard_range``) of the reduction over all ranks."""
     try:
         if max_message_bytes is None and (wire is None or wire == "float32"):
-            if algorithm == "ring":
-                out = blocking.reduce_scatter(sendbuf, recvbuf, comm, op, ledger, timeout,
-                                              segment_bytes)
-            else:
+            out = ready(RS, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, segment_bytes)
+            if out is None:
                 out = fast.lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger,
                                                timeout, True)
             if out is not None:
@@ -381,17 +353,12 @@ def _general_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, segment_bytes
                       wire=wire, host=_kind(full) if chunk is None else _kind(chunk, full),
                       max_message_bytes=max_message_bytes, timeout=timeout)
         call = ctx.arrive("all_gather", full.dtype, n, -1, plan.algorithm, "", timeout)
-        if plan.engine == "mpi" and ctx.size > 1 and n > 0:
-            return mpi_engine.all_gather(ctx, call, chunk, full, result, ledger, timeout)
-        if chunk is not None:
-            full[off:off + size] = chunk
         if ctx.size == 1 or n == 0:
+            if chunk is not None:
+                full[off:off + size] = chunk
             return DoneRequest(ctx, "all_gather", call, ledger, result)
-        if plan.algorithm != "ring":
-            return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                           full=full, result=result)
         return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                       work=full, src=full, op=None, phases=("ag",), result=result)
+                       algorithm, chunk=chunk, full=full, result=result)
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'all_gather', exc) from None
 
@@ -401,9 +368,8 @@ def all_gather(sendbuf, recvbuf=None, *, comm, algorithm="auto", ledger=None,
     """Every rank's chunk, concatenated in rank order (``shard_range`` positions)."""
     try:
         if max_message_bytes is None and (wire is None or wire == "float32"):
-            if algorithm == "ring":
-                out = blocking.all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes)
-            else:
+            out = ready(AG, sendbuf, recvbuf, comm, "", algorithm, ledger, timeout, segment_bytes)
+            if out is None:
                 out = fast.lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, True)
             if out is not None:
                 return out

@@ -3,9 +3,8 @@
 Below the crossovers of hpcdp.comm.auto, MPI's own collective over shared memory
 or a network is latency-bound and hard to beat from Python; what hpcdp adds must
 then cost as little as possible. For host numpy buffers and a built-in op, a call
-here is: a ready call when a repeated blocking call has one
-(hpcdp.comm.engines.compiled.lean.ready), else the buffers' inlined checks, the
-chooser's plan for the call's signature (hpcdp.comm.select.lean_signature, cached on the
+here (after the front found no ready call, hpcdp.comm.engines.ready) is: the buffers'
+inlined checks, the chooser's plan for the call's signature (hpcdp.comm.select.lean_signature, cached on the
 communicator's context) and the engine that plan names: one compiled call for a
 blocking call on the compiled tier (hpcdp.comm.engines.compiled.lean.run), else
 mpi4py's call and its deadline poll (hpcdp.comm.engines.mpi.post_*). This module makes
@@ -26,7 +25,7 @@ import numpy as np
 from hpcdp.comm.core.context import known_context
 from hpcdp.comm.core.settings import generation
 from hpcdp.comm.engines import mpi as engine
-from hpcdp.comm.engines.compiled.lean import AG, AR, RS, ready, run
+from hpcdp.comm.engines.compiled.lean import AG, AR, RS, run
 from hpcdp.comm.select import lean_signature
 
 
@@ -48,10 +47,6 @@ def _lean_ctx(comm, collective, op, algorithm, buf):
 
 
 def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
-    if blocking:
-        out = ready(AR, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
-        if out is not None:
-            return out
     if op.__class__ is not str or sendbuf.__class__ is not np.ndarray \
             or (sendbuf.ndim != 1 and not sendbuf.flags.c_contiguous):
         return None  # (a strided 1-D buffer: mpi4py refuses it)
@@ -78,10 +73,6 @@ def lean_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, block
 
 
 def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, blocking=False):
-    if blocking:
-        out = ready(RS, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout)
-        if out is not None:
-            return out
     if op.__class__ is not str or sendbuf.__class__ is not np.ndarray or sendbuf.ndim != 1:
         return None
     ctx, sig = _lean_ctx(comm, "reduce_scatter", op, algorithm, sendbuf)
@@ -98,10 +89,6 @@ def lean_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, 
 
 
 def lean_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, timeout, blocking=False):
-    if blocking:
-        out = ready(AG, sendbuf, recvbuf, comm, "", algorithm, ledger, timeout)
-        if out is not None:
-            return out
     in_place = recvbuf is None or recvbuf is sendbuf
     full = sendbuf if in_place else recvbuf
     if full.__class__ is not np.ndarray or full.ndim != 1:

@@ -46,6 +46,7 @@ from mpi4py import MPI
 
 from hpcdp.comm.core.requests import Request, mpi_buffer
 from hpcdp.comm.schedules.ring import REDUCE, WINDOW, ring_schedule
+from hpcdp.shard import shard_range
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
@@ -264,3 +265,39 @@ def expected_bytes(n: int, N: int, rank: int, itemsize: int,
     from hpcdp.comm.model.volume import ring_bytes
 
     return ring_bytes(n, N, rank, itemsize, phases)
+
+
+# -- the ring's launch from checked buffers (hpcdp.comm.engines.registry's ``bufs``) ----
+
+def ring_arguments(ctx, collective: str, bufs: dict) -> dict:
+    """The ring request's buffers for one collective's checked buffers (an allreduce's
+    ``src, work, result, op``; a reduce-scatter's ``src, out, in_place, result, op``; an
+    all-gather's ``chunk, full, result``, the chunk copied into place here): ``work,
+    src, op, phases, result, final_out``. Both engines that run the ring use it."""
+    if collective == "allreduce":
+        return dict(work=bufs["work"], src=bufs["src"], op=bufs["op"], phases=("rs", "ag"),
+                    result=bufs["result"], final_out=None)
+    if collective == "reduce_scatter":
+        src, out = bufs["src"], bufs["out"]
+        if bufs["in_place"]:
+            return dict(work=src, src=src, op=bufs["op"], phases=("rs",),
+                        result=bufs["result"], final_out=None)
+        off = shard_range(src.size, ctx.size, ctx.rank)[0]
+        return dict(work=None, src=src, op=bufs["op"], phases=("rs",), result=bufs["result"],
+                    final_out=(out, off, out.size))
+    full, chunk = bufs["full"], bufs.get("chunk")
+    if chunk is not None:
+        off = shard_range(full.size, ctx.size, ctx.rank)[0]
+        full[off:off + chunk.size] = chunk
+    return dict(work=full, src=full, op=None, phases=("ag",), result=bufs["result"],
+                final_out=None)
+
+
+def start(ctx, call, ledger, timeout, *, collective, segment_bytes, max_message_bytes,
+          wire=None, **bufs) -> RingRequest:
+    """The ring's registered start (hpcdp.comm.algorithms, one per collective with
+    ``collective`` bound): the ring on the Python engine. ``wire``: a 16-bit
+    hpcdp.comm.engines.wire.Wire or None."""
+    return RingRequest(ctx, collective, call, ledger, timeout, segment_bytes=segment_bytes,
+                       max_message_bytes=max_message_bytes, wire=wire,
+                       **ring_arguments(ctx, collective, bufs))

@@ -37,19 +37,15 @@ log = logging.getLogger("hpcdp.comm")
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 WIRE_ALGORITHMS = ("ring",)
 """Algorithms that carry a 16-bit wire with float32 accumulation (hpcdp.comm.engines.wire)."""
-# what the compiled ring takes (hpcdp.comm.engines.compiled): native byte order of these
-# type codes, a built-in op of these names
-_COMPILED_KINDS = frozenset("bBhHiIlLqQefd")
-_COMPILED_OPS = frozenset(("sum", "mean", "max", "min"))
 _MAX_PLANS = 4096
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What one collective runs: ``algorithm`` (a registered name, never "auto"),
-    ``engine`` ("mpi": MPI's own call; "compiled" or "python": who runs hpcdp's
-    schedule; "mpi" runs on hpcdp.comm.engines.mpi, one call or an allreduce cut into
-    pieces), ``wire`` ("float32" or a 16-bit wire)."""
+    """What one collective runs: ``algorithm`` (a registered name, never "auto",
+    hpcdp.comm.algorithms), ``engine`` (a registered engine that runs it,
+    hpcdp.comm.engines.registry: "mpi" for MPI's own call, "python" or "compiled" for
+    hpcdp's schedules), ``wire`` ("float32" or a 16-bit wire)."""
 
     collective: str
     algorithm: str
@@ -80,12 +76,12 @@ def plans_of(ctx) -> dict:
 def overlap_algorithm(comm, algorithm: str) -> str:
     """The algorithm for non-blocking collectives that should progress while the
     caller computes (module docstring)."""
-    from hpcdp.comm.engines.compiled.engine import active_engine
+    from hpcdp.comm.engines.registry import active_engine, get as get_engine
 
     algorithm = configured("allreduce", algorithm)
     if algorithm != "auto" or settings().profile:
         return algorithm
-    return "ring" if active_engine(comm) == "compiled" else algorithm
+    return "ring" if get_engine(active_engine(comm)).progresses else algorithm
 
 
 def wire_algorithm(wire, algorithm: str, what: str = "collective") -> str:
@@ -268,33 +264,29 @@ def _decide(ctx, collective, algorithm, nbytes, dtype, op, wire, overlap, host,
     else:
         choose(collective, int(nbytes), ctx.size, algo)  # a registered name, or its error
     algo = byte_order(algo, algorithm, dtype, collective)
-    if algo == "native":
-        return Plan(collective, algo, "mpi", "float32")
-    engine = "python"
-    if algo == "ring" and _ring_compiled(ctx, w, dtype, op, host):
-        engine = "compiled"
+    engine = _engine(ctx, get_algorithm(collective, algo), dtype, op, host, w)
     return Plan(collective, algo, engine, "float32" if w is None else w.name)
 
 
-def _ring_compiled(ctx, w, dtype, op, host) -> bool:
-    """Whether the ring runs compiled: the engine asked for on ``ctx`` (``set_engine`` or
-    ``[comm] engine``) is "compiled", this MPI can be bound, and the call is one compiled
-    code takes (host buffers of native byte order and a compiled type, a built-in op).
-    A 16-bit wire runs on the Python ring (its per-segment conversion is not in the
-    compiled state machine): one info line, once per process."""
-    from hpcdp.comm.engines.compiled.engine import compiled_engine, engine_name
+def _engine(ctx, alg, dtype, op, host, w) -> str:
+    """The engine that runs ``alg`` for this call (hpcdp.comm.engines.registry): the one
+    asked for on ``ctx`` (``set_engine``, else ``[comm] engine``) when it runs the
+    algorithm, takes the call and is available in this process, else the first
+    registered one that does (MPI's own for "native", the Python engine for hpcdp's
+    schedules). A 16-bit wire the engine asked for does not carry runs on the Python
+    ring: one info line, once per process."""
+    from hpcdp.comm.engines import registry
 
-    if engine_name(ctx) != "compiled":
-        return False
-    if w is not None:
-        if once(("select", "wire on the Python ring")):
-            log.info("hpcdp.comm: the compiled engine carries float32 wires only; %s-wire "
-                     "collectives run on the Python ring", w.name)
-        return False
-    if compiled_engine() is None:
-        return False
-    return (host == 2 and dtype.char in _COMPILED_KINDS and dtype.isnative
-            and (op is None or (op.builtin and op.name in _COMPILED_OPS)))
+    first = registry.get(registry.asked(ctx))
+    for e in (first, *registry.registered()):
+        if e.runs(alg) and e.takes(dtype, op, host, w) and e.available():
+            if w is not None and e is not first and first.runs(alg) \
+                    and once(("select", "wire", first.name)):
+                log.info("hpcdp.comm: the %s engine carries float32 wires only; %s-wire "
+                         "collectives run on the %s engine", first.name, w.name, e.name)
+            return e.name
+    raise ValueError(f"{alg.collective}: no engine runs algorithm {alg.name!r} for this call "
+                     f"(dtype {dtype}, {'host' if host else 'device'} buffers)")
 
 
 def plan(collective: str, nbytes: int, *, comm, dtype="float32", op="sum", algorithm="auto",

@@ -17,7 +17,9 @@ import pytest
 
 from hpcdp.comm import CollectiveTimeout, Ledger, all_gather, allreduce, iallreduce, \
     iall_gather, reduce_scatter
-from hpcdp.comm.engines.compiled import active_engine, binding, engine, set_engine
+from hpcdp.comm import active_engine, set_engine
+from hpcdp.comm.engines.compiled import binding, engine
+from hpcdp.comm.engines.ready import AG, AR, RS, kept
 from hpcdp.comm.engines.compiled.request import CompiledRingRequest
 from hpcdp.comm.core.context import get_context
 from hpcdp.shard import shard_range
@@ -59,28 +61,40 @@ def data(n, rank, dtype, salt=0):
 
 def run_all(comm, eng, dtype, n, seg, fronts=None, back=True):
     """Every ring collective on ``eng``; returns (results, ledger totals). ``fronts``: a
-    list that gets the blocking front's entries' keys; ``back``: set the engine back to
-    Python at the end (which empties them)."""
+    list that gets, for each call made twice in a row (the repeat: its ready call,
+    hpcdp.comm.engines.ready), ``(name, entry kind, whether the entry ran)``; ``back``: set
+    the engine back to Python at the end (which empties the ready calls)."""
     set_engine(comm, eng)
     rank, N = comm.Get_rank(), comm.Get_size()
     ledger = Ledger()
     out = {}
     kw = dict(comm=comm, algorithm="ring", ledger=ledger, segment_bytes=seg)
+
+    def call(key, which, fn):
+        out[key] = fn().tobytes()
+        if fronts is not None:
+            assert fn().tobytes() == out[key], key
+            e = kept(get_context(comm), which, n)
+            # a ready entry's first run takes its state from the plan and keeps it
+            fronts.append((key, type(e).__name__, e is not None and e.state is not None))
+
     for op in OPS:
         x = data(n, rank, dtype)
-        out["ar", op] = allreduce(x.copy(), **kw, op=op).tobytes()
-        out["ar-out", op] = allreduce(x, np.empty_like(x), **kw, op=op).tobytes()
+        call(("ar", op), AR, lambda: allreduce(x.copy(), **kw, op=op))
+        call(("ar-out", op), AR, lambda: allreduce(x, np.empty_like(x), **kw, op=op))
         off, size = shard_range(n, N, rank)
-        out["rs", op] = reduce_scatter(x.copy(), **kw, op=op).tobytes()
-        out["rs-out", op] = reduce_scatter(x, np.empty(size, dtype), **kw, op=op).tobytes()
+        call(("rs", op), RS, lambda: reduce_scatter(x.copy(), **kw, op=op))
+        call(("rs-out", op), RS, lambda: reduce_scatter(x, np.empty(size, dtype), **kw, op=op))
     x = data(n, rank, dtype, salt=1)
     off, size = shard_range(n, N, rank)
-    full = np.zeros(n, dtype)
-    full[off:off + size] = x[off:off + size]
-    out["ag"] = all_gather(full, **kw).tobytes()
-    out["ag-out"] = all_gather(x[off:off + size].copy(), np.zeros(n, dtype), **kw).tobytes()
-    if fronts is not None:
-        fronts.extend(get_context(comm).blocking_plans)
+
+    def gathered():
+        full = np.zeros(n, dtype)
+        full[off:off + size] = x[off:off + size]
+        return all_gather(full, **kw)
+
+    call("ag", AG, gathered)
+    call("ag-out", AG, lambda: all_gather(x[off:off + size].copy(), np.zeros(n, dtype), **kw))
     if back:
         set_engine(comm, "python")
     return out, ledger.totals()
@@ -104,18 +118,20 @@ def test_bitwise_equal_to_the_python_ring(comm, dtype, seg):
     for n in lengths(comm.Get_size()):
         ref, ref_ledger = run_all(comm, "python", dtype, n, seg)
         ctx.compiled_plans.clear()  # (its cap of 256 plans must not drop this n's plans)
-        ctx.blocking_plans.clear()
-        # the request path (compiling); the front keeps a ready entry per signature
+        ctx.forget_ready()
+        # the request path (compiling); the engine keeps a ready entry per signature
         got, got_ledger = run_all(comm, "compiled", dtype, n, seg, back=False)
         fronts = []
-        again, again_ledger = run_all(comm, "compiled", dtype, n, seg, fronts)  # the entries
+        # each call twice in a row: the repeat runs on its ready entry
+        again, again_ledger = run_all(comm, "compiled", dtype, n, seg, fronts)
         bad = [k for k in ref if ref[k] != got[k] or ref[k] != again[k]]
         assert not bad, f"n={n}: {bad} differ"
-        assert got_ledger == ref_ledger == again_ledger, f"n={n}"
-        if n and comm.Get_size() > 1:  # every call of the second run had its ready entry
-            names = {k[0] for k in fronts}
-            assert names == {"allreduce", "reduce_scatter", "all_gather"}, names
-            assert len(fronts) == 4 * 4 + 1, sorted(fronts)  # 4 ops x (ar, ar-out, rs, rs-out) + ag
+        twice = {k: {f: 2 * v for f, v in d.items()} for k, d in ref_ledger.items()}
+        assert got_ledger == ref_ledger and again_ledger == twice, f"n={n}"
+        if n and comm.Get_size() > 1:  # every repeated call of the second run ran its entry
+            assert len(fronts) == 4 * 4 + 2, fronts  # 4 ops x (ar, ar-out, rs, rs-out) + 2 ag
+            missed = [f for f in fronts if f[1:] != ("Entry", True)]
+            assert not missed, missed
 
 
 @pytest.mark.mpi(min_size=2)
@@ -125,7 +141,7 @@ def test_the_blocking_front_keeps_debug_mode_and_the_engine_choice(comm):
     sub = comm.Dup()
     set_engine(sub, "compiled")
     N, r = sub.Get_size(), sub.Get_rank()
-    fronts = get_context(sub).blocking_plans
+    fronts = get_context(sub).ready_calls[AR]
     for n in (10, 11):  # both signatures warm on every rank: the front would take them
         for _ in range(2):
             allreduce(np.ones(n), comm=sub, algorithm="ring")
@@ -198,7 +214,7 @@ def test_a_rank_that_never_arrives_is_named_from_compiled_code(comm, path):
     if path == "repeated call":  # the missed call's signature is warm: the blocking front
         allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")  # compiles: the request path
         allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")  # its ready entry
-        assert (1 << 16) in [k[1] for k in get_context(sub).blocking_plans]
+        assert (1 << 16) in get_context(sub).ready_calls[AR]
     if rank == N - 1:
         time.sleep(4)  # never calls the next one
     else:
@@ -276,7 +292,7 @@ def test_states_are_reused_and_buckets_progress_alone(comm):
                  and k[4] == "d"]
         # one state in all: the first call's (the request path) went back to the plan,
         # the blocking front's entry took it for the repeated calls and keeps it
-        held = [e.state for e in get_context(comm).blocking_plans.values() if
+        held = [e.state for e in get_context(comm).ready_calls[AR].values() if
                 e.plan is plans[0]]
         assert len(plans) == 1 and not plans[0].free and len(held) == 1 and held[0] is not None
         with progress_by("thread"):

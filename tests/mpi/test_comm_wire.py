@@ -133,7 +133,7 @@ def test_wire_ledger_is_half_the_bytes(comm):
 
 
 def test_wire_on_the_compiled_engine_runs_the_python_ring(comm):
-    from hpcdp.comm.engines.compiled.engine import set_engine
+    from hpcdp.comm import set_engine
 
     c = comm.Dup()
     try:

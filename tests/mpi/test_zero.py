@@ -215,8 +215,8 @@ def _mem_run(strategy_obj, world, stage):
 @pytest.mark.parametrize("engine", ["default", "compiled"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_persistent_memory_equals_the_ownership_rule_and_the_formula(stage, engine):
-    from hpcdp.comm.engines.compiled import set_engine
-    from hpcdp.comm.engines.compiled.engine import engine_name
+    from hpcdp.comm import set_engine
+    from hpcdp.comm.engines.registry import asked
     from hpcdp.comm.core.context import get_context
     from hpcdp.memcheck import state_bytes
     from hpcdp.strategies.zero.groups import group_ranges
@@ -226,7 +226,7 @@ def test_persistent_memory_equals_the_ownership_rule_and_the_formula(stage, engi
     strat = ddp() if stage == 0 else zero(stage, bucket_mb=0.05, prefetch=1)
     # "compiled": the engine's progress thread must hold no finished request (and so no
     # buffer of an earlier run) while it waits, or the tracker's deltas come out short
-    before = engine_name(get_context(world.comm))
+    before = asked(get_context(world.comm))
     set_engine(world.comm, before if engine == "default" else "compiled")
     try:
         live, peak, flat = _mem_run(strat, world, stage)

@@ -166,6 +166,21 @@ def test_the_config_names_exactly_the_registered_algorithms():
     assert set(CONFIG_WIRE_ALGORITHMS) == {"auto", *WIRE_ALGORITHMS}
 
 
+def test_the_config_names_exactly_the_selectable_engines():
+    """``[comm] engine`` is checked without importing comm: hpcdp.config.COMM_ENGINES must
+    name the engines hpcdp.comm.engines.registry lets a user ask for (a new selectable
+    engine: add its name there too); every algorithm has an engine that runs it."""
+    from hpcdp.comm.algorithms import registered
+    from hpcdp.comm.engines import registry
+    from hpcdp.config import COMM_ENGINES
+
+    assert set(COMM_ENGINES) == set(registry.selectable())
+    assert set(COMM_ENGINES) < {e.name for e in registry.registered()}
+    for c in ("allreduce", "reduce_scatter", "all_gather"):
+        for alg in registered(c):
+            assert [e.name for e in registry.registered() if e.runs(alg)], (c, alg.name)
+
+
 def test_a_registered_algorithm_is_known_to_auto_volume_and_the_cost_model():
     """One registration: choose() accepts it, collective_bytes counts it by its formula,
     the cost model prices it and (model_picks) may choose it."""

@@ -51,7 +51,7 @@ def test_an_environment_variable_overrides_and_is_logged_once(clean, monkeypatch
 
 
 @pytest.mark.parametrize("var,raw,message", [
-    ("HPCDP_COMM_ENGINE", "fast", "HPCDP_COMM_ENGINE must be one of ('python', 'compiled'), got 'fast'"),
+    ("HPCDP_COMM_ENGINE", "fast", "HPCDP_COMM_ENGINE must be one of ('compiled', 'python'), got 'fast'"),
     ("HPCDP_RANKS_PER_NODE", "two", "HPCDP_RANKS_PER_NODE must be a whole number >= 1, got 'two'"),
     ("HPCDP_COMM_TIMEOUT", "-1", "HPCDP_COMM_TIMEOUT must be > 0 seconds, got '-1'"),
     ("HPCDP_ALL_GATHER_CROSSOVER", "1e6", "HPCDP_ALL_GATHER_CROSSOVER must be an integer byte count"),

@@ -108,9 +108,9 @@ class CommContext:
         # MPI datatype and op), valid while hpcdp.comm.core.settings.generation() == plans_gen
         self.plans: dict = {}
         self.plans_gen = -1
-        # hpcdp.comm.engines.compiled.lean's ready compiled calls: (allreduce, reduce-scatter, all-gather),
-        # each length -> its LeanCall (the last signature seen at that length)
-        self.lean_calls: tuple = ({}, {}, {})
+        # hpcdp.comm.engines.ready: a repeated blocking call's ready calls, (allreduce,
+        # reduce-scatter, all-gather), each length -> its entry (the last signature seen there)
+        self.ready_calls: tuple = ({}, {}, {})
         # set_lean_path's "compiled" or "mpi4py" (None: [comm] lean when the chooser needs it,
         # hpcdp.comm.select.lean_tier)
         self.lean_path: str | None = None
@@ -122,8 +122,6 @@ class CommContext:
         # needed) and the compiled ring's plans (shape key -> Plan, with reusable states)
         self.engine: str | None = None
         self.compiled_plans: dict = {}
-        # hpcdp.comm.engines.compiled.blocking: a blocking ring call's signature -> its ready plan
-        self.blocking_plans: dict = {}
         # abort(): nonzero once this communicator is aborted (the compiled engine's loops
         # read it through its address); the contexts of communicators derived from this
         # one (topology, two-level channels), aborted and forgotten with it
@@ -131,6 +129,11 @@ class CommContext:
         self.derived: list = []
         self.topology = None  # hpcdp.comm.nodes: built on first use
         self.extra: dict = {}  # per-communicator state of upper layers (two-level requests)
+
+    def forget_ready(self) -> None:
+        """Drop the ready calls (hpcdp.comm.engines.ready): the engine or the
+        small-message tier they were made for changed."""
+        self.ready_calls = ({}, {}, {})
 
     def arrive(self, name, dtype, n, root, algorithm, op, timeout):
         """Take the next sequence number; return the call tuple (the fingerprint, sent
@@ -298,8 +301,8 @@ def forget(comm, *, free: bool = True) -> None:
                 except Exception:  # noqa: BLE001 - already freed or unusable: dropped anyway
                     pass
         c.derived, c.topology, c.extra = [], None, {}
-        c.compiled_plans, c.blocking_plans, c.plans = {}, {}, {}
-        c.lean_calls = ({}, {}, {})
+        c.compiled_plans, c.plans = {}, {}
+        c.forget_ready()
 
 
 def _family(ctx) -> list:

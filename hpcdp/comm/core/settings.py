@@ -38,12 +38,11 @@ import dataclasses
 import logging
 import os
 
-from hpcdp.config import CommConfig
+from hpcdp.config import COMM_ENGINES, CommConfig
 
 log = logging.getLogger("hpcdp.comm")
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
-ENGINES = ("python", "compiled")
 LEAN_PATHS = ("compiled", "mpi4py")
 PROGRESS_MODES = ("auto", "thread", "calls")
 CUDA_AWARE = ("auto", "true", "false")
@@ -112,7 +111,7 @@ def _seconds(var, raw):
 
 # (key of Settings, environment variable, parser, [comm] key for the log)
 _OVERRIDES = [
-    ("engine", "HPCDP_COMM_ENGINE", lambda v, r: _choice(v, r, ENGINES), "engine"),
+    ("engine", "HPCDP_COMM_ENGINE", lambda v, r: _choice(v, r, COMM_ENGINES), "engine"),
     ("lean", "HPCDP_COMM_LEAN", lambda v, r: _choice(v, r, LEAN_PATHS), "lean"),
     ("progress", "HPCDP_COMM_PROGRESS", lambda v, r: _choice(v, r, PROGRESS_MODES), "progress"),
     ("profile", "HPCDP_PROFILE", lambda v, r: r.strip(), "profile"),
@@ -219,4 +218,4 @@ def generation() -> int:
 
 __all__ = ["Settings", "settings", "configure", "reload", "invalidate", "generation", "once", "COLLECTIVES",
            "RANKS_PER_NODE_ENV",
-           "ENGINES", "LEAN_PATHS", "PROGRESS_MODES"]
+           "LEAN_PATHS", "PROGRESS_MODES"]

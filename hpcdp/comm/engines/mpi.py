@@ -41,6 +41,7 @@ from hpcdp.comm.core.diagnose import diagnose, peer_failed
 from hpcdp.comm.core.errors import mpi_error
 from hpcdp.comm.core.ops import mpi_datatype
 from hpcdp.comm.core.requests import MAX_MESSAGE_BYTES, Request, pieces
+from hpcdp.comm.engines.base import Engine
 from hpcdp.shard import shard_bounds
 
 
@@ -237,6 +238,24 @@ def all_gather(ctx, call, chunk, full, result, ledger, timeout):
         mine = counts[ctx.rank]
     item = full.dtype.itemsize
     return FastRequest(ctx, req, call, ledger, (mine * item, n * item), timeout, result)
+
+
+def launch(ctx, alg, plan, call, ledger, timeout, *, segment_bytes, max_message_bytes,
+           blocking, asked, **bufs):
+    """MPI's own collective on checked buffers (hpcdp.comm.engines.registry's launch)."""
+    c = plan.collective
+    if c == "allreduce":
+        return allreduce(ctx, call, bufs["src"], bufs["work"], bufs["result"], bufs["op"],
+                         ledger, timeout, max_message_bytes)
+    if c == "reduce_scatter":
+        return reduce_scatter(ctx, call, bufs["src"], bufs["out"], bufs["in_place"],
+                              bufs["result"], bufs["op"], ledger, timeout)
+    return all_gather(ctx, call, bufs["chunk"], bufs["full"], bufs["result"], ledger, timeout)
+
+
+# MPI's own runs "native" only; the chooser picks it for that algorithm, never by
+# [comm] engine (which names who runs hpcdp's schedules)
+ENGINE = Engine("mpi", runs=lambda alg: alg.name == "native", launch=launch, selectable=False)
 
 
 # -- the small-message path's calls (hpcdp.comm.fast: the call's context and signature

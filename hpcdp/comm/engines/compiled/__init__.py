@@ -4,15 +4,12 @@
 - binding.py: the MPI functions, bound from the library mpi4py loaded (ABI by handle size)
 - kernels.py: the ring's state machine as one compiled function
 - request.py: CompiledRingRequest, the request interface over it
-- blocking.py: the blocking ring calls' fast front (a cached plan per call signature)
+- blocking.py: the blocking ring calls' ready entries (a cached plan per call signature)
 - progress.py: the progress thread (sleeps, never busy-polls)
-- engine.py: the engine asked for (``[comm] engine``, ``set_engine``), the binding's fallback;
-  ring_request launches the ring on the engine the chooser's plan names
+- engine.py: the process's bound engine and progress thread; the engine's record
+  (hpcdp.comm.engines.registry): what it takes, its launch
+- lean.py: MPI's own collective posted and tested from compiled code (the small-message
+  tier), its ready calls
 
 See docs/collectives.md, "The compiled engine".
 """
-
-from hpcdp.comm.engines.compiled.engine import (ENGINES, active_engine, ring_request,
-                                         set_engine)
-
-__all__ = ["ENGINES", "active_engine", "ring_request", "set_engine"]

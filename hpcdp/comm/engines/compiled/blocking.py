@@ -1,27 +1,22 @@
-"""The blocking compiled ring's fast front: a repeated call runs as one compiled call.
+"""The blocking compiled ring's ready entries: a repeated call runs as one compiled call.
 
-A blocking ``allreduce`` / ``reduce_scatter`` / ``all_gather`` with
-``algorithm="ring"`` on a communicator whose ring runs compiled
-(hpcdp.comm.engines.compiled.engine) spends most of its time, at small sizes, in Python:
-the general front's checks, the call tuple, the registered start, a request object
-and its ledger record. Here a call's signature ``(collective, length, dtype,
-op, in place, segment_bytes)`` is checked once by the general path: when the chooser's
-plan runs it as the ring on the compiled engine (hpcdp.comm.select) and the call is
-blocking, the front keeps the request's plan (hpcdp.comm.engines.compiled.request.Plan,
-its code compiled by the request's first pass, outside any deadline) as a ready entry
-per signature on the communicator's context (:func:`keep`, ``CommContext.blocking_plans``,
-emptied by ``set_engine``). A repeated call is then: a few buffer checks, a sequence
-number, a state from the plan, one compiled ``advance`` in ``BLOCK`` mode up to the
-deadline, and the ledger's counters. This module makes no choice: it runs an entry the
-chooser's plan made, or returns None.
+A blocking ``allreduce`` / ``reduce_scatter`` / ``all_gather`` whose plan runs the ring
+on the compiled engine (hpcdp.comm.select) spends most of its time, at small sizes, in
+Python: the general front's checks, the call tuple, the launch, a request object and
+its ledger record. When the compiled engine launches such a call it keeps the request's
+plan (hpcdp.comm.engines.compiled.request.Plan, its code compiled by the request's first
+pass, outside any deadline) as an :class:`Entry` in the context's ready calls
+(:func:`keep`; hpcdp.comm.engines.ready looks it up and checks the signature). A
+repeated call is then: its other buffer and segment size checked, a sequence number, a
+state from the plan, one compiled ``advance`` in ``BLOCK`` mode up to the deadline, and
+the ledger's counters. This module makes no choice: it keeps and runs entries the
+chooser's plans made.
 
 Every guarantee stays: the same plan and kernel as the request path (bit-for-bit
 results), the same ledger figures, the deadline (``comm.timeout`` or ``timeout=``)
 and the missing-rank diagnosis when it passes or a peer starts one (the call tuple
-is built only then), an MPI error from compiled code as a CommError. Anything else
-returns None and takes the general path: a signature with no entry (a first call, one
-the chooser does not run on the compiled ring), debug mode, a failed communicator, a
-non-numpy, non-contiguous or read-only buffer, one of another dtype or length.
+is built only then), an MPI error from compiled code as a CommError. Anything that
+does not fit returns None and takes the general path.
 """
 
 from __future__ import annotations
@@ -33,10 +28,9 @@ import numpy as np
 from hpcdp.comm.engines.compiled import kernels as K
 from hpcdp.comm.engines.compiled.kernels import BLOCK, DONE, FRESH_SHIFT
 from hpcdp.comm.engines.compiled.request import failure, timed_out
-from hpcdp.comm.core.context import known_context
+from hpcdp.comm.core.settings import generation
+from hpcdp.comm.engines.ready import AG, NAMES, RS, WHICH, keep as keep_ready, kept
 from hpcdp.shard import shard_range
-
-_MAX_ENTRIES = 256
 _COUNTS = slice(K.ST_SENT_B, K.ST_SENT_B + 4)
 assert (K.ST_RECV_B, K.ST_SENT_M, K.ST_RECV_M) == tuple(range(K.ST_SENT_B + 1, K.ST_SENT_B + 4))
 
@@ -47,18 +41,54 @@ class Entry:
     finding it taken uses one from the plan) and ``call``: the compiled ``advance``'s
     entry point for exactly this signature's argument types (set after the entry's
     first call through Numba's dispatcher), which skips the dispatcher's per-call type
-    resolution; the front only passes it arrays of those types (:func:`_ok`: 1-D,
-    C-contiguous, aligned, writeable, and the key's native dtype)."""
+    resolution; it only gets arrays of those types (:func:`_ok`: 1-D, C-contiguous,
+    aligned, writeable, and the key's native dtype). The signature
+    (hpcdp.comm.engines.ready): ``dtype``, ``op``, ``algorithm``, ``gen``, and its own
+    ``same`` (in place) and ``segment_bytes``."""
 
     __slots__ = ("plan", "engine", "half", "off", "size", "op_name", "state", "call",
-                 "tag_mod", "tag_step")
+                 "tag_mod", "tag_step", "which", "name", "dtype", "op", "algorithm", "gen",
+                 "same", "segment_bytes")
 
-    def __init__(self, plan, engine, half, off, size, op_name):
+    def __init__(self, plan, engine, half, off, size, op_name, which, dtype, algorithm, same,
+                 segment_bytes):
         self.plan, self.engine, self.half = plan, engine, half
         self.off, self.size, self.op_name = off, size, op_name
         self.state = None  # (taken from the plan at the first call, then kept)
         self.call = None
         self.tag_mod, self.tag_step = plan.seq_mod, plan.step_space
+        self.which, self.name, self.dtype, self.op = which, NAMES[which], dtype, op_name
+        self.algorithm, self.gen, self.same = algorithm, generation(), same
+        self.segment_bytes = segment_bytes
+
+    def run(self, ctx, sendbuf, recvbuf, full, in_place, ledger, timeout, segment_bytes):
+        """The call on buffers whose signature matched (hpcdp.comm.engines.ready): the
+        result, or None when the rest does not fit (nothing done)."""
+        if in_place != self.same or segment_bytes != self.segment_bytes:
+            return None
+        which = self.which
+        if which == AG:
+            if not in_place:
+                if not _ok(sendbuf) or sendbuf.dtype is not self.dtype \
+                        or sendbuf.size != self.size:
+                    return None
+                full[self.off:self.off + self.size] = sendbuf
+            _run(ctx, "all_gather", self, full, full, full.dtype, full.size, ledger, timeout)
+            return full
+        if not in_place and not (_ok(recvbuf) and recvbuf.dtype is self.dtype):
+            return None
+        if which == RS:
+            if not in_place and recvbuf.size != self.size:
+                return None
+            _run(ctx, "reduce_scatter", self, sendbuf if in_place else None, sendbuf,
+                 sendbuf.dtype, sendbuf.size, ledger, timeout,
+                 res=None if in_place else recvbuf)
+            return sendbuf[self.off:self.off + self.size] if in_place else recvbuf
+        work = sendbuf if in_place else recvbuf
+        if work.size != sendbuf.size:
+            return None
+        _run(ctx, "allreduce", self, work, sendbuf, sendbuf.dtype, sendbuf.size, ledger, timeout)
+        return work
 
 
 def _ok(buf) -> bool:
@@ -68,25 +98,29 @@ def _ok(buf) -> bool:
     return buf.__class__ is np.ndarray and buf.ndim == 1 and buf.flags.carray
 
 
-def keep(ctx, name, req, op, segment_bytes) -> None:
+def keep(ctx, name, req, op, algorithm, segment_bytes) -> None:
     """Keep a ready entry for the signature of ``req``, a blocking compiled ring request
-    the front just launched because the chooser's plan said so (hpcdp.comm.select: the
+    the compiled engine just launched from the chooser's plan (hpcdp.comm.select: the
     ring on the compiled engine, host buffers, a built-in op, no 16-bit wire, whole
     messages). Its plan's code is compiled by then (the request's first pass compiles
     it, outside any deadline). The entry takes its state from the plan at its first
-    call. ``op``: the op's name ("" for an all-gather), as the caller names it."""
+    call. ``op``: the op's name ("" for an all-gather); ``algorithm``: the one the
+    caller named (the ready call's key, hpcdp.comm.engines.ready)."""
     plan = req.plan
     if not plan.warm:
         return
+    which = WHICH[name]
     same = req.src is req.work
-    key = (name, plan.n, plan.dtype, op or None, same, segment_bytes)
-    if key in ctx.blocking_plans:
+    dtype = req.src.dtype
+    r = kept(ctx, which, plan.n)
+    if r is not None and r.__class__ is Entry and r.dtype is dtype and r.op == op \
+            and r.algorithm == algorithm and r.same == same \
+            and r.segment_bytes == segment_bytes and r.gen == generation() \
+            and r.engine is req.engine:
         return
     off, size = shard_range(plan.n, ctx.size, ctx.rank)
-    if len(ctx.blocking_plans) >= _MAX_ENTRIES:
-        ctx.blocking_plans.clear()
-    ctx.blocking_plans[key] = Entry(plan, req.engine, plan.dtype == np.float16, off, size,
-                                    op or "")
+    keep_ready(ctx, which, plan.n, Entry(plan, req.engine, plan.dtype == np.float16, off, size,
+                                         op, which, dtype, algorithm, same, segment_bytes))
 
 
 def _bound(advance, args):
@@ -145,78 +179,3 @@ def _run(ctx, name, e, work, src, dtype, n, ledger, timeout, res=None):
         e.state = state
     else:
         e.plan.give(state)
-
-
-def _front(comm):
-    ctx = known_context(comm)
-    if ctx is None or ctx.debug or ctx.failed is not None:
-        return None
-    return ctx
-
-
-def _reducing(name, sendbuf, recvbuf, comm, op, segment_bytes):
-    """(context, entry, in place) of a reducing call the front takes, or None. An
-    out-of-place buffer's length is the caller's to check against the entry. The
-    per-call checks are the buffers' and the context's; what an entry's key fixes
-    (op, dtype, length, ranks) was checked when the entry was made."""
-    if op.__class__ is not str or not _ok(sendbuf):
-        return None
-    ctx = _front(comm)
-    if ctx is None:
-        return None
-    same = recvbuf is None or recvbuf is sendbuf
-    dtype = sendbuf.dtype
-    if not (same or (_ok(recvbuf) and recvbuf.dtype == dtype)):
-        return None
-    e = ctx.blocking_plans.get((name, sendbuf.size, dtype, op, same, segment_bytes))
-    if e is None:
-        return None
-    return ctx, e, same
-
-
-def allreduce(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
-    """A blocking ring allreduce through the fast front, or None (module docstring)."""
-    hit = _reducing("allreduce", sendbuf, recvbuf, comm, op, segment_bytes)
-    if hit is None:
-        return None
-    ctx, e, same = hit
-    work = sendbuf if same else recvbuf
-    if work.size != sendbuf.size:
-        return None
-    _run(ctx, "allreduce", e, work, sendbuf, sendbuf.dtype, sendbuf.size, ledger, timeout)
-    return work
-
-
-def reduce_scatter(sendbuf, recvbuf, comm, op, ledger, timeout, segment_bytes):
-    """A blocking ring reduce-scatter through the fast front, or None."""
-    hit = _reducing("reduce_scatter", sendbuf, recvbuf, comm, op, segment_bytes)
-    if hit is None:
-        return None
-    ctx, e, same = hit
-    if not same and recvbuf.size != e.size:
-        return None
-    off, size = e.off, e.size
-    _run(ctx, "reduce_scatter", e, sendbuf if same else None, sendbuf, sendbuf.dtype,
-         sendbuf.size, ledger, timeout, res=None if same else recvbuf)
-    return sendbuf[off:off + size] if same else recvbuf
-
-
-def all_gather(sendbuf, recvbuf, comm, ledger, timeout, segment_bytes):
-    """A blocking ring all-gather through the fast front, or None."""
-    if not _ok(sendbuf):
-        return None
-    ctx = _front(comm)
-    if ctx is None:
-        return None
-    same = recvbuf is None or recvbuf is sendbuf
-    full = sendbuf if same else recvbuf
-    if not same and not (_ok(recvbuf) and recvbuf.dtype == sendbuf.dtype):
-        return None
-    dtype, n = full.dtype, full.size
-    e = ctx.blocking_plans.get(("all_gather", n, dtype, None, True, segment_bytes))
-    if e is None or (not same and sendbuf.size != e.size):
-        return None
-    if not same:
-        full[e.off:e.off + e.size] = sendbuf
-    _run(ctx, "all_gather", e, full, full, dtype, n, ledger, timeout)
-    return full

@@ -1,34 +1,29 @@
-"""The engine asked for per communicator, the process's compiled engine, and the
-ring's launch on the engine a plan names.
+"""The compiled engine: the process's bound MPI and progress thread, and the ring's
+launch on it.
 
-``[comm] engine`` (``HPCDP_COMM_ENGINE`` overrides it: ``compiled``, the default, or
-``python``; read when a communicator's context is first used) or :func:`set_engine` per
-communicator says who should run hpcdp's ring. ``compiled`` runs the ring collectives
-(reduce-scatter, all-gather, allreduce) through hpcdp.comm.engines.compiled: bit-for-bit
-the Python ring's results, ledger and timeouts. Which calls it takes (host numpy buffers
-of native byte order, a built-in op, a dtype compiled code handles, no 16-bit wire) is
-the chooser's rule (hpcdp.comm.select); everything runs on the Python ring when the MPI
-library cannot be bound (hpcdp.comm.engines.compiled.binding): then one line in the log
-says why, once per process.
+It runs the ring (reduce-scatter, all-gather, allreduce) through
+hpcdp.comm.engines.compiled: bit-for-bit the Python ring's results, ledger and timeouts.
+It takes host numpy buffers of native byte order and a type compiled code handles, a
+built-in op and no 16-bit wire (:func:`takes`); it is available when this MPI can be
+bound (hpcdp.comm.engines.compiled.binding; else one line in the log says why, once
+per process, and the chooser runs the ring on the Python engine). ``[comm] engine``
+(the default, ``compiled``) or ``set_engine`` asks for it (hpcdp.comm.engines.registry).
 
-:func:`ring_request` launches the ring on the engine the chooser's plan names; it makes
-no choice of its own.
+A blocking call's ring runs in the caller's thread and keeps a ready entry for its
+signature (hpcdp.comm.engines.compiled.blocking); a non-blocking one is handed to the
+progress thread, which moves it while the caller computes.
 """
 
 from __future__ import annotations
 
 import logging
 
-from hpcdp.comm.core.settings import ENGINES, invalidate, settings
-from hpcdp.comm.ring import RingRequest
+from hpcdp.comm.core.settings import invalidate
+from hpcdp.comm.engines.base import Engine
+from hpcdp.comm.ring import ring_arguments
 
 _OPS = {"sum": 0, "mean": 0, "max": 1, "min": 2}
 log = logging.getLogger("hpcdp.comm")
-
-
-def default_engine() -> str:
-    """``[comm] engine`` (``HPCDP_COMM_ENGINE`` overrides it)."""
-    return settings().engine
 
 
 class CompiledEngine:
@@ -82,59 +77,39 @@ def forget() -> None:
     invalidate()  # plans that named the compiled engine are decided again
 
 
-def engine_name(ctx) -> str:
-    """The engine this communicator's context asked for (``set_engine`` or the env)."""
-    name = ctx.engine
-    if name is None:
-        name = ctx.engine = default_engine()
-    return name
+# what compiled code takes: native byte order of these type codes, a built-in op of these names
+_KINDS = frozenset("bBhHiIlLqQefd")
+_COMPILED_OPS = frozenset(_OPS)
 
 
-def set_engine(comm, name: str) -> None:
-    """Run ``comm``'s ring collectives on ``name`` (``"python"`` or ``"compiled"``);
-    collective: every rank must pick the same (the engines' wire traffic is the same,
-    but the choice should not differ between ranks)."""
-    from hpcdp.comm.core.context import get_context
-
-    if name not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
-    ctx = get_context(comm)
-    if ctx.engine != name:  # the blocking ring's entries were kept for the compiled engine
-        ctx.blocking_plans.clear()
-    ctx.engine = name
-    ctx.plans.clear()  # (the chooser decides again: hpcdp.comm.select)
+def takes(dtype, op, host, wire) -> bool:
+    """Host numpy buffers (not a subclass) of native byte order and a compiled type, a
+    built-in op, no 16-bit wire (its per-segment conversion is not in the compiled state
+    machine)."""
+    return (wire is None and host == 2 and dtype.char in _KINDS and dtype.isnative
+            and (op is None or (op.builtin and op.name in _COMPILED_OPS)))
 
 
-def active_engine(comm) -> str:
-    """What ``comm``'s ring collectives run on now: ``compiled`` only if asked for and
-    the MPI library could be bound."""
-    from hpcdp.comm.core.context import get_context
+def launch(ctx, alg, plan, call, ledger, timeout, *, segment_bytes, max_message_bytes,
+           blocking, asked, **bufs):
+    """The ring on the compiled engine (hpcdp.comm.engines.registry's launch). A blocking
+    call runs in the caller's thread (waking the progress thread per call costs a
+    context switch, and on an oversubscribed machine a time slice) and keeps a ready
+    entry for its signature under ``asked``, the algorithm its caller named."""
+    from hpcdp.comm.engines.compiled import blocking as ready_entries
 
-    ctx = get_context(comm)
-    if engine_name(ctx) == "compiled" and compiled_engine() is not None:
-        return "compiled"
-    return "python"
+    eng = compiled_engine()
+    args = ring_arguments(ctx, plan.collective, bufs)
+    req = eng.request(ctx, plan.collective, call, ledger, timeout, engine=eng,
+                      segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+                      background=eng.binding.multiple and not blocking, defer=blocking,
+                      **args)
+    if blocking and max_message_bytes is None:
+        op = args["op"]
+        ready_entries.keep(ctx, plan.collective, req, "" if op is None else op.name,
+                           asked, segment_bytes)
+    return req
 
 
-def ring_request(ctx, name, call, ledger, timeout, *, work, src, op, phases, segment_bytes,
-                 max_message_bytes=None, result=None, final_out=None, wire=None,
-                 engine="python", blocking=False):
-    """A ring collective on ``engine`` (the plan's: hpcdp.comm.select decides "compiled"
-    only for calls compiled code takes, on a bound MPI). ``final_out`` ``(out, off,
-    size)``: an out-of-place reduce-scatter's last step reduces this rank's chunk
-    ``[off, off+size)`` straight into ``out`` (the rest of the chunks pass through a
-    scratch). ``wire``: a 16-bit hpcdp.comm.engines.wire.Wire (the Python ring only).
-    ``blocking``: the caller waits on the request at once: a compiled ring is then not
-    handed to the progress thread (waking it per call costs a context switch, and on an
-    oversubscribed machine a time slice)."""
-    if engine == "compiled":
-        eng = compiled_engine()
-        return eng.request(
-            ctx, name, call, ledger, timeout, work=work, src=src, op=op, phases=phases,
-            engine=eng, segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
-            result=result, final_out=final_out,
-            background=eng.binding.multiple and not blocking, defer=blocking)
-    return RingRequest(ctx, name, call, ledger, timeout, work=work, src=src, op=op,
-                       phases=phases, segment_bytes=segment_bytes,
-                       max_message_bytes=max_message_bytes, result=result, final_out=final_out,
-                       wire=wire)
+ENGINE = Engine("compiled", runs=lambda alg: alg.name == "ring", launch=launch, takes=takes,
+                available=lambda: compiled_engine() is not None, progresses=True)

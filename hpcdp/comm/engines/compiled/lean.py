@@ -44,8 +44,9 @@ first used) or :func:`set_lean_path` per communicator runs the mpi4py path inste
 the mpi4py path runs. Non-blocking lean calls (``iallreduce`` ...) keep the mpi4py
 path: their request is tested from Python anyway.
 
-The ready calls (:class:`LeanCall`, :func:`ready`) and a signature's first compiled call
-(:func:`run`) are here too: hpcdp.comm.fast calls them for the chooser's compiled tier.
+The ready calls (:class:`LeanCall`, kept in hpcdp.comm.engines.ready's table) and a
+signature's first compiled call (:func:`run`) are here too: hpcdp.comm.fast calls
+:func:`run` for the chooser's compiled tier.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from hpcdp.comm.core.diagnose import diagnose
 from hpcdp.comm.core.errors import mpi_error
 from hpcdp.comm.core.settings import generation
 from hpcdp.comm.engines.compiled.ccall import ccall, peek
+from hpcdp.comm.engines.ready import AG, AR, NAMES, RS, keep, kept
 from hpcdp.comm.engines.mpi import divide_mean
 from hpcdp.shard import shard_range
 
@@ -329,8 +331,7 @@ def set_lean_path(comm, name: str) -> None:
     ctx = get_context(comm)
     ctx.lean_path = name
     ctx.plans.clear()  # (hpcdp.comm.select.lean_signature decides again)
-    for calls in ctx.lean_calls:  # (and its ready calls were made for the old path)
-        calls.clear()
+    ctx.forget_ready()  # (and its ready calls were made for the old path)
 
 
 def binding():
@@ -416,110 +417,85 @@ class Entry:
 
 # -- ready compiled calls: a repeated blocking call's checks done once ---------------
 # After a blocking call ran compiled, its signature (collective, length, dtype, op,
-# algorithm) keeps a LeanCall on the context (CommContext.lean_calls, one dict per
-# collective keyed by length). A repeated call then checks only what can change between
-# calls: the buffers (1-D ndarrays whose flags say C-contiguous, aligned, writeable, of
-# the record's very dtype object), the context (debug mode, failed) and the settings'
-# generation; and calls the kernel's compiled entry point (lean.Entry.direct) with
-# exactly the argument types it was compiled for. What the record fixes (the byte
-# bound, the MPI datatype and op, this rank's shard, the ledger's figures) was decided
-# by the full front. Anything else takes the full front below.
-#
-# Each collective is one row of the same job, in three tiers written once: the ready
-# call (:func:`ready`), the first compiled call of a signature (:func:`run`); MPI's call
-# through mpi4py is hpcdp.comm.engines.mpi's. ``which`` (AR, RS, AG) names the row.
-
-AR, RS, AG = 0, 1, 2
-NAMES = ("allreduce", "reduce_scatter", "all_gather")
-_MAX_CALLS = 4096
+# algorithm) keeps a LeanCall in the context's ready calls (hpcdp.comm.engines.ready,
+# which looks it up and checks the signature). Its ``run`` then checks only the other
+# buffer and calls the kernel's compiled entry point (lean.Entry.direct) with exactly
+# the argument types it was compiled for. What the record fixes (the byte bound, the
+# MPI datatype and op, this rank's shard, the ledger's figures) was decided by the full
+# front. A signature's first compiled call is :func:`run`; MPI's call through mpi4py is
+# hpcdp.comm.engines.mpi's. ``which`` (AR, RS, AG) names the collective.
 
 
 class LeanCall:
-    """One signature's ready blocking call: the context, the kernel's entry point, the
-    lean entry (its ``I`` / ``H`` arrays and scratch), what the signature is (dtype
-    object, op, algorithm, the settings' generation) and its fixed figures (this rank's
-    shard ``off`` / ``size``, the ledger's sent / received bytes)."""
+    """One signature's ready blocking call: the collective (``which``), the kernel's
+    entry point, the lean entry (its ``I`` / ``H`` arrays and scratch), what the
+    signature is (dtype object, op, algorithm, the settings' generation) and its fixed
+    figures (this rank's shard ``off`` / ``size``, the ledger's sent / received bytes)."""
 
-    __slots__ = ("ctx", "call", "e", "I", "H", "dtype", "op", "algorithm", "gen", "off", "size",
-                 "sent", "recv")
+    __slots__ = ("which", "call", "e", "I", "H", "dtype", "op", "algorithm", "gen", "off",
+                 "size", "sent", "recv")
 
-    def __init__(self, ctx, call, e, dtype, op, algorithm, gen, off, size, sent, recv):
-        self.ctx, self.call, self.e, self.dtype, self.op = ctx, call, e, dtype, op
+    def __init__(self, which, call, e, dtype, op, algorithm, gen, off, size, sent, recv):
+        self.which, self.call, self.e, self.dtype, self.op = which, call, e, dtype, op
         self.I, self.H, self.algorithm = e.I, e.H, algorithm  # (the entry's own arrays)
         self.gen, self.off, self.size, self.sent, self.recv = gen, off, size, sent, recv
+
+    def run(self, ctx, sendbuf, recvbuf, full, in_place, ledger, timeout, segment_bytes):
+        """The call on buffers whose signature matched (hpcdp.comm.engines.ready): the
+        result, or None when the other buffer does not fit (nothing posted)."""
+        which = self.which
+        if not in_place:
+            other = sendbuf if which == AG else recvbuf
+            if other.__class__ is not np.ndarray or other.ndim != 1 \
+                    or other.dtype is not self.dtype or not other.flags.carray:
+                return None
+        dst = full if which == AG or in_place else recvbuf
+        seq = ctx.seq
+        ctx.seq = seq + 1
+        limit = ctx.timeout if timeout is None else float(timeout)
+        if which == RS:
+            e = self.e
+            code = self.call(self.I, self.H, sendbuf, dst, e.scratch, limit)
+            if code == NEED_SCRATCH:
+                e.grow(self.size)
+                code = self.call(self.I, self.H, sendbuf, dst, e.scratch, limit)
+        else:
+            code = self.call(self.I, self.H, sendbuf, dst, limit)
+        if code == 0:
+            if ledger is not None:
+                ledger.count_call(NAMES[which], self.sent, self.recv, 1, 1)
+            return sendbuf[self.off:self.off + self.size] if which == RS and in_place else dst
+        # refused (nothing posted: a length mismatch) falls to the full front
+        return _compiled_failed(ctx, self.e, code, seq, NAMES[which], full, self.op, limit)
 
 
 def _remember(ctx, which, n, e, dtype, op, algorithm, off, size, sent, recv):
     """Keep the ready call of a blocking compiled call that just completed (its kernel
     is compiled for these argument types now), when it has an entry point."""
-    calls = ctx.lean_calls[which]
-    r = calls.get(n)
-    if r is not None and r.e is e and r.dtype is dtype and r.gen == generation():
+    r = kept(ctx, which, n)
+    if r is not None and r.__class__ is LeanCall and r.e is e and r.dtype is dtype \
+            and r.op == op and r.algorithm == algorithm and r.gen == generation():
         return  # kept already (this call missed it for its buffers' flags)
     call = e.direct(dtype)
     if call is None:
         return
-    if len(calls) >= _MAX_CALLS:
-        calls.clear()
-    calls[n] = LeanCall(ctx, call, e, dtype, op, algorithm, generation(), off, size, sent, recv)
+    keep(ctx, which, n, LeanCall(which, call, e, dtype, op, algorithm, generation(), off, size,
+                                 sent, recv))
 
 
 def _ready(comm, which, buf, op, algorithm):
-    """The LeanCall for ``buf`` (a 1-D ndarray: the full-length buffer) and this
-    signature on ``comm``, or None (tests look here; :func:`ready` does it inline)."""
+    """The LeanCall kept for ``buf`` (a 1-D ndarray: the full-length buffer) and this
+    signature on ``comm``, or None (tests look here)."""
     hit = KNOWN.get(id(comm))
     if hit is None or hit[0] is not comm:
         return None
     ctx = hit[1]
-    r = ctx.lean_calls[which].get(buf.size)
-    if r is None or r.dtype is not buf.dtype or r.op != op or r.algorithm != algorithm \
-            or r.gen != generation() or ctx.debug or ctx.failed is not None \
-            or not buf.flags.carray:
+    r = kept(ctx, which, buf.size)
+    if r is None or r.__class__ is not LeanCall or r.dtype is not buf.dtype or r.op != op \
+            or r.algorithm != algorithm or r.gen != generation() or ctx.debug \
+            or ctx.failed is not None or not buf.flags.carray:
         return None
     return r
-
-
-def ready(which, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout):
-    """A repeated plain blocking call of collective ``which`` run on its LeanCall: the
-    result, or None when it has none or the buffers do not fit it (then the lean call or
-    the general front takes it). ``op``: "" for an all-gather."""
-    in_place = recvbuf is None or recvbuf is sendbuf
-    if which == AG:
-        full, other = (sendbuf, None) if in_place else (recvbuf, sendbuf)
-    else:
-        full, other = sendbuf, (None if in_place else recvbuf)
-    if full.__class__ is not np.ndarray or full.ndim != 1:
-        return None
-    hit = KNOWN.get(id(comm))  # (known_context inline: one call fewer)
-    if hit is None or hit[0] is not comm:
-        return None
-    ctx = hit[1]
-    r = ctx.lean_calls[which].get(full.size)
-    if r is None or r.dtype is not full.dtype or r.op != op or r.algorithm != algorithm \
-            or r.gen != generation() or ctx.debug or ctx.failed is not None \
-            or not full.flags.carray:
-        return None
-    if other is not None and (other.__class__ is not np.ndarray or other.ndim != 1
-                              or other.dtype is not r.dtype or not other.flags.carray):
-        return None
-    dst = full if which == AG or in_place else recvbuf
-    seq = ctx.seq
-    ctx.seq = seq + 1
-    limit = ctx.timeout if timeout is None else float(timeout)
-    if which == RS:
-        e = r.e
-        code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
-        if code == NEED_SCRATCH:
-            e.grow(r.size)
-            code = r.call(r.I, r.H, sendbuf, dst, e.scratch, limit)
-    else:
-        code = r.call(r.I, r.H, sendbuf, dst, limit)
-    if code == 0:
-        if ledger is not None:
-            ledger.count_call(NAMES[which], r.sent, r.recv, 1, 1)
-        return sendbuf[r.off:r.off + r.size] if which == RS and in_place else dst
-    # refused (nothing posted: a length mismatch) falls to the full front
-    return _compiled_failed(ctx, r.e, code, seq, NAMES[which], full, op, limit)
 
 
 def run(ctx, e, which, src, dst, op, algorithm, ledger, timeout):
