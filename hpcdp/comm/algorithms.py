@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from hpcdp.comm.core.settings import invalidate
 from hpcdp.comm.model import cost as C
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
@@ -66,6 +67,7 @@ def register(alg: Algorithm) -> Algorithm:
         raise ValueError(f"register: model_picks {alg.model_picks!r}; always, multi_node or never")
     _table()[alg.collective][alg.name] = alg
     C.price(alg.collective, alg.name, alg.cost, alg.model_picks)
+    invalidate()  # (cached plans hold the records they launch: decided again)
     return alg
 
 
@@ -73,6 +75,7 @@ def unregister(collective: str, name: str) -> None:
     """Remove a registered algorithm (tests that register one of their own)."""
     _table()[collective].pop(name, None)
     C.unprice(collective, name)
+    invalidate()
 
 
 def _table() -> dict[str, dict[str, Algorithm]]:

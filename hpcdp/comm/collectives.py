@@ -30,14 +30,12 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdp.comm import fast, hierarchical
-from hpcdp.comm.algorithms import get as get_algorithm
 from hpcdp.comm.core.context import get_context, get_context_if_any
 from hpcdp.comm.core.errors import mpi_error
 from hpcdp.comm.core.ops import resolve
 from hpcdp.comm.core.requests import DoneRequest
 from hpcdp.comm.engines import mpi as mpi_engine
 from hpcdp.comm.engines.ready import AG, AR, RS, ready
-from hpcdp.comm.engines.registry import get as get_engine
 from hpcdp.comm.ring import DEFAULT_SEGMENT_BYTES
 from hpcdp.comm.select import decide, overlap_algorithm
 from hpcdp.shard import shard_range
@@ -144,14 +142,14 @@ def blocking_call(start, *args, **kwargs):
 
 
 def _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes, algorithm,
-            **bufs):
-    """Run ``plan`` (hpcdp.comm.select.Plan) on checked buffers: its algorithm
-    (hpcdp.comm.algorithms) on its engine (hpcdp.comm.engines.registry). ``algorithm``:
-    the one the caller named (a blocking call's ready call is kept under it)."""
-    return get_engine(plan.engine).launch(
-        ctx, get_algorithm(plan.collective, plan.algorithm), plan, call, ledger, timeout,
-        segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
-        blocking=getattr(_LOCAL, "blocking", False), asked=algorithm, **bufs)
+            bufs):
+    """Run ``plan`` (hpcdp.comm.select.Plan) on checked buffers ``bufs``: its algorithm
+    (hpcdp.comm.algorithms) on its engine (hpcdp.comm.engines.registry), whose records
+    the chooser resolved with the plan. ``algorithm``: the one the caller named (a
+    blocking call's ready call is kept under it)."""
+    engine, alg = plan.records
+    return engine.launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes,
+                         max_message_bytes, getattr(_LOCAL, "blocking", False), algorithm)
 
 
 # Each collective: a repeated plain blocking call's ready call (hpcdp.comm.engines.ready:
@@ -206,7 +204,7 @@ def _general_allreduce(sendbuf, recvbuf, comm, op, algorithm, ledger, segment_by
                 work[...] = src
             return DoneRequest(ctx, "allreduce", call, ledger, result)
         return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                       algorithm, src=src, work=work, result=result, op=op)
+                       algorithm, {"src": src, "work": work, "result": result, "op": op})
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'allreduce', exc) from None
 
@@ -281,7 +279,8 @@ def _general_reduce_scatter(sendbuf, recvbuf, comm, op, algorithm, ledger, segme
                 out[...] = src
             return DoneRequest(ctx, "reduce_scatter", call, ledger, result)
         return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                       algorithm, src=src, out=out, in_place=in_place, result=result, op=op)
+                       algorithm, {"src": src, "out": out, "in_place": in_place,
+                                   "result": result, "op": op})
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'reduce_scatter', exc) from None
 
@@ -358,7 +357,7 @@ def _general_all_gather(sendbuf, recvbuf, comm, algorithm, ledger, segment_bytes
                 full[off:off + size] = chunk
             return DoneRequest(ctx, "all_gather", call, ledger, result)
         return _launch(ctx, plan, call, ledger, timeout, segment_bytes, max_message_bytes,
-                       algorithm, chunk=chunk, full=full, result=result)
+                       algorithm, {"chunk": chunk, "full": full, "result": result})
     except MPI.Exception as exc:
         raise _mpi_failed(comm, 'all_gather', exc) from None
 

@@ -22,7 +22,7 @@ reaching into an engine or an algorithm module:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -51,6 +51,9 @@ class Plan:
     algorithm: str
     engine: str
     wire: str = "float32"
+    # (the engine's and the algorithm's records, resolved once with the plan: what the
+    # front launches; not part of what a plan is)
+    records: tuple = field(default=(), compare=False, repr=False)
 
 
 def configured(collective: str, algorithm: str) -> str:
@@ -264,11 +267,13 @@ def _decide(ctx, collective, algorithm, nbytes, dtype, op, wire, overlap, host,
     else:
         choose(collective, int(nbytes), ctx.size, algo)  # a registered name, or its error
     algo = byte_order(algo, algorithm, dtype, collective)
-    engine = _engine(ctx, get_algorithm(collective, algo), dtype, op, host, w)
-    return Plan(collective, algo, engine, "float32" if w is None else w.name)
+    alg = get_algorithm(collective, algo)
+    engine = _engine(ctx, alg, dtype, op, host, w)
+    return Plan(collective, algo, engine.name, "float32" if w is None else w.name,
+                (engine, alg))
 
 
-def _engine(ctx, alg, dtype, op, host, w) -> str:
+def _engine(ctx, alg, dtype, op, host, w):
     """The engine that runs ``alg`` for this call (hpcdp.comm.engines.registry): the one
     asked for on ``ctx`` (``set_engine``, else ``[comm] engine``) when it runs the
     algorithm, takes the call and is available in this process, else the first
@@ -284,7 +289,7 @@ def _engine(ctx, alg, dtype, op, host, w) -> str:
                     and once(("select", "wire", first.name)):
                 log.info("hpcdp.comm: the %s engine carries float32 wires only; %s-wire "
                          "collectives run on the %s engine", first.name, w.name, e.name)
-            return e.name
+            return e
     raise ValueError(f"{alg.collective}: no engine runs algorithm {alg.name!r} for this call "
                      f"(dtype {dtype}, {'host' if host else 'device'} buffers)")
 

@@ -74,7 +74,7 @@ def run_all(comm, eng, dtype, n, seg, fronts=None, back=True):
         out[key] = fn().tobytes()
         if fronts is not None:
             assert fn().tobytes() == out[key], key
-            e = kept(get_context(comm), which, n)
+            e = kept(get_context(comm), which, "ring", n)
             # a ready entry's first run takes its state from the plan and keeps it
             fronts.append((key, type(e).__name__, e is not None and e.state is not None))
 
@@ -141,7 +141,7 @@ def test_the_blocking_front_keeps_debug_mode_and_the_engine_choice(comm):
     sub = comm.Dup()
     set_engine(sub, "compiled")
     N, r = sub.Get_size(), sub.Get_rank()
-    fronts = get_context(sub).ready_calls[AR]
+    fronts = get_context(sub).ready_calls[AR].setdefault("ring", {})
     for n in (10, 11):  # both signatures warm on every rank: the front would take them
         for _ in range(2):
             allreduce(np.ones(n), comm=sub, algorithm="ring")
@@ -214,7 +214,7 @@ def test_a_rank_that_never_arrives_is_named_from_compiled_code(comm, path):
     if path == "repeated call":  # the missed call's signature is warm: the blocking front
         allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")  # compiles: the request path
         allreduce(np.ones(1 << 16), comm=sub, algorithm="ring")  # its ready entry
-        assert (1 << 16) in get_context(sub).ready_calls[AR]
+        assert (1 << 16) in get_context(sub).ready_calls[AR]["ring"]
     if rank == N - 1:
         time.sleep(4)  # never calls the next one
     else:
@@ -292,7 +292,7 @@ def test_states_are_reused_and_buckets_progress_alone(comm):
                  and k[4] == "d"]
         # one state in all: the first call's (the request path) went back to the plan,
         # the blocking front's entry took it for the repeated calls and keeps it
-        held = [e.state for e in get_context(comm).ready_calls[AR].values() if
+        held = [e.state for e in get_context(comm).ready_calls[AR]["ring"].values() if
                 e.plan is plans[0]]
         assert len(plans) == 1 and not plans[0].free and len(held) == 1 and held[0] is not None
         with progress_by("thread"):

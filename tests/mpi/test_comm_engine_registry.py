@@ -22,9 +22,11 @@ pytestmark = pytest.mark.mpi
 LAUNCHED = []
 
 
-def launch(ctx, alg, plan, call, ledger, timeout, **kw):
-    LAUNCHED.append((plan.collective, alg.name, kw["blocking"]))
-    return python_engine.launch(ctx, alg, plan, call, ledger, timeout, **kw)
+def launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes, max_message_bytes,
+           blocking, asked):
+    LAUNCHED.append((plan.collective, alg.name, blocking))
+    return python_engine.launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes,
+                                max_message_bytes, blocking, asked)
 
 
 COUNTING = Engine("counting", runs=lambda alg: alg.name == "ring", launch=launch,

@@ -109,7 +109,8 @@ class CommContext:
         self.plans: dict = {}
         self.plans_gen = -1
         # hpcdp.comm.engines.ready: a repeated blocking call's ready calls, (allreduce,
-        # reduce-scatter, all-gather), each length -> its entry (the last signature seen there)
+        # reduce-scatter, all-gather), each algorithm named -> length -> its entry (the last
+        # signature seen there)
         self.ready_calls: tuple = ({}, {}, {})
         # set_lean_path's "compiled" or "mpi4py" (None: [comm] lean when the chooser needs it,
         # hpcdp.comm.select.lean_tier)

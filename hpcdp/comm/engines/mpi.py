@@ -240,8 +240,8 @@ def all_gather(ctx, call, chunk, full, result, ledger, timeout):
     return FastRequest(ctx, req, call, ledger, (mine * item, n * item), timeout, result)
 
 
-def launch(ctx, alg, plan, call, ledger, timeout, *, segment_bytes, max_message_bytes,
-           blocking, asked, **bufs):
+def launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes, max_message_bytes,
+           blocking, asked):
     """MPI's own collective on checked buffers (hpcdp.comm.engines.registry's launch)."""
     c = plan.collective
     if c == "allreduce":

@@ -17,18 +17,19 @@ from hpcdp.comm.engines.wire import wire_format
 from hpcdp.shard import shard_range
 
 
-def launch(ctx, alg, plan, call, ledger, timeout, *, segment_bytes, max_message_bytes,
-           blocking, asked, **bufs):
+def launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes, max_message_bytes,
+           blocking, asked):
     """Start ``alg`` (its registered start) on checked buffers
     (hpcdp.comm.engines.registry); an all-gather's chunk is copied into place first."""
     if plan.collective == "all_gather":
+        bufs = dict(bufs)
         chunk = bufs.pop("chunk")
         if chunk is not None:
             full = bufs["full"]
             off = shard_range(full.size, ctx.size, ctx.rank)[0]
             full[off:off + chunk.size] = chunk
     if plan.wire != "float32":  # (only the ring carries one: hpcdp.comm.select)
-        bufs["wire"] = wire_format(plan.wire, np.float32)
+        bufs = dict(bufs, wire=wire_format(plan.wire, np.float32))
     return alg.start(ctx, call, ledger, timeout, segment_bytes=segment_bytes,
                      max_message_bytes=max_message_bytes, **bufs)
 

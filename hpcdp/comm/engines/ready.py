@@ -6,8 +6,8 @@ its ledger record. When an engine has run such a call to completion from the cho
 plan, it may keep a *ready call* for the call's signature (:func:`keep`): MPI's one
 call from compiled code (hpcdp.comm.engines.compiled.lean's ``LeanCall``), the compiled
 ring (hpcdp.comm.engines.compiled.blocking's ``Entry``). They live in one table per
-communicator (``CommContext.ready_calls``: one dict per collective, keyed by length; the
-last signature seen at a length), emptied when the engine or the small-message tier is
+communicator (``CommContext.ready_calls``: per collective, the algorithm the caller
+named, then the length; the last signature seen there), emptied when the engine or the small-message tier is
 set again (``CommContext.forget_ready``) and by hpcdp.comm.forget.
 
 The front's blocking calls look here first (:func:`ready`), whatever algorithm they
@@ -37,17 +37,20 @@ WHICH = {name: i for i, name in enumerate(NAMES)}
 _MAX_CALLS = 4096
 
 
-def keep(ctx, which: int, n: int, entry) -> None:
-    """Keep ``entry`` as the ready call of collective ``which`` at length ``n``."""
-    calls = ctx.ready_calls[which]
+def keep(ctx, which: int, algorithm: str, n: int, entry) -> None:
+    """Keep ``entry`` as the ready call of collective ``which`` named with ``algorithm``
+    at length ``n``."""
+    calls = ctx.ready_calls[which].setdefault(algorithm, {})
     if len(calls) >= _MAX_CALLS:
         calls.clear()
     calls[n] = entry
 
 
-def kept(ctx, which: int, n: int):
-    """The entry kept for collective ``which`` at length ``n``, or None."""
-    return ctx.ready_calls[which].get(n)
+def kept(ctx, which: int, algorithm: str, n: int):
+    """The entry kept for collective ``which`` named with ``algorithm`` at length ``n``,
+    or None."""
+    calls = ctx.ready_calls[which].get(algorithm)
+    return None if calls is None else calls.get(n)
 
 
 def ready(which, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, segment_bytes):
@@ -55,16 +58,18 @@ def ready(which, sendbuf, recvbuf, comm, op, algorithm, ledger, timeout, segment
     result, or None (module docstring). ``op``: the op's name, "" for an all-gather."""
     in_place = recvbuf is None or recvbuf is sendbuf
     full = recvbuf if which == AG and not in_place else sendbuf
-    if full.__class__ is not np.ndarray or full.ndim != 1:
+    if full.__class__ is not np.ndarray or full.ndim != 1 or algorithm.__class__ is not str:
         return None
     hit = KNOWN.get(id(comm))  # (known_context inline: one call fewer)
     if hit is None or hit[0] is not comm:
         return None
     ctx = hit[1]
-    r = ctx.ready_calls[which].get(full.size)
-    if r is None or r.dtype is not full.dtype or r.op != op or r.algorithm != algorithm \
-            or r.gen != generation() or ctx.debug or ctx.failed is not None \
-            or not full.flags.carray:
+    calls = ctx.ready_calls[which].get(algorithm)
+    if calls is None:
+        return None
+    r = calls.get(full.size)
+    if r is None or r.dtype is not full.dtype or r.op != op or r.gen != generation() \
+            or ctx.debug or ctx.failed is not None or not full.flags.carray:
         return None
     return r.run(ctx, sendbuf, recvbuf, full, in_place, ledger, timeout, segment_bytes)
 

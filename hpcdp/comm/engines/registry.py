@@ -11,9 +11,9 @@ An engine executes a plan's algorithm (hpcdp.comm.select.Plan): it is one module
   None; ``wire`` a hpcdp.comm.engines.wire.Wire or None);
 - ``available() -> bool``: whether this process can run it (a compiled engine that
   cannot bind this MPI says why in the log once and answers False);
-- ``launch(ctx, alg, plan, call, ledger, timeout, *, segment_bytes, max_message_bytes,
-  blocking, asked, **bufs) -> Request``: start it on checked buffers (hpcdp.comm.collectives,
-  once the ranks arrived). ``bufs``: an allreduce's ``src, work, result, op``; a
+- ``launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes, max_message_bytes,
+  blocking, asked) -> Request``: start it on checked buffers (hpcdp.comm.collectives,
+  once the ranks arrived). ``bufs``, a dict the engine reads and does not change: an allreduce's ``src, work, result, op``; a
   reduce-scatter's ``src, out, in_place, result, op`` (``out`` this rank's chunk, a
   view of ``src`` in place); an all-gather's ``chunk, full, result`` (``chunk`` None in
   place: ``full`` holds this rank's chunk in position). ``blocking``: the caller waits

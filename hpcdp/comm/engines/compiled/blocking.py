@@ -64,9 +64,9 @@ class Entry:
     def run(self, ctx, sendbuf, recvbuf, full, in_place, ledger, timeout, segment_bytes):
         """The call on buffers whose signature matched (hpcdp.comm.engines.ready): the
         result, or None when the rest does not fit (nothing done)."""
-        if in_place != self.same or segment_bytes != self.segment_bytes:
+        which = self.which  # (an all-gather's ring runs in the full buffer either way)
+        if segment_bytes != self.segment_bytes or (in_place != self.same and which != AG):
             return None
-        which = self.which
         if which == AG:
             if not in_place:
                 if not _ok(sendbuf) or sendbuf.dtype is not self.dtype \
@@ -112,14 +112,14 @@ def keep(ctx, name, req, op, algorithm, segment_bytes) -> None:
     which = WHICH[name]
     same = req.src is req.work
     dtype = req.src.dtype
-    r = kept(ctx, which, plan.n)
+    r = kept(ctx, which, algorithm, plan.n)
     if r is not None and r.__class__ is Entry and r.dtype is dtype and r.op == op \
-            and r.algorithm == algorithm and r.same == same \
+            and r.algorithm == algorithm and (r.same == same or which == AG) \
             and r.segment_bytes == segment_bytes and r.gen == generation() \
             and r.engine is req.engine:
         return
     off, size = shard_range(plan.n, ctx.size, ctx.rank)
-    keep_ready(ctx, which, plan.n, Entry(plan, req.engine, plan.dtype == np.float16, off, size,
+    keep_ready(ctx, which, algorithm, plan.n, Entry(plan, req.engine, plan.dtype == np.float16, off, size,
                                          op, which, dtype, algorithm, same, segment_bytes))
 
 

@@ -90,8 +90,8 @@ def takes(dtype, op, host, wire) -> bool:
             and (op is None or (op.builtin and op.name in _COMPILED_OPS)))
 
 
-def launch(ctx, alg, plan, call, ledger, timeout, *, segment_bytes, max_message_bytes,
-           blocking, asked, **bufs):
+def launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes, max_message_bytes,
+           blocking, asked):
     """The ring on the compiled engine (hpcdp.comm.engines.registry's launch). A blocking
     call runs in the caller's thread (waking the progress thread per call costs a
     context switch, and on an oversubscribed machine a time slice) and keeps a ready

@@ -472,14 +472,14 @@ class LeanCall:
 def _remember(ctx, which, n, e, dtype, op, algorithm, off, size, sent, recv):
     """Keep the ready call of a blocking compiled call that just completed (its kernel
     is compiled for these argument types now), when it has an entry point."""
-    r = kept(ctx, which, n)
+    r = kept(ctx, which, algorithm, n)
     if r is not None and r.__class__ is LeanCall and r.e is e and r.dtype is dtype \
-            and r.op == op and r.algorithm == algorithm and r.gen == generation():
+            and r.op == op and r.gen == generation():
         return  # kept already (this call missed it for its buffers' flags)
     call = e.direct(dtype)
     if call is None:
         return
-    keep(ctx, which, n, LeanCall(which, call, e, dtype, op, algorithm, generation(), off, size,
+    keep(ctx, which, algorithm, n, LeanCall(which, call, e, dtype, op, algorithm, generation(), off, size,
                                  sent, recv))
 
 
@@ -490,7 +490,7 @@ def _ready(comm, which, buf, op, algorithm):
     if hit is None or hit[0] is not comm:
         return None
     ctx = hit[1]
-    r = kept(ctx, which, buf.size)
+    r = kept(ctx, which, algorithm, buf.size)
     if r is None or r.__class__ is not LeanCall or r.dtype is not buf.dtype or r.op != op \
             or r.algorithm != algorithm or r.gen != generation() or ctx.debug \
             or ctx.failed is not None or not buf.flags.carray:
