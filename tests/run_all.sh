@@ -21,7 +21,8 @@
 #   8. ULFM continue - failure.on_rank_loss = "continue": a rank killed with SIGKILL and the
 #                    survivors training on (the jobs/ scripts, exact mode against a resumed
 #                    smaller run, a kill mid-save, hybrid ZeRO losing a node of 3), under Open MPI 5's `mpirun --with-ft ulfm` in a
-#                    fourth venv (tests/ulfm/setup_venv_ulfm.sh: .venv-ulfm, ~1 min the first time)
+#                    fourth venv (tests/ulfm/setup_venv_ulfm.sh: .venv-ulfm, ~1 min the first time);
+#                    also the scaling-study job script with that Open MPI's mpiexec
 # Exit status is non-zero if any group failed; every group runs regardless.
 set -uo pipefail
 cd "$(dirname "$0")/.."
