@@ -33,3 +33,10 @@ def shard_range(n: int, parts: int, index: int) -> tuple[int, int]:
 def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """All ``(offset, size)`` pairs of :func:`shard_range`, in order."""
     return [shard_range(n, parts, i) for i in range(parts)]
+
+
+def place_shard(full, shard, parts: int, index: int) -> None:
+    """Copy ``shard`` (shard ``index`` of ``parts``) into its position in ``full``
+    (:func:`shard_range` of ``full``'s length): an all-gather's own chunk put in place."""
+    off = shard_range(full.size, parts, index)[0]
+    full[off:off + shard.size] = shard

@@ -46,7 +46,7 @@ from mpi4py import MPI
 
 from hpcdp.comm.core.requests import Request, mpi_buffer
 from hpcdp.comm.schedules.ring import REDUCE, WINDOW, ring_schedule
-from hpcdp.shard import shard_range
+from hpcdp.shard import place_shard, shard_range
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
@@ -287,8 +287,7 @@ def ring_arguments(ctx, collective: str, bufs: dict) -> dict:
                     final_out=(out, off, out.size))
     full, chunk = bufs["full"], bufs.get("chunk")
     if chunk is not None:
-        off = shard_range(full.size, ctx.size, ctx.rank)[0]
-        full[off:off + chunk.size] = chunk
+        place_shard(full, chunk, ctx.size, ctx.rank)
     return dict(work=full, src=full, op=None, phases=("ag",), result=bufs["result"],
                 final_out=None)
 

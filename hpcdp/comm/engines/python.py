@@ -14,7 +14,7 @@ import numpy as np
 
 from hpcdp.comm.engines.base import Engine
 from hpcdp.comm.engines.wire import wire_format
-from hpcdp.shard import shard_range
+from hpcdp.shard import place_shard
 
 
 def launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes, max_message_bytes,
@@ -25,9 +25,7 @@ def launch(ctx, alg, plan, call, ledger, timeout, bufs, segment_bytes, max_messa
         bufs = dict(bufs)
         chunk = bufs.pop("chunk")
         if chunk is not None:
-            full = bufs["full"]
-            off = shard_range(full.size, ctx.size, ctx.rank)[0]
-            full[off:off + chunk.size] = chunk
+            place_shard(bufs["full"], chunk, ctx.size, ctx.rank)
     if plan.wire != "float32":  # (only the ring carries one: hpcdp.comm.select)
         bufs = dict(bufs, wire=wire_format(plan.wire, np.float32))
     return alg.start(ctx, call, ledger, timeout, segment_bytes=segment_bytes,

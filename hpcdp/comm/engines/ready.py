@@ -19,8 +19,8 @@ own arguments (the other buffer, the segment size) and makes the call. Anything 
 returns None and the call takes the front's usual way. This module makes no choice: an
 entry exists only where the chooser's plan for that very signature made it.
 
-An entry has ``dtype``, ``op`` (the op's name, "" for an all-gather), ``algorithm``,
-``gen`` and ``run(ctx, sendbuf, recvbuf, full, in_place, ledger, timeout,
+An entry (kept under the algorithm the caller named) has ``dtype``, ``op`` (the op's
+name, "" for an all-gather), ``gen`` and ``run(ctx, sendbuf, recvbuf, full, in_place, ledger, timeout,
 segment_bytes)``, which returns the result or None (nothing done).
 """
 

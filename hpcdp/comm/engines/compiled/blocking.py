@@ -29,7 +29,7 @@ from hpcdp.comm.engines.compiled import kernels as K
 from hpcdp.comm.engines.compiled.kernels import BLOCK, DONE, FRESH_SHIFT
 from hpcdp.comm.engines.compiled.request import failure, timed_out
 from hpcdp.comm.core.settings import generation
-from hpcdp.comm.engines.ready import AG, NAMES, RS, WHICH, keep as keep_ready, kept
+from hpcdp.comm.engines.ready import AG, RS, WHICH, keep as keep_ready, kept
 from hpcdp.shard import shard_range
 _COUNTS = slice(K.ST_SENT_B, K.ST_SENT_B + 4)
 assert (K.ST_RECV_B, K.ST_SENT_M, K.ST_RECV_M) == tuple(range(K.ST_SENT_B + 1, K.ST_SENT_B + 4))
@@ -43,22 +43,22 @@ class Entry:
     first call through Numba's dispatcher), which skips the dispatcher's per-call type
     resolution; it only gets arrays of those types (:func:`_ok`: 1-D, C-contiguous,
     aligned, writeable, and the key's native dtype). The signature
-    (hpcdp.comm.engines.ready): ``dtype``, ``op``, ``algorithm``, ``gen``, and its own
+    (hpcdp.comm.engines.ready, whose table is keyed by the algorithm named): ``dtype``,
+    ``op``, ``gen``, and its own
     ``same`` (in place) and ``segment_bytes``."""
 
     __slots__ = ("plan", "engine", "half", "off", "size", "op_name", "state", "call",
-                 "tag_mod", "tag_step", "which", "name", "dtype", "op", "algorithm", "gen",
+                 "tag_mod", "tag_step", "which", "dtype", "op", "gen",
                  "same", "segment_bytes")
 
-    def __init__(self, plan, engine, half, off, size, op_name, which, dtype, algorithm, same,
-                 segment_bytes):
+    def __init__(self, plan, engine, half, off, size, op_name, which, dtype, same, segment_bytes):
         self.plan, self.engine, self.half = plan, engine, half
         self.off, self.size, self.op_name = off, size, op_name
         self.state = None  # (taken from the plan at the first call, then kept)
         self.call = None
         self.tag_mod, self.tag_step = plan.seq_mod, plan.step_space
-        self.which, self.name, self.dtype, self.op = which, NAMES[which], dtype, op_name
-        self.algorithm, self.gen, self.same = algorithm, generation(), same
+        self.which, self.dtype, self.op = which, dtype, op_name
+        self.gen, self.same = generation(), same
         self.segment_bytes = segment_bytes
 
     def run(self, ctx, sendbuf, recvbuf, full, in_place, ledger, timeout, segment_bytes):
@@ -114,13 +114,14 @@ def keep(ctx, name, req, op, algorithm, segment_bytes) -> None:
     dtype = req.src.dtype
     r = kept(ctx, which, algorithm, plan.n)
     if r is not None and r.__class__ is Entry and r.dtype is dtype and r.op == op \
-            and r.algorithm == algorithm and (r.same == same or which == AG) \
+            and (r.same == same or which == AG) \
             and r.segment_bytes == segment_bytes and r.gen == generation() \
             and r.engine is req.engine:
         return
     off, size = shard_range(plan.n, ctx.size, ctx.rank)
-    keep_ready(ctx, which, algorithm, plan.n, Entry(plan, req.engine, plan.dtype == np.float16, off, size,
-                                         op, which, dtype, algorithm, same, segment_bytes))
+    keep_ready(ctx, which, algorithm, plan.n,
+               Entry(plan, req.engine, plan.dtype == np.float16, off, size, op, which, dtype,
+                     same, segment_bytes))
 
 
 def _bound(advance, args):

@@ -429,15 +429,16 @@ class Entry:
 class LeanCall:
     """One signature's ready blocking call: the collective (``which``), the kernel's
     entry point, the lean entry (its ``I`` / ``H`` arrays and scratch), what the
-    signature is (dtype object, op, algorithm, the settings' generation) and its fixed
+    signature is (dtype object, op, the settings' generation; the algorithm named is the
+    table's key) and its fixed
     figures (this rank's shard ``off`` / ``size``, the ledger's sent / received bytes)."""
 
-    __slots__ = ("which", "call", "e", "I", "H", "dtype", "op", "algorithm", "gen", "off",
+    __slots__ = ("which", "call", "e", "I", "H", "dtype", "op", "gen", "off",
                  "size", "sent", "recv")
 
-    def __init__(self, which, call, e, dtype, op, algorithm, gen, off, size, sent, recv):
+    def __init__(self, which, call, e, dtype, op, gen, off, size, sent, recv):
         self.which, self.call, self.e, self.dtype, self.op = which, call, e, dtype, op
-        self.I, self.H, self.algorithm = e.I, e.H, algorithm  # (the entry's own arrays)
+        self.I, self.H = e.I, e.H  # (the entry's own arrays)
         self.gen, self.off, self.size, self.sent, self.recv = gen, off, size, sent, recv
 
     def run(self, ctx, sendbuf, recvbuf, full, in_place, ledger, timeout, segment_bytes):
@@ -479,8 +480,8 @@ def _remember(ctx, which, n, e, dtype, op, algorithm, off, size, sent, recv):
     call = e.direct(dtype)
     if call is None:
         return
-    keep(ctx, which, algorithm, n, LeanCall(which, call, e, dtype, op, algorithm, generation(), off, size,
-                                 sent, recv))
+    keep(ctx, which, algorithm, n,
+         LeanCall(which, call, e, dtype, op, generation(), off, size, sent, recv))
 
 
 def _ready(comm, which, buf, op, algorithm):
@@ -492,8 +493,8 @@ def _ready(comm, which, buf, op, algorithm):
     ctx = hit[1]
     r = kept(ctx, which, algorithm, buf.size)
     if r is None or r.__class__ is not LeanCall or r.dtype is not buf.dtype or r.op != op \
-            or r.algorithm != algorithm or r.gen != generation() or ctx.debug \
-            or ctx.failed is not None or not buf.flags.carray:
+            or r.gen != generation() or ctx.debug or ctx.failed is not None \
+            or not buf.flags.carray:
         return None
     return r
 
