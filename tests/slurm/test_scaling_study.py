@@ -11,28 +11,7 @@ import pytest
 
 from slurm_jobs import REPO, Job, venv_python
 
-TINY = """
-[run]
-name = "scaling-test"
-[model]
-kind = "mlp"
-sizes = [8, 16, 3]
-[data]
-kind = "synthetic_classification"
-n_samples = 256
-n_features = 8
-n_classes = 3
-[train]
-steps = 4
-global_batch = 8
-[optim]
-kind = "sgd"
-lr = 0.05
-[parallel]
-strategy = "ddp"
-[parallel.ddp]
-bucket_mb = 0.0001
-"""
+TINY = (REPO / "tests" / "scaling_tiny.toml").read_text()
 
 
 @pytest.fixture(scope="module")

@@ -19,24 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / os.environ.get("HPCDP_ULFM_VENV", ".venv-ulfm")  # relative: to the repository root
 
-TINY = """
-[model]
-kind = "mlp"
-sizes = [8, 16, 3]
-[data]
-kind = "synthetic_classification"
-n_samples = 256
-n_features = 8
-n_classes = 3
-[train]
-steps = 4
-global_batch = 8
-[optim]
-kind = "sgd"
-lr = 0.05
-[parallel]
-strategy = "ddp"
-"""
+TINY = (ROOT / "tests" / "scaling_tiny.toml").read_text()  # the scaling-job tests' tiny job
 
 
 def test_the_scaling_job_runs_its_points_with_open_mpis_option(tmp_path):

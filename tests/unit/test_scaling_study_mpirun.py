@@ -13,7 +13,7 @@ from hpcdp.comm.model.cost import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "jobs" / "scaling_study_mpirun.sh"
-TINY = (ROOT / "tests" / "slurm" / "test_scaling_study.py").read_text().split('TINY = """')[1].split('"""')[0]
+TINY = (ROOT / "tests" / "scaling_tiny.toml").read_text()
 
 
 def run_script(args, env_changes, timeout=600):
